@@ -1,0 +1,1 @@
+"""Workloads: the framework-free model spec and data, plus one model file per framework."""
