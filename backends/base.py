@@ -1,0 +1,261 @@
+"""What every backend shares: the adapter interface (harness side) and the timed training loop (worker side).
+
+Nothing here imports a deep-learning framework, so the harness can load adapters, and each worker imports
+only its own framework inside its backend's worker module.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import platform
+import resource
+import signal
+import socket
+import sys
+import time
+import traceback
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from harness.config import RunConfig
+from workloads.data import Shard, make_source, micro_batches
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+WORKER_SCRIPT = REPO_ROOT / "backends" / "worker.py"
+
+# Environment variables through which the launchers tell a process its rank, in the order we trust them.
+RANK_VARS = ("DISTBENCH_RANK", "RANK", "HOROVOD_RANK", "PADDLE_TRAINER_ID", "OMPI_COMM_WORLD_RANK")
+
+
+# ----------------------------------------------------------------------------------------------- harness side
+@dataclass
+class Process:
+    """One command the harness starts (a launcher, or a worker where the framework has no launcher)."""
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CommPattern:
+    """How gradients/parameters cross the network each step, for the analytic volume in harness.metrics.
+
+    kind "allreduce": 2(N-1)/N x gradient bytes; "sharded": 3(N-1)/N x parameter bytes (two all-gathers
+    of parameters and one reduce-scatter of gradients). `dtype_bytes` is the communicated element size.
+    """
+    kind: str
+    dtype_bytes: int
+
+
+class Backend(ABC):
+    """An adapter: how one distributed-training stack is launched and what it does to the model state."""
+    name: str = ""
+    framework: str = ""                       # "torch" | "tensorflow" | "paddle"
+    launcher: str = ""                        # human-readable, for `harness list` and reports
+    requires: tuple[str, ...] = ()            # importable modules needed (checked without importing)
+    worker_module: str = ""                   # defines `make_trainer(cfg) -> Trainer`
+    compute_methods: tuple[str, ...] = ("isolated",)   # first = default for compute_method "auto"
+    multi_node: bool = True
+    mixed_precision: str = "autocast"         # how bf16/fp16 is implemented: "autocast" | "master"
+
+    def availability(self) -> tuple[bool, str]:
+        """(usable here, reason if not), decided without importing the framework."""
+        missing = [m for m in self.requires if importlib.util.find_spec(m) is None]
+        return (False, f"not installed: {', '.join(missing)}") if missing else (True, "")
+
+    def add_arguments(self, parser) -> None:
+        """Backend-specific CLI options (all default to None so other backends can ignore them)."""
+
+    def options(self, args) -> dict:
+        """The backend options from parsed CLI args, stored in RunConfig.backend_options."""
+        return {}
+
+    def label(self, cfg: RunConfig) -> str:
+        """Name shown in tables: distinguishes variants such as ZeRO stages."""
+        return self.name
+
+    def sharding(self, cfg: RunConfig) -> str:
+        """What this configuration shards across ranks: none | optimizer | gradients | parameters."""
+        return "none"
+
+    def comm_pattern(self, cfg: RunConfig) -> CommPattern:
+        return CommPattern("allreduce", 4)
+
+    def precision_scheme(self, cfg: RunConfig) -> str:
+        return self.mixed_precision
+
+    @abstractmethod
+    def launch(self, cfg: RunConfig, run_dir: Path, port: int) -> list[Process]:
+        """The command(s) that start cfg.world_size workers with the framework's own launcher."""
+
+    def worker_env(self, cfg: RunConfig) -> dict[str, str]:
+        """Environment every worker process gets: import path, fixed thread counts, unbuffered output."""
+        threads = str(cfg.threads_per_worker)
+        return {"PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,
+                "OPENBLAS_NUM_THREADS": threads}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ------------------------------------------------------------------------------------------------ worker side
+class Trainer(ABC):
+    """One rank's model, optimizer and step, in one framework. The shared loop below times it."""
+    framework = ""
+    compute_only = False   # True if step(sync_grads=False) really skips gradient synchronisation
+
+    def __init__(self, cfg: RunConfig):
+        self.cfg = cfg
+        self.rank = rank_from_env()
+        self.world_size = cfg.world_size
+        self.device_name = "cpu"
+
+    @abstractmethod
+    def step(self, batches: list, sync_grads: bool = True) -> float:
+        """One optimizer step over this rank's micro-batches (numpy int64 inputs/targets); returns the mean
+        micro-batch loss as a float (which waits for the step's work to finish)."""
+
+    def synchronize(self) -> None:
+        """Wait for queued device work (a no-op on CPU, where ops run synchronously)."""
+
+    @abstractmethod
+    def memory(self) -> dict:
+        """Framework allocator peaks in bytes (empty on CPU); peak RSS is added by the loop."""
+
+    @abstractmethod
+    def model_state_bytes(self) -> dict:
+        """Bytes of params, grads and optimizer state this rank actually holds, counted from its tensors."""
+
+    def final_weights(self) -> dict:
+        """Full (unsharded) final weights as numpy arrays by neutral name, for equivalence tests."""
+        raise NotImplementedError(f"{type(self).__name__} cannot dump weights")
+
+    @abstractmethod
+    def versions(self) -> dict:
+        """Framework and library versions."""
+
+    def close(self) -> None:
+        """Tear down process groups so the launcher sees a clean exit."""
+
+
+def rank_from_env() -> int:
+    for var in RANK_VARS:
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 0
+
+
+FAULT_KINDS = ("raise", "exit", "sigkill", "hang", "oom")
+
+
+def inject_fault(cfg: RunConfig, rank: int, step: int) -> None:
+    """Test-only: make one rank fail in a chosen way at a chosen step, so failure handling is testable."""
+    fault = cfg.fault
+    if not fault or fault["rank"] != rank or fault["step"] != step:
+        return
+    kind = fault["kind"]
+    print(f"injecting fault '{kind}' at step {step}", flush=True)
+    if kind == "raise":
+        raise RuntimeError(f"injected fault at step {step}")
+    if kind == "exit":
+        os._exit(3)
+    if kind == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "hang":
+        time.sleep(1e9)
+    if kind == "oom":  # cap the address space, then allocate past it: a real MemoryError from the allocator
+        used = psutil.Process().memory_info().vms
+        resource.setrlimit(resource.RLIMIT_AS, (used + (256 << 20), resource.RLIM_INFINITY))
+        hog = [bytearray(64 << 20) for _ in range(1 << 12)]
+        raise AssertionError(f"allocated {len(hog)} blocks without running out of memory")
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def data_shard(cfg: RunConfig, rank: int) -> Shard:
+    """The data a rank reads; an isolated-counterfactual worker reads the shard of the rank it stands for."""
+    if cfg.isolated_index is not None:
+        return Shard(cfg.isolated_index, cfg.gpus, cfg.micro_batch, cfg.grad_accum)
+    return Shard(rank, cfg.gpus, cfg.micro_batch, cfg.grad_accum)
+
+
+def run_training(trainer: Trainer, cfg: RunConfig) -> dict:
+    """The timing rules every backend shares; returns the raw rank record.
+
+    A step is timed from a device-synchronised boundary to the next: fetching this rank's micro-batches
+    (recorded separately as data wait), the framework's step, and the loss read-back. Warm-up steps are
+    run and dropped. Then, if the trainer can switch gradient sync off, `compute_steps` more steps run with
+    sync off (after the measured ones, since they let replicas drift); the first of those is dropped too,
+    as the switch can itself trigger one-off work.
+    """
+    source = make_source(cfg.spec.vocab_size, cfg.spec.seq_len, cfg.global_batch, cfg.seed, cfg.data_path)
+    shard = data_shard(cfg, trainer.rank)
+
+    def timed_step(step: int, sync_grads: bool) -> tuple[float, float, float]:
+        trainer.synchronize()
+        t0 = time.perf_counter()
+        batches = micro_batches(source, shard, step)
+        t_data = time.perf_counter() - t0
+        loss = trainer.step(batches, sync_grads=sync_grads)
+        if cfg.step_delay_s:
+            time.sleep(cfg.step_delay_s)
+        trainer.synchronize()
+        return time.perf_counter() - t0, t_data, loss
+
+    step_times, data_wait, losses, warmup_losses = [], [], [], []
+    for step in range(cfg.warmup + cfg.steps):
+        inject_fault(cfg, trainer.rank, step)
+        t, t_data, loss = timed_step(step, True)
+        if step < cfg.warmup:
+            warmup_losses.append(loss)
+        else:
+            step_times.append(t); data_wait.append(t_data); losses.append(loss)
+        if trainer.rank == 0:
+            print(f"step {step:4d} loss {loss:.4f} time {t * 1e3:8.1f} ms"
+                  f"{' (warm-up)' if step < cfg.warmup else ''}", flush=True)
+    model_state = trainer.model_state_bytes()  # after a full step, so gradients and moments exist
+
+    compute_times = []
+    if trainer.compute_only and cfg.compute_method == "no_sync" and cfg.world_size > 1 and cfg.compute_steps:
+        first = cfg.warmup + cfg.steps
+        for step in range(first, first + cfg.compute_steps + 1):
+            t, _, _ = timed_step(step, False)
+            if step > first:
+                compute_times.append(t)
+
+    memory = {"peak_rss": peak_rss_bytes(), **trainer.memory()}
+    return {
+        "rank": trainer.rank, "host": socket.gethostname(), "device": trainer.device_name, "pid": os.getpid(),
+        "status": "ok", "step_times": step_times, "data_wait": data_wait, "losses": losses,
+        "warmup_losses": warmup_losses, "compute_only_step_times": compute_times,
+        "memory": memory, "model_state_bytes": model_state,
+        "versions": {"python": platform.python_version(), **trainer.versions()},
+        "threads": cfg.threads_per_worker,
+    }
+
+
+def failure_record(exc: BaseException) -> dict:
+    """The rank record of a rank that raised: 'oom' for out-of-memory errors, else 'failed'."""
+    name = type(exc).__name__
+    oom = isinstance(exc, MemoryError) or "OutOfMemory" in name or "out of memory" in str(exc).lower()
+    return {"rank": rank_from_env(), "host": socket.gethostname(), "pid": os.getpid(),
+            "status": "oom" if oom else "failed", "error": f"{name}: {exc}", "failed_at": time.time(),
+            "traceback": "".join(traceback.format_exception(exc))[-4000:],
+            "memory": {"peak_rss": peak_rss_bytes()}}
+
+
+
+def torchrun(backend: Backend, cfg: RunConfig, run_dir: Path, port: int) -> Process:
+    """torchrun (torch.distributed.run) for one node: one worker per device, static rendezvous on `port`."""
+    argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={cfg.world_size}", "--nnodes=1",
+            "--master-addr=127.0.0.1", f"--master-port={port}", "--max-restarts=0",
+            str(WORKER_SCRIPT), str(run_dir)]
+    return Process(argv, backend.worker_env(cfg))

@@ -1,0 +1,133 @@
+"""Worker-side code shared by the PyTorch-family backends (DDP, FSDP, DeepSpeed, Horovod)."""
+from __future__ import annotations
+
+import os
+import platform
+from contextlib import nullcontext
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from backends.base import Trainer
+from harness.config import RunConfig
+from workloads.torch_model import GPT
+
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def cpu_name() -> str:
+    """The CPU model, so CPU records from different machines are not mistaken for each other."""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return "cpu: " + line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "cpu: " + (platform.processor() or platform.machine())
+
+
+def tensor_bytes(t) -> int:
+    """Bytes this rank holds for a tensor; a DTensor (FSDP2) counts only its local shard."""
+    local = t.to_local() if hasattr(t, "to_local") else t
+    return local.numel() * local.element_size()
+
+
+class TorchTrainer(Trainer):
+    """Device, threads, process group, model construction, autocast/GradScaler, and the probes."""
+    framework = "torch"
+
+    def __init__(self, cfg: RunConfig):
+        super().__init__(cfg)
+        torch.set_num_threads(cfg.threads_per_worker)
+        torch.manual_seed(cfg.seed)
+        self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        if cfg.device == "cuda":
+            torch.cuda.set_device(self.local_rank)
+            self.device = torch.device("cuda", self.local_rank)
+            self.device_name = torch.cuda.get_device_name(self.device)
+        else:
+            self.device = torch.device("cpu")
+            self.device_name = cpu_name()
+        self.amp_dtype = AMP_DTYPES.get(cfg.precision)
+        self.scaler = torch.amp.GradScaler(self.device.type) if cfg.precision == "fp16" else None
+        self.model = self.optimizer = None
+
+    def init_process_group(self) -> None:
+        """NCCL on GPU, gloo on CPU; the collective timeout is the run's, so a dead peer ends the run."""
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo",
+                                    timeout=timedelta(seconds=self.cfg.timeout_s))
+
+    def build_model(self) -> GPT:
+        model = GPT(self.cfg.spec, self.cfg.activation_checkpointing).load_spec_weights(self.cfg.seed)
+        return model.to(self.device)
+
+    def autocast(self):
+        return torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype else nullcontext()
+
+    def backward(self, model, x, y, n_micro: int) -> torch.Tensor:
+        """Forward and backward of one micro-batch; the loss is scaled by 1/n_micro for accumulation."""
+        x = torch.from_numpy(x).to(self.device, non_blocking=True)
+        y = torch.from_numpy(y).to(self.device, non_blocking=True)
+        with self.autocast():
+            loss = model(x, y) / n_micro
+        (self.scaler.scale(loss) if self.scaler else loss).backward()
+        return loss.detach()
+
+    def optimizer_step(self) -> None:
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def memory(self) -> dict:
+        if self.device.type != "cuda":
+            return {}
+        out = {"allocated_peak": torch.cuda.max_memory_allocated(self.device),
+               "reserved_peak": torch.cuda.max_memory_reserved(self.device)}
+        try:  # NVML's view: includes the CUDA context and other allocators
+            out["nvml_used"] = torch.cuda.device_memory_used(self.device)
+        except Exception:  # noqa: BLE001 - NVML is optional
+            pass
+        return out
+
+    def model_state_bytes(self) -> dict:
+        params = list(self.model.parameters())
+        state = [v for s in self.optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
+        out = {"params": sum(tensor_bytes(p) for p in params),
+               "grads": sum(tensor_bytes(p.grad) for p in params if p.grad is not None),
+               "optimizer": sum(tensor_bytes(v) for v in state)}
+        out["total"] = sum(out.values())
+        return out
+
+    def unwrapped(self):
+        """The GPT module under the wrapper (DDP/FSDP/engine keep it as .module or in place)."""
+        return getattr(self.model, "module", self.model)
+
+    def final_weights(self) -> dict:
+        """Neutral-name numpy weights (Linear weights transposed back to (in, out)); DTensors gathered."""
+        torch_params = dict(self.unwrapped().named_parameters())
+        out = {}
+        for name in self.cfg.spec.parameter_shapes():
+            p = torch_params[name + ".weight" if name.endswith("emb") else name].detach()
+            p = p.full_tensor() if hasattr(p, "full_tensor") else p
+            a = p.float().cpu().numpy()
+            out[name] = a.T if (a.ndim == 2 and not name.endswith("emb")) else a
+        return out
+
+    def versions(self) -> dict:
+        out = {"torch": torch.__version__}
+        if self.device.type == "cuda":
+            out["cuda"] = torch.version.cuda
+            out["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        return out
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()

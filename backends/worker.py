@@ -1,0 +1,50 @@
+"""Entry point of every worker process: `python backends/worker.py RUN_DIR`, started by a launcher.
+
+It sends this rank's stdout/stderr (the framework's native logs too) to RUN_DIR/rank{R}.log, builds the
+backend's Trainer, runs the shared timed loop, and writes RUN_DIR/rank{R}.json atomically — also when the
+rank fails, so the harness can say which rank broke and why.
+"""
+import importlib
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from backends.base import failure_record, rank_from_env, run_training  # noqa: E402
+from harness.config import RunConfig  # noqa: E402
+from harness.records import write_json_atomic  # noqa: E402
+
+
+def redirect_output(log_path: Path) -> None:
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush(); sys.stderr.flush()
+    os.dup2(log, 1); os.dup2(log, 2)
+
+
+def main(run_dir: Path) -> int:
+    rank = rank_from_env()
+    redirect_output(run_dir / f"rank{rank}.log")
+    cfg = RunConfig.from_dict(json.loads((run_dir / "config.json").read_text()))
+    from backends import get_backend
+    try:
+        module = importlib.import_module(get_backend(cfg.backend).worker_module)
+        trainer = module.make_trainer(cfg)
+        record = run_training(trainer, cfg)
+        if cfg.dump_weights and trainer.rank == 0:
+            np.savez(run_dir / "weights_rank0.npz", **trainer.final_weights())
+        trainer.close()
+    except BaseException as exc:  # noqa: BLE001 - every failure becomes a recorded result
+        record = failure_record(exc)
+        print(record["traceback"], file=sys.stderr, flush=True)
+        write_json_atomic(run_dir / f"rank{rank}.json", record)
+        return 1
+    write_json_atomic(run_dir / f"rank{rank}.json", record)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(Path(sys.argv[1])))

@@ -1,0 +1,1 @@
+"""distbench harness: CLI, launching, records, metrics, reports. Imports no ML framework."""

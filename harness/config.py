@@ -1,0 +1,69 @@
+"""RunConfig: everything that defines one run, resolved by the harness and handed to every worker as JSON."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+
+from workloads.spec import ModelSpec
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+DEVICES = ("auto", "cuda", "cpu")
+COMPUTE_METHODS = ("auto", "no_sync", "isolated", "none")
+
+
+@dataclass
+class RunConfig:
+    backend: str
+    workload: str                 # preset name the spec came from (overrides already applied in `spec`)
+    spec: ModelSpec
+    gpus: int                     # world size: ranks = devices (or CPU workers)
+    device: str                   # resolved: "cuda" or "cpu"
+    precision: str = "fp32"
+    micro_batch: int = 8          # sequences per rank per micro-step
+    grad_accum: int = 1
+    steps: int = 20               # measured steps
+    warmup: int = 3               # excluded from every statistic
+    compute_steps: int = 5        # sync-off steps for t_compute (no_sync method), after the measured ones
+    compute_method: str = "auto"  # auto -> the backend's preferred method
+    threads_per_worker: int = 1
+    seed: int = 0
+    data_path: str | None = None
+    activation_checkpointing: bool = False
+    scaling: str = "weak"         # how the batch was chosen (recorded for sweeps/compare)
+    timeout_s: float = 900.0
+    backend_options: dict = field(default_factory=dict)
+    # Set only for the isolated counterfactual: this worker runs alone (world 1) on data shard
+    # `isolated_index` of the real N-rank run.
+    isolated_index: int | None = None
+    step_delay_s: float = 0.0     # test-only injected per-step slowdown (regression tests); 0 in real use
+    fault: dict | None = None     # test-only fault injection {"rank", "step", "kind"}; see backends.base
+    dump_weights: bool = False    # rank 0 saves its final weights (neutral names) for equivalence tests
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro_batch * self.grad_accum * self.gpus
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch * self.spec.seq_len
+
+    @property
+    def world_size(self) -> int:
+        """Ranks taking part in collectives: 1 for an isolated-counterfactual worker."""
+        return 1 if self.isolated_index is not None else self.gpus
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["spec"] = self.spec.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RunConfig":
+        d = dict(d)
+        d["spec"] = ModelSpec(**d["spec"])
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1, sort_keys=True)
