@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import shutil
 import subprocess
@@ -14,6 +15,10 @@ from harness.config import COMPUTE_METHODS, DEVICES, PRECISIONS, RunConfig
 from workloads.spec import OVERRIDES, PRESETS, resolve
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+# Modules that add sub-commands: each defines `register(subparsers)` and sets `func` on its parsers.
+COMMAND_MODULES = [
+]
 DEFAULT_OUT = Path("results")
 
 
@@ -238,6 +243,8 @@ def make_parser() -> Parser:
     add_run_arguments(run)
     run.set_defaults(func=cmd_run)
     sub.add_parser("list", help="backends (with availability) and workloads").set_defaults(func=cmd_list)
+    for module in COMMAND_MODULES:
+        importlib.import_module(module).register(sub)
     return parser
 
 
