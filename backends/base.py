@@ -88,7 +88,9 @@ class Backend(ABC):
 
     @abstractmethod
     def launch(self, cfg: RunConfig, run_dir: Path, port: int) -> list[Process]:
-        """The command(s) that start cfg.world_size workers with the framework's own launcher."""
+        """The command(s) that start THIS node's cfg.procs_per_node workers with the framework's own
+        launcher (cfg.nodes / node_rank / master_addr for multi-node; `port` is the master's port). An
+        isolated-counterfactual config (cfg.isolated_index set) is always a single local process."""
 
     def worker_env(self, cfg: RunConfig) -> dict[str, str]:
         """Environment every worker process gets: import path, fixed thread counts, unbuffered output."""
@@ -254,8 +256,11 @@ def failure_record(exc: BaseException) -> dict:
 
 
 def torchrun(backend: Backend, cfg: RunConfig, run_dir: Path, port: int) -> Process:
-    """torchrun (torch.distributed.run) for one node: one worker per device, static rendezvous on `port`."""
-    argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={cfg.world_size}", "--nnodes=1",
-            "--master-addr=127.0.0.1", f"--master-port={port}", "--max-restarts=0",
-            str(WORKER_SCRIPT), str(run_dir)]
+    """torchrun (torch.distributed.run) for this node: one worker per device, static rendezvous at the
+    master on `port` (an isolated-counterfactual worker is a 1-node, 1-process run on localhost)."""
+    nodes, node_rank, master = (1, 0, "127.0.0.1") if cfg.isolated_index is not None else \
+        (cfg.nodes, cfg.node_rank, cfg.master_addr)
+    argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={cfg.procs_per_node}",
+            f"--nnodes={nodes}", f"--node-rank={node_rank}", f"--master-addr={master}",
+            f"--master-port={port}", "--max-restarts=0", str(WORKER_SCRIPT), str(run_dir)]
     return Process(argv, backend.worker_env(cfg))

@@ -17,7 +17,7 @@ class RunConfig:
     backend: str
     workload: str                 # preset name the spec came from (overrides already applied in `spec`)
     spec: ModelSpec
-    gpus: int                     # world size: ranks = devices (or CPU workers)
+    gpus: int                     # world size: ranks = devices (or CPU workers), over all nodes
     device: str                   # resolved: "cuda" or "cpu"
     precision: str = "fp32"
     micro_batch: int = 8          # sequences per rank per micro-step
@@ -33,6 +33,13 @@ class RunConfig:
     scaling: str = "weak"         # how the batch was chosen (recorded for sweeps/compare)
     timeout_s: float = 900.0
     backend_options: dict = field(default_factory=dict)
+    # Multi-node: this harness invocation starts the launcher of node `node_rank` of `nodes`, each with
+    # gpus / nodes workers; ranks meet at master_addr (port chosen by the harness or given).
+    nodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None
+    hosts: list = field(default_factory=list)   # one hostname per node, when known
     # Set only for the isolated counterfactual: this worker runs alone (world 1) on data shard
     # `isolated_index` of the real N-rank run.
     isolated_index: int | None = None
@@ -47,6 +54,11 @@ class RunConfig:
     @property
     def tokens_per_step(self) -> int:
         return self.global_batch * self.spec.seq_len
+
+    @property
+    def procs_per_node(self) -> int:
+        """Worker processes this node's launcher starts (1 for an isolated-counterfactual worker)."""
+        return 1 if self.isolated_index is not None else self.gpus // self.nodes
 
     @property
     def world_size(self) -> int:
