@@ -5,6 +5,7 @@ only its own framework inside its backend's worker module.
 """
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import os
 import platform
@@ -18,6 +19,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import psutil
 
 from harness.config import RunConfig
@@ -44,9 +46,14 @@ class CommPattern:
 
     kind "allreduce": 2(N-1)/N x gradient bytes; "sharded": 3(N-1)/N x parameter bytes (two all-gathers
     of parameters and one reduce-scatter of gradients). `dtype_bytes` is the communicated element size.
+    A sharded wrapper may reduce gradients in a wider dtype than it gathers parameters in
+    (`reduce_dtype_bytes`, 0 = the same), or keep parameters gathered from forward to backward
+    (`param_gathers` 1 instead of 2).
     """
     kind: str
     dtype_bytes: int
+    reduce_dtype_bytes: int = 0
+    param_gathers: int = 2
 
 
 class Backend(ABC):
@@ -85,6 +92,25 @@ class Backend(ABC):
 
     def precision_scheme(self, cfg: RunConfig) -> str:
         return self.mixed_precision
+
+    def compute_methods_for(self, options: dict) -> tuple[str, ...]:
+        """The compute-only methods a configuration supports, preferred first. An option can rule one
+        out: a sharded optimizer that synchronises inside its step has no sync-off switch (no_sync)."""
+        return self.compute_methods
+
+    def features(self) -> dict:
+        """What this adapter supports, for the report's feature table. `sharding` lists the sharding of
+        every configuration it offers; the default asks sharding() about a 2-rank run with default
+        options, so an adapter whose options change the sharding (ZeRO stages) overrides this."""
+        import argparse
+        from workloads.spec import PRESETS
+        parser = argparse.ArgumentParser()
+        self.add_arguments(parser)
+        probe = RunConfig(backend=self.name, workload="tiny", spec=PRESETS["tiny"], gpus=2, device="cpu",
+                          backend_options=self.options(parser.parse_args([])))
+        return {"framework": self.framework, "launcher": self.launcher, "multi_node": self.multi_node,
+                "mixed_precision": self.mixed_precision, "compute_methods": list(self.compute_methods),
+                "sharding": [self.sharding(probe)]}
 
     @abstractmethod
     def launch(self, cfg: RunConfig, run_dir: Path, port: int) -> list[Process]:
@@ -162,7 +188,7 @@ def inject_fault(cfg: RunConfig, rank: int, step: int) -> None:
     if not fault or fault["rank"] != rank or fault["step"] != step:
         return
     kind = fault["kind"]
-    print(f"injecting fault '{kind}' at step {step}", flush=True)
+    print(f"injecting fault '{kind}' at step {step} (unix time {time.time():.3f})", flush=True)
     if kind == "raise":
         raise RuntimeError(f"injected fault at step {step}")
     if kind == "exit":
@@ -182,6 +208,17 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
+def cpu_name() -> str:
+    """The CPU model, so CPU records from different machines are not mistaken for each other."""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return "cpu: " + line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "cpu: " + (platform.processor() or platform.machine())
+
+
 def data_shard(cfg: RunConfig, rank: int) -> Shard:
     """The data a rank reads; an isolated-counterfactual worker reads the shard of the rank it stands for."""
     if cfg.isolated_index is not None:
@@ -189,14 +226,15 @@ def data_shard(cfg: RunConfig, rank: int) -> Shard:
     return Shard(rank, cfg.gpus, cfg.micro_batch, cfg.grad_accum)
 
 
-def run_training(trainer: Trainer, cfg: RunConfig) -> dict:
+def run_training(trainer: Trainer, cfg: RunConfig, weights_path: Path | None = None) -> dict:
     """The timing rules every backend shares; returns the raw rank record.
 
     A step is timed from a device-synchronised boundary to the next: fetching this rank's micro-batches
     (recorded separately as data wait), the framework's step, and the loss read-back. Warm-up steps are
     run and dropped. Then, if the trainer can switch gradient sync off, `compute_steps` more steps run with
     sync off (after the measured ones, since they let replicas drift); the first of those is dropped too,
-    as the switch can itself trigger one-off work.
+    as the switch can itself trigger one-off work. `weights_path`: where to save the final weights of the
+    measured steps (before the sync-off steps move them).
     """
     source = make_source(cfg.spec.vocab_size, cfg.spec.seq_len, cfg.global_batch, cfg.seed, cfg.data_path)
     shard = data_shard(cfg, trainer.rank)
@@ -224,6 +262,9 @@ def run_training(trainer: Trainer, cfg: RunConfig) -> dict:
             print(f"step {step:4d} loss {loss:.4f} time {t * 1e3:8.1f} ms"
                   f"{' (warm-up)' if step < cfg.warmup else ''}", flush=True)
     model_state = trainer.model_state_bytes()  # after a full step, so gradients and moments exist
+    weights = trainer.final_weights() if weights_path else None  # collective for sharded models: all ranks
+    if weights is not None and trainer.rank == 0:
+        np.savez(weights_path, **weights)
 
     compute_times = []
     if trainer.compute_only and cfg.compute_method == "no_sync" and cfg.world_size > 1 and cfg.compute_steps:
@@ -244,12 +285,36 @@ def run_training(trainer: Trainer, cfg: RunConfig) -> dict:
     }
 
 
+class Terminated(BaseException):
+    """SIGTERM reached this rank: a launcher tearing its workers down after another rank failed, or the
+    harness at a timeout. Recorded as such, so a rank stopped from outside is never taken for the cause."""
+
+
+def record_termination() -> None:
+    """Turn SIGTERM into Terminated, so the rank still writes its record (where it was, and that it was
+    stopped) instead of vanishing."""
+    def handler(signum, frame):
+        raise Terminated("stopped by SIGTERM (from its launcher or the harness)")
+    signal.signal(signal.SIGTERM, handler)
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """Ask Linux to send `sig` to this process when its parent dies, so a harness or launcher killed with
+    SIGKILL leaves no launcher or worker running on (a no-op where prctl is unavailable)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(sig))  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def failure_record(exc: BaseException) -> dict:
-    """The rank record of a rank that raised: 'oom' for out-of-memory errors, else 'failed'."""
+    """The rank record of a rank that raised: 'oom' for out-of-memory errors, else 'failed';
+    `terminated` marks a rank stopped from outside (see Terminated)."""
     name = type(exc).__name__
     oom = isinstance(exc, MemoryError) or "OutOfMemory" in name or "out of memory" in str(exc).lower()
     return {"rank": rank_from_env(), "host": socket.gethostname(), "pid": os.getpid(),
             "status": "oom" if oom else "failed", "error": f"{name}: {exc}", "failed_at": time.time(),
+            "terminated": isinstance(exc, Terminated),
             "traceback": "".join(traceback.format_exception(exc))[-4000:],
             "memory": {"peak_rss": peak_rss_bytes()}}
 

@@ -10,11 +10,9 @@ import os
 import sys
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from backends.base import failure_record, rank_from_env, run_training  # noqa: E402
+from backends.base import die_with_parent, failure_record, rank_from_env, record_termination, run_training  # noqa: E402
 from harness.config import RunConfig  # noqa: E402
 from harness.records import write_json_atomic  # noqa: E402
 
@@ -26,6 +24,8 @@ def redirect_output(log_path: Path) -> None:
 
 
 def main(run_dir: Path) -> int:
+    die_with_parent()
+    record_termination()
     rank = rank_from_env()
     redirect_output(run_dir / f"rank{rank}.log")
     cfg = RunConfig.from_dict(json.loads((run_dir / "config.json").read_text()))
@@ -33,9 +33,7 @@ def main(run_dir: Path) -> int:
     try:
         module = importlib.import_module(get_backend(cfg.backend).worker_module)
         trainer = module.make_trainer(cfg)
-        record = run_training(trainer, cfg)
-        if cfg.dump_weights and trainer.rank == 0:
-            np.savez(run_dir / "weights_rank0.npz", **trainer.final_weights())
+        record = run_training(trainer, cfg, run_dir / "weights_rank0.npz" if cfg.dump_weights else None)
         trainer.close()
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a recorded result
         record = failure_record(exc)

@@ -1,0 +1,47 @@
+"""Bad input: one line naming the valid choices, exit 2; the harness process imports no framework."""
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, harness
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["run", "--backend", "nope"], "unknown backend 'nope'; valid: torch-ddp"),
+    (["run", "--backend", "torch-ddp", "--workload", "huge"], "unknown workload 'huge'; valid: tiny, small, 350m, 1b"),
+    (["run", "--backend", "torch-ddp", "--precision", "fp8"], "unknown precision 'fp8'; valid: fp32, bf16, fp16"),
+    (["run", "--backend", "torch-ddp", "--device", "tpu"], "unknown device 'tpu'; valid: auto, cuda, cpu"),
+    (["run", "--backend", "torch-ddp", "--gpus", "0"], "expected a positive integer"),
+    (["run", "--backend", "torch-ddp", "--heads", "3"], "divisible"),
+    (["run", "--backend", "torch-ddp", "--gpus", "2", "--global-batch", "3"], "not divisible"),
+    (["run", "--backend", "torch-ddp", "--data", "/no/such/file"], "no such file"),
+    (["run", "--backend", "torch-ddp", "--inject-fault", "1:2:boom"], "unknown fault kind"),
+    (["frobnicate"], "invalid choice"),
+])
+def test_usage_errors_are_one_line_and_exit_2(args, expected, out):
+    proc = harness(*args, "--out", out) if args[0] == "run" else harness(*args)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("harness: error:") and expected in lines[0], proc.stderr
+    assert not out.exists(), "a usage error must not write anything"
+
+
+def test_more_gpus_than_visible_is_a_usage_error(out):
+    proc = harness("run", "--backend", "torch-ddp", "--device", "cuda", "--gpus", "64", "--out", out)
+    assert proc.returncode == 2 and "GPU(s) visible" in proc.stderr
+
+
+def test_list_shows_backends_and_workload_parameter_counts():
+    proc = harness("list")
+    assert proc.returncode == 0
+    assert "torch-ddp" in proc.stdout and "1,071,872" in proc.stdout and "1,315,819,520" in proc.stdout
+
+
+def test_harness_imports_no_framework():
+    code = ("import sys; from harness.cli import make_parser; import harness.runner, harness.metrics; make_parser(); "
+            "import backends; [b.availability() for b in backends.all_backends()]; "
+            "bad = {'torch', 'tensorflow', 'paddle', 'deepspeed', 'horovod'} & set(sys.modules); print(sorted(bad))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"

@@ -1,0 +1,86 @@
+"""torch-ddp end to end through `harness run`: the record, learning, DDP correctness, comm ratio, failures."""
+import json
+
+import numpy as np
+import psutil
+import pytest
+
+from conftest import run_record
+
+pytestmark = pytest.mark.slow
+FAST = ["--steps", "6", "--warmup", "1", "--timeout", "180"]
+
+
+def test_two_worker_record_has_every_field_and_loss_decreases(out):
+    rec = run_record(out, "--backend", "torch-ddp", "--gpus", "2", "--workload", "tiny", "--steps", "20",
+                     "--timeout", "180")
+    assert rec["status"] == "ok" and rec["error"] is None and rec["schema_version"] == 1
+    assert [r["rank"] for r in rec["ranks"]] == [0, 1]
+    for r in rec["ranks"]:
+        assert len(r["step_times"]) == len(r["losses"]) == len(r["data_wait"]) == 20
+        assert r["memory"]["peak_rss"] > 50e6 and r["threads"] == 1
+        # fp32 params + grads + AdamW moments, unsharded, plus AdamW's 4-byte step counter per tensor
+        assert r["model_state_bytes"]["total"] == 16 * 1_071_872 + 4 * 52
+        assert len(r["compute_only_step_times"]) == 5
+    s = rec["summary"]
+    for key in ("throughput_tokens_per_s", "throughput_samples_per_s", "per_device_tokens_per_s",
+                "exposed_comm_ratio", "comm_bytes_per_rank_per_step", "model_flops_per_step", "t_compute_s"):
+        assert s[key] is not None and s[key] >= 0, key
+    assert s["step_time_s"]["p10"] <= s["step_time_s"]["median"] <= s["step_time_s"]["p90"]
+    assert s["mfu"] is None  # CPU: peak unknown, never guessed
+    assert s["compute_method"] == "no_sync"
+    assert s["loss_last"] < s["loss_first"] - 0.1, s["losses"]
+    env = rec["environment"]
+    assert env["device_type"] == "cpu" and env["device_kind"].startswith("cpu")
+    assert env["versions"]["torch"] and env["world_size"] == 2 and env["command_line"] and env["git"]
+    assert not list(out.glob(".*.tmp")), "half-written files left behind"
+
+
+def final_weights(rec):
+    return np.load(f"{rec['launch']['log_dir']}/weights_rank0.npz")
+
+
+def test_one_worker_and_two_workers_reach_the_same_weights(out):
+    """DDP correctness: global batch 16 on one worker == 8 + 8 on two (fp32). Tolerance 2e-5 absolute on
+    weights of scale ~0.02: the all-reduce sums in a different order than one process does, and AdamW
+    normalises updates, so float32 rounding differences (~1e-7) grow to at most ~1e-6 over 5 steps."""
+    common = ["--backend", "torch-ddp", "--steps", "5", "--warmup", "0", "--dump-weights", "--timeout", "180"]
+    one = run_record(out, *common, "--gpus", "1", "--micro-batch", "16")
+    two = run_record(out, *common, "--gpus", "2", "--micro-batch", "8")
+    accum = run_record(out, *common, "--gpus", "1", "--micro-batch", "8", "--grad-accum", "2")
+    np.testing.assert_allclose(one["summary"]["losses"], two["summary"]["losses"], rtol=1e-5)
+    w1, w2, w3 = final_weights(one), final_weights(two), final_weights(accum)
+    assert set(w1.files) == set(w2.files)
+    for name in w1.files:
+        np.testing.assert_allclose(w1[name], w2[name], atol=2e-5, rtol=0, err_msg=name)
+        np.testing.assert_allclose(w1[name], w3[name], atol=2e-5, rtol=0, err_msg=name)
+
+
+def test_comm_ratio_is_zero_for_one_worker_and_positive_for_two(out):
+    # A communication-heavy shape (4M parameters, one sequence per rank) so the all-reduce is visible on CPU.
+    shape = ["--workload", "tiny", "--d-model", "256", "--micro-batch", "1", *FAST]
+    one = run_record(out, "--backend", "torch-ddp", "--gpus", "1", *shape)
+    two = run_record(out, "--backend", "torch-ddp", "--gpus", "2", *shape)
+    assert one["summary"]["exposed_comm_ratio"] == 0.0 and one["summary"]["compute_method"] == "none"
+    ratio = two["summary"]["exposed_comm_ratio"]
+    assert 0.0 < ratio < 1.0, two["summary"]
+    assert two["summary"]["implied_busbw_bytes_per_s"] > 0
+
+
+def test_isolated_counterfactual_cross_check(out):
+    rec = run_record(out, "--backend", "torch-ddp", "--gpus", "2", "--compute-method", "isolated", *FAST)
+    assert rec["comm"] == {"method": "isolated"} and len(rec["isolated_ranks"]) == 2
+    assert all(r["status"] == "ok" and len(r["step_times"]) == 6 for r in rec["isolated_ranks"])
+    assert 0.0 <= rec["summary"]["exposed_comm_ratio"] < 1.0
+
+
+def test_failing_rank_is_recorded_with_its_log_and_nothing_is_left_behind(out):
+    rec = run_record(out, "--backend", "torch-ddp", "--gpus", "2", "--inject-fault", "1:2:raise", *FAST,
+                     expect_rc=1)
+    assert rec["status"] == "failed"
+    assert rec["error"]["rank"] == 1 and "injected fault at step 2" in rec["error"]["message"]
+    assert any("injected fault" in line for line in rec["error"]["log_tail"])
+    log_dir = rec["launch"]["log_dir"]
+    leftovers = [p for p in psutil.process_iter(["cmdline"]) if log_dir in " ".join(p.info["cmdline"] or [])]
+    assert not leftovers
+    assert json.loads((out / f"{rec['run_id']}.json").read_text())["status"] == "failed"
