@@ -84,3 +84,26 @@ def test_failing_rank_is_recorded_with_its_log_and_nothing_is_left_behind(out):
     leftovers = [p for p in psutil.process_iter(["cmdline"]) if log_dir in " ".join(p.info["cmdline"] or [])]
     assert not leftovers
     assert json.loads((out / f"{rec['run_id']}.json").read_text())["status"] == "failed"
+
+
+def test_token_file_data_and_activation_checkpointing(out, tmp_path):
+    """--data reads the memory-mapped file; checkpointing recomputes activations without changing the math."""
+    tokens = (np.arange(200_000) * 7919 % 2048).astype(np.uint16)
+    data = tmp_path / "train.bin"
+    tokens.tofile(data)
+    common = ["--backend", "torch-ddp", "--gpus", "1", "--steps", "3", "--warmup", "0", "--data", data,
+              "--timeout", "120"]
+    plain = run_record(out, *common)
+    ckpt = run_record(out, *common, "--activation-checkpointing")
+    assert plain["config"]["data_path"] == str(data) and ckpt["config"]["activation_checkpointing"]
+    np.testing.assert_allclose(plain["summary"]["losses"], ckpt["summary"]["losses"], rtol=1e-6)
+    synthetic = run_record(out, *common[:-4], "--timeout", "120")
+    assert synthetic["summary"]["losses"][0] != plain["summary"]["losses"][0]
+    assert all(w >= 0 for w in plain["ranks"][0]["data_wait"])
+
+
+def test_bf16_autocast_trains(out):
+    rec = run_record(out, "--backend", "torch-ddp", "--gpus", "2", "--precision", "bf16", *FAST)
+    assert rec["status"] == "ok" and rec["config"]["precision"] == "bf16"
+    assert rec["backend_info"]["precision_scheme"] == "autocast"
+    assert rec["summary"]["loss_last"] < rec["summary"]["loss_first"]
