@@ -1,0 +1,380 @@
+"""`harness compare BASELINE CANDIDATE`: the regression gate.
+
+Runs are matched on (backend label, workload, N, precision, device kind, scaling). For each match:
+
+- Throughput (and its step time) regresses when it falls by more than `--threshold` (relative, on the
+  median) AND the step-time samples differ significantly: two-sided Mann-Whitney U at `--alpha`, as
+  airspeed velocity does. When the sample counts are too small for the U test to ever reach `--alpha`
+  (fewer than 4 per side at 0.05: its smallest two-sided p-value is 2 / C(n1+n2, n1)), the fall-back test
+  is that the two sample ranges do not overlap; with one sample per side only the threshold decides.
+- The samples are one value per run (its median step time) when both sides have at least MIN_REPEATS
+  runs of the configuration, else every measured step of every run pooled. Steps of one run are not
+  independent: they share the run's process placement, allocator state, background load and clock, so a
+  pooled test counts one run-level draw many times and its p-value is too small (an A/A pair of single
+  runs differs "significantly" most of the time). Runs are the independent unit; with one or two repeats
+  the threshold has to carry the decision, so give CI gates three or more repeats per side.
+- `--statistic min` uses each run's fastest step instead of its median (and the minimum of pooled steps).
+  On a shared machine contention only ever adds time, so the fastest step estimates the undisturbed cost
+  and is far steadier than the median (measured here: run medians of one A/A pair 118-352 ms, run minima
+  107-149 ms). It is blind to slowdowns that hit only some steps (stragglers, periodic stalls), so the
+  median stays the default, as it is the yardstick's t_step.
+- Peak memory per rank (RSS on CPU, allocator peak on GPU) and model-state bytes per rank regress when
+  they grow by more than `--memory-threshold`; they are near-deterministic, so there is no test.
+- Improvements (the same rules in the other direction) are reported and never fail the gate.
+
+Exit codes: 0 no regression; 1 a regression, or a candidate run failing where the baseline ran;
+2 bad input (missing files, schema mismatch, nothing matched, different device kinds without --force).
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from math import comb
+from pathlib import Path
+
+import numpy as np
+
+from harness.baseline import InputError, load_all
+from harness.records import write_json_atomic
+from workloads.spec import PRESETS
+
+DEFAULT_THRESHOLD = 0.05
+DEFAULT_ALPHA = 0.05
+DEFAULT_MEMORY_THRESHOLD = 0.05
+MIN_REPEATS = 3
+STATISTICS = {"median": np.median, "min": np.min}
+# Settings and versions that, when they differ between the sides, are named next to the result: either the
+# environment changed (the comparison may be measuring it) or the work itself did.
+ENV_FIELDS = ("device_kind", "python", "cpu_count", "threads_per_worker")
+CONFIG_FIELDS = ("micro_batch", "grad_accum", "spec", "activation_checkpointing", "backend_options",
+                 "compute_method", "step_delay_s")
+
+
+# ---- matching -----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, order=True)
+class Key:
+    backend: str
+    workload: str
+    gpus: int
+    precision: str
+    scaling: str
+    device_kind: str  # "*" when matching across devices (--force)
+
+    def label(self) -> str:
+        parts = [self.backend, self.workload, f"N={self.gpus}", self.precision, self.scaling]
+        return " · ".join(parts + ([self.device_kind] if self.device_kind != "*" else []))
+
+
+def workload_label(cfg: dict) -> str:
+    """The preset name, plus the fields where the run's spec differs from it (an overridden preset is
+    different work and must not match the plain one)."""
+    preset = PRESETS.get(cfg["workload"])
+    if preset is None:
+        return cfg["workload"]
+    diff = [f"{k}={v}" for k, v in sorted(cfg["spec"].items()) if preset.to_dict().get(k) != v]
+    return f"{cfg['workload']}[{','.join(diff)}]" if diff else cfg["workload"]
+
+
+def run_key(run: dict, device_kind: str | None = None) -> Key:
+    """The match key; `device_kind` overrides the run's own ("*" to match across devices)."""
+    cfg = run["config"]
+    return Key(run["backend_info"].get("label") or cfg["backend"], workload_label(cfg), cfg["gpus"],
+               cfg["precision"], cfg.get("scaling", "weak"),
+               device_kind or str(run["environment"].get("device_kind")))
+
+
+def group(base: list[dict], cand: list[dict], any_device: bool) -> tuple[dict, dict]:
+    """Both sides' runs by match key. A run that failed before any rank named its device has no device
+    kind; it joins its configuration's runs when those ran on a single device kind, so a candidate that
+    crashes where the baseline ran is still matched (and reported as newly failing)."""
+    kinds: dict[Key, set] = {}
+    for r in base + cand:
+        if r["environment"].get("device_kind"):
+            kinds.setdefault(run_key(r, "*"), set()).add(r["environment"]["device_kind"])
+
+    def key(r):
+        if any_device:
+            return run_key(r, "*")
+        known = kinds.get(run_key(r, "*"), set())
+        return run_key(r, None if r["environment"].get("device_kind") or len(known) != 1 else next(iter(known)))
+
+    def by_key(runs):
+        out: dict[Key, list[dict]] = {}
+        for r in runs:
+            out.setdefault(key(r), []).append(r)
+        return out
+    return by_key(base), by_key(cand)
+
+
+def check_devices(base: list[dict], cand: list[dict]) -> None:
+    """Timings from different device kinds are not a regression signal: refuse unless --force."""
+    b, c = group(base, cand, any_device=True)
+    for key in sorted(b.keys() & c.keys()):
+        kinds_b = {r["environment"].get("device_kind") for r in b[key]} - {None}
+        kinds_c = {r["environment"].get("device_kind") for r in c[key]} - {None}
+        if kinds_b and kinds_c and not kinds_b & kinds_c:
+            raise InputError(f"{key.label()}: baseline ran on {', '.join(sorted(kinds_b))} but candidate on "
+                             f"{', '.join(sorted(kinds_c))}; timings from different devices are not comparable "
+                             f"(pass --force to compare anyway)")
+
+
+# ---- statistics ---------------------------------------------------------------------------------------
+
+def min_attainable_p(n1: int, n2: int) -> float:
+    """The smallest two-sided p-value the exact Mann-Whitney U test can give for these sample sizes."""
+    return min(1.0, 2 / comb(n1 + n2, n1))
+
+
+@dataclass
+class Significance:
+    test: str              # "mann-whitney-u" | "range-overlap"
+    p_value: float | None  # None for the range fall-back
+    significant: bool
+
+    def describe(self) -> str:
+        if self.p_value is not None:
+            return f"U test p={self.p_value:.2g}"
+        return "ranges disjoint" if self.significant else "ranges overlap"
+
+
+def significance(base: list[float], cand: list[float], alpha: float) -> Significance:
+    """Do the two samples differ? Mann-Whitney U where it can reach `alpha`, else: do the ranges overlap?"""
+    from scipy.stats import mannwhitneyu
+    if min_attainable_p(len(base), len(cand)) <= alpha:
+        p = float(mannwhitneyu(base, cand, alternative="two-sided").pvalue)
+        return Significance("mann-whitney-u", p, p < alpha)
+    disjoint = max(base) < min(cand) or max(cand) < min(base)
+    return Significance("range-overlap", None, disjoint)
+
+
+def step_samples(base_runs: list[dict], cand_runs: list[dict], statistic: str) -> tuple[list[float], list[float], str]:
+    """The step-time samples both sides are tested on, and their unit (see the module docstring)."""
+    if min(len(base_runs), len(cand_runs)) >= MIN_REPEATS:
+        per_run = lambda runs: [float(STATISTICS[statistic](r["step_times_s"])) for r in runs]  # noqa: E731
+        return per_run(base_runs), per_run(cand_runs), f"per-run {statistic}"
+    pool = lambda runs: [t for r in runs for t in r["step_times_s"]]  # noqa: E731
+    return pool(base_runs), pool(cand_runs), "steps"
+
+
+def verdict(change: float | None, limit: float, significant: bool = True, higher_is_better: bool = False) -> str:
+    if change is None:
+        return "n/a"
+    worse = -change if higher_is_better else change
+    if worse > limit and significant:
+        return "regression"
+    if -worse > limit and significant:
+        return "improvement"
+    return "ok"
+
+
+def relative(base: float | None, cand: float | None) -> float | None:
+    return cand / base - 1 if (base and cand is not None) else None
+
+
+def median_of(runs: list[dict], field: str) -> float | None:
+    values = [r["summary"].get(field) for r in runs]
+    values = [v for v in values if v is not None]
+    return float(np.median(values)) if values else None
+
+
+def memory_field(runs: list[dict]) -> tuple[str, str]:
+    """Per-rank peak memory: the allocator's peak on a GPU, the process RSS on a CPU."""
+    if all(r["config"].get("device") == "cuda" for r in runs) and median_of(runs, "peak_allocated_bytes") is not None:
+        return "peak_allocated_bytes", "peak allocated / rank"
+    return "peak_rss_bytes", "peak RSS / rank"
+
+
+def compare_throughput(base_runs, cand_runs, threshold, alpha, statistic) -> dict:
+    b, c, unit = step_samples(base_runs, cand_runs, statistic)
+    if not b or not c:
+        return {"metric": "throughput_tokens_per_s", "label": "throughput", "verdict": "n/a",
+                "detail": "no step samples"}
+    sig = significance(b, c, alpha)
+    # The step time of a side: the median of its per-run values, or the statistic of its pooled steps.
+    center = np.median if unit != "steps" else STATISTICS[statistic]
+    t_b, t_c = float(center(b)), float(center(c))
+    tp_b = base_runs[0]["summary"]["tokens_per_step"] / t_b
+    tp_c = cand_runs[0]["summary"]["tokens_per_step"] / t_c
+    change = relative(tp_b, tp_c)
+    return {"metric": "throughput_tokens_per_s", "label": "throughput", "unit": "tokens/s",
+            "baseline": tp_b, "candidate": tp_c, "change": change,
+            "baseline_step_time_s": t_b, "candidate_step_time_s": t_c, "step_time_change": relative(t_b, t_c),
+            "samples": unit, "n_baseline": len(b), "n_candidate": len(c),
+            "test": sig.test, "p_value": sig.p_value, "significant": sig.significant,
+            "detail": f"{sig.describe()} ({len(b)} vs {len(c)} {unit})",
+            "verdict": verdict(change, threshold, sig.significant, higher_is_better=True)}
+
+
+def compare_memory(base_runs, cand_runs, field, label, limit) -> dict:
+    b, c = median_of(base_runs, field), median_of(cand_runs, field)
+    change = relative(b, c)
+    return {"metric": field, "label": label, "unit": "bytes", "baseline": b, "candidate": c, "change": change,
+            "detail": "threshold only", "verdict": verdict(change, limit)}
+
+
+def env_differences(base_runs: list[dict], cand_runs: list[dict]) -> list[str]:
+    """'name: baseline value(s) -> candidate value(s)' for every environment or work setting that differs."""
+    def values(runs, get):
+        return ", ".join(sorted({str(get(r)) for r in runs}))
+    getters = [(f, lambda r, f=f: r["environment"].get(f)) for f in ENV_FIELDS]
+    names = sorted({k for r in base_runs + cand_runs for k in r["environment"].get("versions", {})})
+    getters += [(n, lambda r, n=n: r["environment"].get("versions", {}).get(n)) for n in names if n != "python"]
+    getters += [(f, lambda r, f=f: r["config"].get(f)) for f in CONFIG_FIELDS]
+    out = []
+    for name, get in getters:
+        vb, vc = values(base_runs, get), values(cand_runs, get)
+        if vb != vc:
+            out.append(f"{name}: {vb} -> {vc}")
+    return out
+
+
+# ---- the comparison -----------------------------------------------------------------------------------
+
+def side_info(path: Path, runs: list[dict]) -> dict:
+    commits = sorted({(r["environment"].get("git") or {}).get("commit") or "unknown" for r in runs})
+    return {"path": str(path), "runs": len(runs), "commits": commits}
+
+
+def compare_runs(base: list[dict], cand: list[dict], threshold: float = DEFAULT_THRESHOLD,
+                 alpha: float = DEFAULT_ALPHA, memory_threshold: float = DEFAULT_MEMORY_THRESHOLD,
+                 statistic: str = "median", force: bool = False, sources: tuple = ("baseline", "candidate")) -> dict:
+    """The whole comparison as a JSON-able dict; raises InputError when there is nothing to compare."""
+    if not force:
+        check_devices(base, cand)
+    gb, gc = group(base, cand, force)
+    shared = sorted(gb.keys() & gc.keys())
+    if not shared:
+        raise InputError(f"nothing matched: baseline has {'; '.join(k.label() for k in sorted(gb)) or 'no runs'}, "
+                         f"candidate has {'; '.join(k.label() for k in sorted(gc)) or 'no runs'}")
+    comparisons, not_compared = [], []
+    for key in shared:
+        ok_b = [r for r in gb[key] if r["status"] == "ok"]
+        ok_c = [r for r in gc[key] if r["status"] == "ok"]
+        for side, runs in (("baseline", gb[key]), ("candidate", gc[key])):
+            for r in runs:
+                if r["status"] != "ok":
+                    not_compared.append({
+                        "side": side, "key": key.label(), "run_id": r["run_id"], "status": r["status"],
+                        "error": (r.get("error") or {}).get("message"),
+                        "newly_failing": side == "candidate" and bool(ok_b)})
+        if not (ok_b and ok_c):
+            continue
+        field, label = memory_field(ok_b + ok_c)
+        comparisons.append({
+            "key": key.label(), "match": key.__dict__,
+            "metrics": [compare_throughput(ok_b, ok_c, threshold, alpha, statistic),
+                        compare_memory(ok_b, ok_c, field, label, memory_threshold),
+                        compare_memory(ok_b, ok_c, "model_state_bytes_per_rank", "model state / rank",
+                                       memory_threshold)],
+            "environment_differences": env_differences(ok_b, ok_c),
+            "baseline_runs": [r["run_id"] for r in ok_b], "candidate_runs": [r["run_id"] for r in ok_c],
+        })
+    verdicts = [m["verdict"] for c in comparisons for m in c["metrics"]]
+    regressions = verdicts.count("regression")
+    newly_failing = sum(n["newly_failing"] for n in not_compared)
+    return {
+        "result": "regression" if (regressions or newly_failing) else "ok",
+        "regressions": regressions, "improvements": verdicts.count("improvement"),
+        "newly_failing": newly_failing,
+        "baseline": side_info(sources[0], base), "candidate": side_info(sources[1], cand),
+        "settings": {"threshold": threshold, "alpha": alpha, "memory_threshold": memory_threshold,
+                     "statistic": statistic, "min_repeats": MIN_REPEATS, "force": force},
+        "comparisons": comparisons, "not_compared": not_compared,
+        "only_in_baseline": [k.label() for k in sorted(gb.keys() - gc.keys())],
+        "only_in_candidate": [k.label() for k in sorted(gc.keys() - gb.keys())],
+    }
+
+
+# ---- output -------------------------------------------------------------------------------------------
+
+def fmt_value(metric: dict, side: str) -> str:
+    from harness.cli import fmt_bytes
+    value = metric.get(side)
+    if value is None:
+        return "n/a"
+    if metric["unit"] == "bytes":
+        return fmt_bytes(value)
+    return f"{value:,.0f} tok/s ({metric[side + '_step_time_s'] * 1e3:.1f} ms/step)"
+
+
+def markdown(result: dict) -> str:
+    s = result["settings"]
+    headline = {"ok": "no regression", "regression": "REGRESSION"}[result["result"]]
+    counts = (f"{result['regressions']} regression(s), {result['improvements']} improvement(s)"
+              + (f", {result['newly_failing']} newly failing run(s)" if result["newly_failing"] else "")
+              + f" in {len(result['comparisons'])} matched configuration(s)")
+    side = lambda d: f"`{d['path']}` ({d['runs']} runs; commit {', '.join(c[:10] for c in d['commits'])})"  # noqa: E731
+    lines = [f"### distbench compare: {headline}", "", counts + ".", "",
+             f"Baseline {side(result['baseline'])} vs candidate {side(result['candidate'])}. "
+             f"A regression is throughput down by more than {s['threshold']:.0%} with significantly different "
+             f"step times (alpha {s['alpha']}; step time of a run: its {s['statistic']}), or peak memory / model state up by more than "
+             f"{s['memory_threshold']:.0%}.", "",
+             "| configuration | metric | baseline | candidate | change | test | verdict |",
+             "|---|---|---|---|---|---|---|"]
+    for c in result["comparisons"]:
+        note = " †" if c["environment_differences"] else ""
+        for i, m in enumerate(c["metrics"]):
+            change = "n/a" if m.get("change") is None else f"{m['change']:+.1%}"
+            v = f"**{m['verdict']}**" if m["verdict"] == "regression" else m["verdict"]
+            lines.append(f"| {c['key'] + note if i == 0 else ''} | {m['label']} | {fmt_value(m, 'baseline')} | "
+                         f"{fmt_value(m, 'candidate')} | {change} | {m['detail']} | {v} |")
+    diffs = [c for c in result["comparisons"] if c["environment_differences"]]
+    if diffs:
+        lines += ["", "† Environment or settings differ (baseline -> candidate):"]
+        lines += [f"- {c['key']}: " + "; ".join(c["environment_differences"]) for c in diffs]
+    if result["not_compared"]:
+        lines += ["", "Runs not compared (status is not ok):"]
+        lines += [f"- {n['side']} `{n['run_id']}` ({n['key']}): {n['status']}"
+                  + (f": {n['error']}" if n["error"] else "") + (" — **newly failing**" if n["newly_failing"] else "")
+                  for n in result["not_compared"]]
+    for side_name in ("baseline", "candidate"):
+        unmatched = result[f"only_in_{side_name}"]
+        if unmatched:
+            lines += ["", f"Only in the {side_name} (not compared):"] + [f"- {k}" for k in unmatched]
+    return "\n".join(lines) + "\n"
+
+
+# ---- command line -------------------------------------------------------------------------------------
+
+def fraction(text: str) -> float:
+    """0.05 or 5%: a relative threshold or a significance level, strictly between 0 and 1."""
+    try:
+        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction such as 0.05 or 5%, got '{text}'") from None
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"expected a value between 0 and 1 (exclusive), got {text}")
+    return value
+
+
+def cmd_compare(args) -> int:
+    from harness.cli import EXIT_FAILED, EXIT_OK, UsageError
+    try:
+        base, cand = load_all([args.baseline]), load_all([args.candidate])
+        result = compare_runs(base, cand, args.threshold, args.alpha, args.memory_threshold, args.statistic,
+                              args.force, (args.baseline, args.candidate))
+    except InputError as exc:
+        raise UsageError(str(exc)) from None
+    print(markdown(result), end="")
+    if args.json:
+        write_json_atomic(args.json, result)
+    return EXIT_FAILED if result["result"] == "regression" else EXIT_OK
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("compare", help="regression gate: compare candidate runs with a baseline",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("baseline", type=Path, help="run record, directory of records, or saved baseline")
+    p.add_argument("candidate", type=Path, help="run record, directory of records, or saved baseline")
+    p.add_argument("--threshold", type=fraction, default=DEFAULT_THRESHOLD,
+                   help=f"relative throughput change that counts (default {DEFAULT_THRESHOLD:.0%})")
+    p.add_argument("--alpha", type=fraction, default=DEFAULT_ALPHA,
+                   help=f"significance level of the Mann-Whitney U test (default {DEFAULT_ALPHA})")
+    p.add_argument("--memory-threshold", type=fraction, default=DEFAULT_MEMORY_THRESHOLD,
+                   help=f"relative growth of peak memory or model state that counts (default {DEFAULT_MEMORY_THRESHOLD:.0%})")
+    p.add_argument("--statistic", choices=list(STATISTICS), default="median",
+                   help="step time of a run: its median (default) or its fastest step (steadier on a shared machine)")
+    p.add_argument("--force", action="store_true", help="compare runs from different device kinds")
+    p.add_argument("--json", type=Path, help="also write the full comparison as JSON here")
+    p.set_defaults(func=cmd_compare)

@@ -1,0 +1,112 @@
+"""How often does `harness compare` cry wolf, and how often does it catch a real slowdown?
+
+Each of K rounds launches, with the same code: one run A1 (its median step time sets the injected delay,
+DELAY_FRACTION of a step), then B1, S1, A2, B2, S2, ... for `--repeats` runs per side, interleaved so that
+a drift of the machine lands on every side alike. S runs add a per-step sleep (`--step-delay`, test-only).
+It then compares A with B (an A/A pair: any regression is a false positive) and A with S (a regression
+must be reported). Run it on a quiet machine; on a shared one the counts measure the neighbours too.
+
+    .venv/bin/python scripts/aa_false_positive.py --k 20 --json aa.json [harness run options...]
+
+Options this script does not know are passed to `harness run` instead of RUN_ARGS (give them all).
+
+tests/test_regression_ci.py runs one round of the same procedure (`measure_round`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from harness.baseline import load_all  # noqa: E402
+from harness.compare import compare_runs  # noqa: E402
+
+DELAY_FRACTION = 0.3
+# Tiny, short and single-threaded: a round of 3 x 3 runs takes about a minute on 2 cores.
+RUN_ARGS = ["--backend", "torch-ddp", "--gpus", "1", "--workload", "tiny", "--steps", "20", "--warmup", "2",
+            "--threads-per-worker", "1", "--timeout", "180"]
+
+
+def launch(out: Path, run_args: list[str], delay: float = 0.0) -> dict:
+    """One `harness run` into `out`; returns its (trimmed) record."""
+    before = set(out.glob("*.json")) if out.exists() else set()
+    cmd = [sys.executable, "-m", "harness", "run", *run_args, "--out", str(out), "--step-delay", f"{delay:.6f}"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    new = sorted(set(out.glob("*.json")) - before)
+    if proc.returncode != 0 or len(new) != 1:
+        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    return load_all(new)[0]
+
+
+def measure_round(workdir: Path, repeats: int = 3, run_args: list[str] = RUN_ARGS,
+                  delay_fraction: float = DELAY_FRACTION) -> tuple[Path, Path, Path, float]:
+    """Launch A, B (same code) and S (slowed) runs interleaved; returns their directories and the delay."""
+    a, b, s = (workdir / side for side in "abs")
+    first = launch(a, run_args)
+    delay = delay_fraction * float(np.median(first["step_times_s"]))
+    for i in range(repeats):
+        if i:
+            launch(a, run_args)
+        launch(b, run_args)
+        launch(s, run_args, delay)
+    return a, b, s, delay
+
+
+def throughput_change(result: dict) -> float:
+    return result["comparisons"][0]["metrics"][0]["change"]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--k", type=int, default=20, help="rounds (default 20)")
+    p.add_argument("--repeats", type=int, default=3, help="runs per side per round (default 3)")
+    p.add_argument("--threshold", type=float, default=0.05, help="compare --threshold (default 0.05)")
+    p.add_argument("--alpha", type=float, default=0.05, help="compare --alpha (default 0.05)")
+    p.add_argument("--memory-threshold", type=float, default=0.05, help="compare --memory-threshold")
+    p.add_argument("--statistic", choices=["median", "min"], default="median", help="compare --statistic")
+    p.add_argument("--delay-fraction", type=float, default=DELAY_FRACTION,
+                   help=f"injected sleep per step as a fraction of A1's median step time (default {DELAY_FRACTION})")
+    p.add_argument("--workdir", type=Path, help="keep the records here (default: a temporary directory)")
+    p.add_argument("--json", type=Path, help="write per-round results here")
+    args, run_args = p.parse_known_args()
+    run_args = run_args or RUN_ARGS
+    settings = dict(threshold=args.threshold, alpha=args.alpha, memory_threshold=args.memory_threshold,
+                    statistic=args.statistic)
+    rounds = []
+    with tempfile.TemporaryDirectory(prefix="distbench-aa-") as tmp:
+        root = args.workdir or Path(tmp)
+        for k in range(args.k):
+            a, b, s, delay = measure_round(root / f"round{k:03d}", args.repeats, run_args, args.delay_fraction)
+            aa = compare_runs(load_all([a]), load_all([b]), **settings)
+            slow = compare_runs(load_all([a]), load_all([s]), **settings)
+            rounds.append({"round": k, "delay_s": delay,
+                           "aa_flagged": aa["result"] != "ok", "aa_throughput_change": throughput_change(aa),
+                           "aa_verdicts": [m["verdict"] for m in aa["comparisons"][0]["metrics"]],
+                           "slowdown_detected": slow["comparisons"][0]["metrics"][0]["verdict"] == "regression",
+                           "slowdown_throughput_change": throughput_change(slow)})
+            r = rounds[-1]
+            print(f"round {k + 1}/{args.k}: delay {delay * 1e3:.1f} ms; A/A {'FLAGGED' if r['aa_flagged'] else 'ok'} "
+                  f"(throughput {r['aa_throughput_change']:+.1%}, {r['aa_verdicts']}); slowdown "
+                  f"{'detected' if r['slowdown_detected'] else 'MISSED'} ({r['slowdown_throughput_change']:+.1%})",
+                  flush=True)
+    flagged = sum(r["aa_flagged"] for r in rounds)
+    detected = sum(r["slowdown_detected"] for r in rounds)
+    print(f"A/A false positives: {flagged}/{args.k}; injected slowdown ({args.delay_fraction:.0%} of a step) "
+          f"detected: {detected}/{args.k}; settings {settings}, {args.repeats} runs per side")
+    if args.json:
+        args.json.write_text(json.dumps({"settings": settings, "repeats": args.repeats, "run_args": run_args,
+                                         "false_positives": flagged, "detected": detected, "rounds": rounds},
+                                        indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

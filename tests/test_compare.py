@@ -1,0 +1,292 @@
+"""`harness compare`, baselines and history on hand-made records (summarised by harness.metrics), so every
+expected verdict follows from samples with a known distribution."""
+from __future__ import annotations
+
+import json
+import uuid
+
+import numpy as np
+import pytest
+
+from harness.baseline import BASELINE_FILE
+from harness.cli import main
+from harness.compare import min_attainable_p, significance
+from harness.config import RunConfig
+from harness.metrics import summarize
+from harness.records import SCHEMA_VERSION, write_json_atomic
+from workloads.spec import PRESETS
+
+MiB = 2 ** 20
+CPU = "cpu: Test CPU"
+
+
+def make_record(step_times, *, backend="torch-ddp", gpus=1, precision="fp32", device_kind=CPU, status="ok",
+                rss=400 * MiB, state=17_150_160, versions=None, commit="a" * 40, start="2026-01-01T00:00:00+00:00",
+                spec=None):
+    """A run record as harness.runner writes it, every rank with the same step-time series."""
+    spec = spec or PRESETS["tiny"]
+    cfg = RunConfig(backend=backend, workload="tiny", spec=spec, gpus=gpus, device="cpu", precision=precision,
+                    steps=len(step_times))
+    n = len(step_times)
+    ranks = [] if status != "ok" else [
+        {"rank": r, "status": "ok", "device": device_kind, "host": "h", "step_times": list(map(float, step_times)),
+         "data_wait": [0.0] * n, "losses": [5.0] * n, "compute_only_step_times": [],
+         "memory": {"peak_rss": rss}, "model_state_bytes": {"total": state}} for r in range(gpus)]
+    record = {
+        "schema_version": SCHEMA_VERSION, "run_id": f"run-{uuid.uuid4().hex[:8]}", "status": status,
+        "error": None if status == "ok" else {"rank": 0, "message": "RuntimeError: boom"},
+        "config": cfg.to_dict(),
+        "backend_info": {"label": backend, "sharding": "none", "precision_scheme": None,
+                         "comm_pattern": {"kind": "allreduce", "dtype_bytes": 4}},
+        "comm": {"method": "none"}, "ranks": ranks, "isolated_ranks": [],
+        "environment": {"device_type": "cpu", "device_kind": device_kind if status == "ok" else None,
+                        "python": "3.11.7", "cpu_count": 2, "threads_per_worker": 1,
+                        "versions": versions or {"python": "3.11.7", "torch": "2.13.0+cpu"},
+                        "git": {"commit": commit, "dirty": False}, "start_time": start},
+    }
+    record["summary"] = summarize(record)
+    return record
+
+
+def write(directory, records):
+    for r in records:
+        write_json_atomic(directory / f"{r['run_id']}.json", r)
+    return directory
+
+
+def runs(tmp_path, name, scales, *, steps=20, seed=0, **kw):
+    """One record per scale: lognormal step times around 100 ms x scale (a known distribution)."""
+    rng = np.random.default_rng(seed)
+    return write(tmp_path / name, [make_record(0.1 * s * rng.lognormal(0, 0.05, steps), **kw) for s in scales])
+
+
+def compare(tmp_path, base, cand, *args):
+    out = tmp_path / f"cmp-{uuid.uuid4().hex[:6]}.json"
+    code = main(["compare", str(base), str(cand), "--json", str(out), *args])
+    return code, (json.loads(out.read_text()) if out.exists() else None)
+
+
+def throughput(result, i=0):
+    return result["comparisons"][i]["metrics"][0]
+
+
+# ---- statistics on known distributions ----------------------------------------------------------------
+
+def test_u_test_finds_a_known_shift_and_not_a_null_one():
+    rng = np.random.default_rng(1)
+    base = rng.lognormal(0, 0.05, 60)
+    same = significance(list(base), list(rng.lognormal(0, 0.05, 60)), 0.05)
+    shifted = significance(list(base), list(1.08 * rng.lognormal(0, 0.05, 60)), 0.05)
+    assert same.test == shifted.test == "mann-whitney-u"
+    assert not same.significant and same.p_value > 0.05
+    assert shifted.significant and shifted.p_value < 1e-6
+
+
+def test_too_few_samples_fall_back_to_range_overlap():
+    assert min_attainable_p(3, 3) == pytest.approx(0.1)   # U can never reach 0.05 with 3 vs 3
+    assert min_attainable_p(4, 4) == pytest.approx(2 / 70)
+    assert significance([1.0, 1.1, 1.2], [1.3, 1.4, 1.5], 0.05).test == "range-overlap"
+    assert significance([1.0, 1.1, 1.2], [1.3, 1.4, 1.5], 0.05).significant
+    assert not significance([1.0, 1.1, 1.35], [1.3, 1.4, 1.5], 0.05).significant
+    assert significance([1.0, 1.1, 1.2, 1.25], [1.3, 1.4, 1.5, 1.6], 0.05).test == "mann-whitney-u"
+
+
+# ---- verdicts and exit codes --------------------------------------------------------------------------
+
+def test_same_distribution_is_no_regression(tmp_path, capsys):
+    code, result = compare(tmp_path, runs(tmp_path, "a", [1, 1, 1], seed=1), runs(tmp_path, "b", [1, 1, 1], seed=2))
+    assert code == 0 and result["result"] == "ok" and result["regressions"] == 0
+    m = throughput(result)
+    assert m["samples"] == "per-run median" and m["n_baseline"] == m["n_candidate"] == 3
+    assert abs(m["change"]) < 0.05
+    assert "### distbench compare: no regression" in capsys.readouterr().out
+
+
+def test_thirty_percent_slowdown_is_a_regression(tmp_path, capsys):
+    code, result = compare(tmp_path, runs(tmp_path, "a", [1, 1, 1, 1, 1]), runs(tmp_path, "b", [1.3] * 5, seed=3))
+    assert code == 1 and result["result"] == "regression"
+    m = throughput(result)
+    assert m["verdict"] == "regression" and m["test"] == "mann-whitney-u" and m["p_value"] < 0.05
+    assert m["change"] == pytest.approx(1 / 1.3 - 1, abs=0.03)
+    assert m["step_time_change"] == pytest.approx(0.3, abs=0.04)
+    out = capsys.readouterr().out
+    assert "REGRESSION" in out and "**regression**" in out
+
+
+def test_improvement_is_reported_and_passes(tmp_path):
+    code, result = compare(tmp_path, runs(tmp_path, "a", [1, 1, 1]), runs(tmp_path, "b", [0.7, 0.7, 0.7], seed=4))
+    assert code == 0 and throughput(result)["verdict"] == "improvement" and result["improvements"] == 1
+
+
+def test_significant_change_below_threshold_is_ok(tmp_path):
+    # 3% slower in every step of 200: the U test sees it, the 5% threshold says it does not matter.
+    code, result = compare(tmp_path, runs(tmp_path, "a", [1], steps=200), runs(tmp_path, "b", [1.03], steps=200, seed=5))
+    m = throughput(result)
+    assert m["samples"] == "steps" and m["significant"] and m["verdict"] == "ok" and code == 0
+    code, result = compare(tmp_path, tmp_path / "a", tmp_path / "b", "--threshold", "2%")
+    assert code == 1 and throughput(result)["verdict"] == "regression"
+
+
+def test_large_change_without_significance_is_ok(tmp_path):
+    # Run medians 100/150/200 vs 120/170/210 ms: +13% in the middle, but the ranges overlap.
+    base = write(tmp_path / "a", [make_record([0.1 * s] * 10) for s in (1.0, 1.5, 2.0)])
+    cand = write(tmp_path / "b", [make_record([0.1 * s] * 10) for s in (1.2, 1.7, 2.1)])
+    code, result = compare(tmp_path, base, cand)
+    m = throughput(result)
+    assert m["change"] < -0.05 and m["test"] == "range-overlap" and not m["significant"]
+    assert m["verdict"] == "ok" and code == 0
+
+
+def test_statistic_min_ignores_contended_steps(tmp_path):
+    # Same undisturbed cost (100 ms); the candidate's runs had a noisy neighbour for half their steps.
+    base = write(tmp_path / "a", [make_record([0.1 + 0.001 * i for i in range(10)]) for _ in range(3)])
+    cand = write(tmp_path / "b", [make_record([0.1 + 0.001 * i for i in range(5)] + [0.3] * 5) for _ in range(3)])
+    assert compare(tmp_path, base, cand)[0] == 1
+    code, result = compare(tmp_path, base, cand, "--statistic", "min")
+    assert code == 0 and throughput(result)["samples"] == "per-run min" and throughput(result)["change"] == 0
+
+
+def test_memory_growth_beyond_threshold_is_a_regression(tmp_path):
+    base = runs(tmp_path, "a", [1, 1, 1], rss=400 * MiB)
+    cand = runs(tmp_path, "b", [1, 1, 1], seed=1, rss=480 * MiB, state=2 * 17_150_160)
+    code, result = compare(tmp_path, base, cand)
+    rss, state = result["comparisons"][0]["metrics"][1:]
+    assert code == 1 and rss["label"] == "peak RSS / rank" and rss["change"] == pytest.approx(0.2)
+    assert rss["verdict"] == state["verdict"] == "regression" and throughput(result)["verdict"] == "ok"
+    code, result = compare(tmp_path, base, cand, "--memory-threshold", "1.5")
+    assert code == 2  # a fraction, not 150%
+    code, result = compare(tmp_path, base, cand, "--memory-threshold", "0.25")
+    assert result["comparisons"][0]["metrics"][1]["verdict"] == "ok"
+    assert result["comparisons"][0]["metrics"][2]["verdict"] == "regression" and code == 1
+
+
+# ---- matching ------------------------------------------------------------------------------------------
+
+def test_runs_match_on_configuration_and_the_rest_is_listed(tmp_path, capsys):
+    base = write(tmp_path / "a", [make_record([0.1] * 5), make_record([0.2] * 5, gpus=2),
+                                  make_record([0.1] * 5, spec=PRESETS["tiny"].__class__(**{**PRESETS["tiny"].to_dict(), "n_layers": 2}))])
+    cand = write(tmp_path / "b", [make_record([0.1] * 5), make_record([0.1] * 5, precision="bf16")])
+    code, result = compare(tmp_path, base, cand)
+    assert code == 0 and [c["match"]["gpus"] for c in result["comparisons"]] == [1]
+    assert result["comparisons"][0]["match"]["workload"] == "tiny"
+    assert sorted(result["only_in_baseline"]) == [f"torch-ddp · tiny · N=2 · fp32 · weak · {CPU}",
+                                                 f"torch-ddp · tiny[n_layers=2] · N=1 · fp32 · weak · {CPU}"]
+    assert result["only_in_candidate"] == [f"torch-ddp · tiny · N=1 · bf16 · weak · {CPU}"]
+    assert "Only in the candidate (not compared):" in capsys.readouterr().out
+
+
+def test_failed_runs_are_reported_not_compared(tmp_path, capsys):
+    base = write(tmp_path / "a", [make_record([0.1] * 5), make_record([0.1] * 5, gpus=2, status="failed")])
+    cand = write(tmp_path / "b", [make_record([0.1] * 5), make_record([0.1] * 5, gpus=2, status="crashed")])
+    code, result = compare(tmp_path, base, cand)
+    assert code == 0 and len(result["comparisons"]) == 1
+    assert {(n["side"], n["status"], n["newly_failing"]) for n in result["not_compared"]} == {
+        ("baseline", "failed", False), ("candidate", "crashed", False)}
+    # A candidate that fails where the baseline ran is the worst regression of all.
+    write(tmp_path / "a", [make_record([0.1] * 5, gpus=2)])
+    code, result = compare(tmp_path, base, cand)
+    assert code == 1 and result["newly_failing"] == 1
+    assert "**newly failing**" in capsys.readouterr().out
+
+
+def test_different_device_kinds_are_refused_unless_forced(tmp_path, capsys):
+    base = runs(tmp_path, "a", [1, 1, 1])
+    cand = runs(tmp_path, "b", [1, 1, 1], seed=1, device_kind="cpu: Other CPU",
+                versions={"python": "3.11.7", "torch": "2.14.0+cpu"})
+    code, result = compare(tmp_path, base, cand)
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and result is None and len(err.splitlines()) == 1
+    assert "Test CPU" in err and "Other CPU" in err and "--force" in err
+    code, result = compare(tmp_path, base, cand, "--force")
+    assert code == 0 and result["comparisons"][0]["key"] == "torch-ddp · tiny · N=1 · fp32 · weak"
+    diffs = result["comparisons"][0]["environment_differences"]
+    assert f"device_kind: {CPU} -> cpu: Other CPU" in diffs and "torch: 2.13.0+cpu -> 2.14.0+cpu" in diffs
+    assert "† Environment or settings differ" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("case", ["missing", "schema", "foreign", "nothing-matched", "empty-dir", "bad-threshold"])
+def test_bad_input_exits_2_with_one_line(tmp_path, capsys, case):
+    base = runs(tmp_path, "a", [1])
+    cand = tmp_path / "cand.json"
+    args = []
+    if case == "missing":
+        cand = tmp_path / "nope.json"
+    elif case == "schema":
+        write_json_atomic(cand, {**make_record([0.1] * 5), "schema_version": 99})
+    elif case == "foreign":
+        cand.write_text('{"hello": 1}')
+    elif case == "nothing-matched":
+        write_json_atomic(cand, make_record([0.1] * 5, gpus=4))
+    elif case == "empty-dir":
+        (cand := tmp_path / "empty").mkdir()
+    else:
+        write_json_atomic(cand, make_record([0.1] * 5))
+        args = ["--threshold", "five"]
+    code, _ = compare(tmp_path, base, cand, *args)
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("harness: error: ") and len(err.strip().splitlines()) == 1
+    expected = {"missing": "no such file", "schema": "schema_version 99", "foreign": "not a distbench run record",
+                "nothing-matched": "nothing matched", "empty-dir": "no distbench run records",
+                "bad-threshold": "expected a fraction"}[case]
+    assert expected in err
+
+
+# ---- baselines ------------------------------------------------------------------------------------------
+
+def test_baseline_save_then_compare(tmp_path, capsys):
+    records = runs(tmp_path, "results", [1, 1, 1])
+    assert main(["baseline", "save", "main", str(records), "--dir", str(tmp_path / "baselines")]) == 0
+    path = tmp_path / "baselines" / "main" / BASELINE_FILE
+    saved = json.loads(path.read_text())
+    assert saved["kind"] == "distbench-baseline" and saved["baseline_schema_version"] == 1
+    assert saved["name"] == "main" and saved["created"] and "commit" in saved["git"]
+    assert len(saved["records"]) == 3 and all("ranks" not in r for r in saved["records"])
+    assert all(len(r["step_times_s"]) == 20 for r in saved["records"])
+    # Compared with the records it came from: identical samples, no change at all.
+    code, result = compare(tmp_path, path.parent, records)
+    assert code == 0 and throughput(result)["change"] == 0
+    code, result = compare(tmp_path, path.parent, runs(tmp_path, "slow", [1.3] * 3, seed=9))
+    assert code == 1
+    saved["baseline_schema_version"] = 2
+    path.write_text(json.dumps(saved))
+    capsys.readouterr()
+    assert compare(tmp_path, path, records)[0] == 2
+    assert "baseline_schema_version 2" in capsys.readouterr().err
+
+
+def test_baseline_name_must_be_a_plain_name(tmp_path, capsys):
+    assert main(["baseline", "save", "../x", str(runs(tmp_path, "r", [1])), "--dir", str(tmp_path)]) == 2
+    assert "baseline name" in capsys.readouterr().err
+
+
+# ---- history ---------------------------------------------------------------------------------------------
+
+def test_history_orders_commits_by_first_run_and_plots(tmp_path, capsys):
+    records = [make_record([0.1] * 5, commit="b" * 40, start="2026-01-02T00:00:00+00:00"),
+               make_record([0.1] * 5, commit="b" * 40, start="2026-01-02T01:00:00+00:00"),
+               make_record([0.2] * 5, commit="a" * 40, start="2026-01-01T00:00:00+00:00"),
+               make_record([0.1] * 5, commit="c" * 40, start="2026-01-03T00:00:00+00:00", status="failed"),
+               make_record([0.1] * 5, gpus=2, commit="c" * 40, start="2026-01-03T00:00:00+00:00")]
+    write(tmp_path / "r", records)
+    plot = tmp_path / "plot.png"
+    code = main(["history", str(tmp_path / "r"), "--backend", "torch-ddp", "--workload", "tiny", "--gpus", "1",
+                 "--output", str(plot)])
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "commit" not in line]
+    assert code == 0 and plot.stat().st_size > 0
+    assert [r.split("|")[1].strip() for r in rows] == ["a" * 10, "b" * 10, "c" * 10]
+    assert "| 2 (0) | 10,240 |" in rows[1] and "+100.0%" in rows[1]  # 8 x 128 tokens per step / 0.1 s
+    assert "| 1 (1) | n/a |" in rows[2]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--metric", "nope"], "unknown metric 'nope'; valid:"),
+    (["--workload", "small"], "no records for backend"),
+])
+def test_history_bad_input(tmp_path, capsys, args, message):
+    write(tmp_path / "r", [make_record([0.1] * 5), make_record([0.1] * 5, precision="bf16")])
+    base = ["history", str(tmp_path / "r"), "--backend", "torch-ddp", "--workload", "tiny", "--gpus", "1"]
+    assert main(base + ["--precision", "fp32"] + args) == 2
+    assert message in capsys.readouterr().err
+    assert main(base) == 2
+    assert "several configurations match" in capsys.readouterr().err
