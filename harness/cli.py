@@ -18,6 +18,8 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 # Modules that add sub-commands: each defines `register(subparsers)` and sets `func` on its parsers.
 COMMAND_MODULES = [
+    "harness.sweep",
+    "harness.report",
     "harness.compare",
     "harness.baseline",
     "harness.history",

@@ -130,8 +130,9 @@ def environment(cfg: RunConfig, ranks: list[dict], argv: list[str], started: str
     }
 
 
-def execute(backend: Backend, cfg: RunConfig, out_dir: Path, argv: list[str]) -> dict:
-    """Run `cfg`, write its record to out_dir/<run_id>.json, and return the record."""
+def execute(backend: Backend, cfg: RunConfig, out_dir: Path, argv: list[str], sweep: dict | None = None) -> dict:
+    """Run `cfg`, write its record to out_dir/<run_id>.json, and return the record. `sweep` ({"id",
+    "repeat"}) ties the run to the sweep that launched it; None for a single `harness run`."""
     run_id = new_run_id(cfg)
     run_dir = Path(out_dir) / "logs" / run_id
     started = now_iso()
@@ -162,6 +163,7 @@ def execute(backend: Backend, cfg: RunConfig, out_dir: Path, argv: list[str]) ->
         "ranks": rank_list,
         "isolated_ranks": isolated,
         "environment": environment(cfg, rank_list, argv, started),
+        "sweep": sweep,
     }
     record["summary"] = summarize(record)
     write_json_atomic(Path(out_dir) / f"{run_id}.json", record)

@@ -1,0 +1,146 @@
+"""Cross-run figures: run records -> a tidy table (one row per run) -> one row per backend x N.
+
+Per-run figures come from harness.metrics.summarize (recomputed from the raw rank records, so every table
+uses the current definitions); this module only groups runs and compares them: median and spread over
+repeats, speedup and scaling efficiency against N = 1, memory ratio, and a noise flag.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from harness.metrics import summarize
+from workloads.spec import PRESETS, ModelSpec
+
+# Runs in one group are repeats of the same measurement. `batch` is part of the key because speedup is
+# only defined against the same per-device batch (weak scaling) or the same global batch (strong).
+CONTEXT_KEYS = ["workload", "precision", "device", "scaling", "batch"]
+GROUP_KEYS = ["label", *CONTEXT_KEYS, "gpus"]
+DEFAULT_NOISE_CV = 0.10
+
+
+def workload_name(cfg: dict) -> str:
+    """The preset name, plus the fields that differ from it when the spec was overridden, so runs of
+    different models never share a group."""
+    preset = PRESETS.get(cfg["workload"])
+    spec = ModelSpec(**cfg["spec"])
+    if preset is None or preset == spec:
+        return cfg["workload"]
+    changed = [f"{k}={v}" for k, v in spec.to_dict().items() if preset.to_dict().get(k) != v]
+    return f"{cfg['workload']}({', '.join(changed)})"
+
+
+def device_name(record: dict) -> str | None:
+    """The device a rank ran on; on CPU with its thread count, since N workers share one machine's cores
+    and a different thread count is different hardware."""
+    cfg, env = record["config"], record.get("environment", {})
+    kind = env.get("device_kind")
+    if kind and cfg["device"] == "cpu":
+        return f"{kind}, {cfg['threads_per_worker']} thread(s)/worker"
+    return kind
+
+
+def batch_name(cfg: dict) -> str:
+    per_rank = cfg["micro_batch"] * cfg["grad_accum"]
+    if cfg.get("scaling") == "strong":
+        return f"{per_rank * cfg['gpus']} seq global"
+    return f"{per_rank} seq/rank"
+
+
+def run_row(record: dict) -> dict:
+    """One run as a flat row: what was run (the group keys) and its per-run figures."""
+    cfg, env, info = record["config"], record.get("environment", {}), record.get("backend_info", {})
+    s = summarize(record)
+    sweep = record.get("sweep") or {}
+    error = record.get("error") or {}
+    # Per-rank peak memory: the framework allocator's peak on a GPU; process RSS where there is none (CPU),
+    # which includes the framework runtime, so CPU memory ratios stay near 1 by construction.
+    allocated = s["peak_allocated_bytes"]
+    return {
+        "run_id": record["run_id"], "status": record["status"], "error": error.get("message"),
+        "sweep_id": sweep.get("id"), "repeat": sweep.get("repeat"),
+        "backend": cfg["backend"], "label": info.get("label", cfg["backend"]), "framework": info.get("framework"),
+        "sharding": info.get("sharding"), "workload": workload_name(cfg), "precision": cfg["precision"],
+        "device": device_name(record), "device_type": cfg["device"], "host": env.get("harness_host"),
+        "scaling": cfg.get("scaling", "weak"), "batch": batch_name(cfg), "gpus": cfg["gpus"],
+        "threads_per_worker": cfg["threads_per_worker"], "steps": cfg["steps"],
+        "throughput": s["throughput_tokens_per_s"], "per_device_throughput": s["per_device_tokens_per_s"],
+        "t_step_s": s["step_time_s"]["median"], "t_step_p10_s": s["step_time_s"]["p10"],
+        "t_step_p90_s": s["step_time_s"]["p90"], "t_compute_s": s["t_compute_s"],
+        "compute_method": s["compute_method"], "exposed_comm_ratio": s["exposed_comm_ratio"],
+        "comm_bytes_per_rank": s["comm_bytes_per_rank_per_step"], "busbw_bytes_per_s": s["implied_busbw_bytes_per_s"],
+        "peak_memory_bytes": allocated if allocated is not None else s["peak_rss_bytes"],
+        "peak_memory_source": "allocator" if allocated is not None else "rss",
+        "model_state_bytes": s["model_state_bytes_per_rank"], "model_state_analytic": s["model_state_bytes_analytic"],
+        "mfu": s["mfu"], "loss_first": s["loss_first"], "loss_last": s["loss_last"],
+        "start_time": env.get("start_time"), "git_commit": (env.get("git") or {}).get("commit"),
+    }
+
+
+def runs_table(records: list[dict]) -> pd.DataFrame:
+    """The tidy table: one row per run record, any status."""
+    runs = pd.DataFrame([run_row(r) for r in records])
+    if runs.empty:
+        return runs
+    # A run that failed before any rank reported its device is placed with the runs of the same host,
+    # device type and threads, so a failed repeat counts against its own group.
+    where = ["host", "device_type", "threads_per_worker"]
+    known = runs.dropna(subset=["device"]).drop_duplicates(where).set_index(where)["device"].to_dict()
+    guess = [known.get(key, key[1]) for key in runs[where].itertuples(index=False, name=None)]
+    runs["device"] = runs["device"].fillna(pd.Series(guess, index=runs.index))
+    return runs.sort_values([*GROUP_KEYS, "start_time"], kind="stable").reset_index(drop=True)
+
+
+def median(values: pd.Series) -> float:
+    values = values.dropna()
+    return float(values.median()) if len(values) else np.nan
+
+
+def group_row(runs: pd.DataFrame) -> pd.Series:
+    """The figures of one backend x N over its repeats (ok runs only; failures are counted)."""
+    ok = runs[runs["status"] == "ok"]
+    tput = ok["throughput"].dropna()
+    # Sample coefficient of variation over repeats: unknowable from one repeat (NaN, never "quiet").
+    cv = float(tput.std(ddof=1) / tput.mean()) if len(tput) > 1 else np.nan
+    return pd.Series({
+        "backend": runs["backend"].iloc[0], "sharding": runs["sharding"].iloc[0],
+        "runs": len(ok), "failed": len(runs) - len(ok),
+        "throughput": median(tput), "throughput_min": tput.min() if len(tput) else np.nan,
+        "throughput_max": tput.max() if len(tput) else np.nan, "throughput_cv": cv,
+        "per_device_throughput": median(ok["per_device_throughput"]), "t_step_s": median(ok["t_step_s"]),
+        "exposed_comm_ratio": median(ok["exposed_comm_ratio"]), "busbw_bytes_per_s": median(ok["busbw_bytes_per_s"]),
+        "comm_bytes_per_rank": median(ok["comm_bytes_per_rank"]),
+        "peak_memory_bytes": median(ok["peak_memory_bytes"]),
+        "peak_memory_source": ok["peak_memory_source"].iloc[0] if len(ok) else None,
+        "model_state_bytes": median(ok["model_state_bytes"]), "model_state_analytic": median(ok["model_state_analytic"]),
+        "mfu": median(ok["mfu"]),
+    })
+
+
+def aggregate(runs: pd.DataFrame, noise_cv: float = DEFAULT_NOISE_CV) -> pd.DataFrame:
+    """One row per GROUP_KEYS: median throughput and spread over repeats, speedup and efficiency against
+    the same backend's N = 1 row in the same context, memory ratio, model state vs analytic, and `noisy`
+    where the repeats' coefficient of variation exceeds `noise_cv` (the median is then not trustworthy,
+    and neither is any speedup computed from it: `speedup_noisy`)."""
+    if runs.empty:
+        return pd.DataFrame(columns=GROUP_KEYS)
+    groups = runs.groupby(GROUP_KEYS, sort=True, dropna=False)
+    agg = pd.DataFrame([group_row(g) for _, g in groups], index=groups.size().index).reset_index()
+    agg["noisy"] = agg["throughput_cv"] > noise_cv
+    agg["model_state_vs_analytic"] = agg["model_state_bytes"] / agg["model_state_analytic"]
+
+    base = agg[agg["gpus"] == 1].set_index(["label", *CONTEXT_KEYS])
+    keys = pd.MultiIndex.from_frame(agg[["label", *CONTEXT_KEYS]])
+    base_tput = base["throughput"].reindex(keys).to_numpy(dtype=float)
+    agg["speedup"] = agg["throughput"] / base_tput
+    agg["efficiency"] = agg["speedup"] / agg["gpus"]
+    agg["memory_ratio"] = agg["peak_memory_bytes"] / base["peak_memory_bytes"].reindex(keys).to_numpy(dtype=float)
+    base_noisy = base["noisy"].reindex(keys).fillna(False).to_numpy(dtype=bool)
+    agg["speedup_noisy"] = agg["noisy"].to_numpy(dtype=bool) | base_noisy
+    return agg
+
+
+def contexts(agg: pd.DataFrame) -> list[tuple[dict, pd.DataFrame]]:
+    """The comparable slices of an aggregate table: same workload, precision, device, scaling and batch."""
+    return [(dict(zip(CONTEXT_KEYS, key)), g.reset_index(drop=True))
+            for key, g in agg.groupby(CONTEXT_KEYS, sort=True, dropna=False)]

@@ -1,0 +1,165 @@
+"""`harness sweep`: backends x N x repeats, every run through the same path as `harness run`.
+
+Repeats are separate launches, and the matrix is walked repeat by repeat (all backends and N once, then
+again), so launch-to-launch noise shows in the spread and a slow drift of the machine does not land on one
+configuration only. Every run writes its own record, failed or not; `--resume` skips what is already done.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import math
+import os
+import sys
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+
+from backends import backend_names, get_backend
+from backends.base import Backend
+from harness.cli import EXIT_FAILED, EXIT_OK, UsageError, add_run_arguments, build_config, choice, positive
+from harness.config import RunConfig
+from harness.records import load_records
+
+SCALING_MODES = ("weak", "strong")
+
+
+@dataclass
+class PlannedRun:
+    backend: Backend
+    cfg: RunConfig
+    repeat: int
+
+
+def gpu_list(text: str) -> list[int]:
+    """'1,2,4,8' -> [1, 2, 4, 8], in the given order, duplicates dropped."""
+    try:
+        values = [positive(v.strip()) for v in text.split(",") if v.strip()]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got '{text}'") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one N")
+    return list(dict.fromkeys(values))
+
+
+def selected_backends(text: str) -> list[str]:
+    names = backend_names()
+    if text.strip() == "all":
+        return names
+    wanted = [v.strip() for v in text.split(",") if v.strip()]
+    for name in wanted:
+        choice(name, [*names, "all"], "backend")
+    return list(dict.fromkeys(wanted))
+
+
+def batch_args(args, scaling: str, ns: list[int]) -> argparse.Namespace:
+    """The run options for one scaling mode. Weak: the per-device batch is fixed (--micro-batch).
+    Strong: the global batch is fixed (--global-batch; by default micro-batch x grad-accum x lcm(N), so it
+    splits evenly over every N, with the default micro-batch at the largest N)."""
+    out = argparse.Namespace(**vars(args))
+    if scaling == "weak":
+        if args.global_batch:
+            raise UsageError("--global-batch fixes the global batch: use it with --scaling strong")
+        return out
+    if not args.global_batch:
+        micro = args.micro_batch or {f.name: f.default for f in dataclasses.fields(RunConfig)}["micro_batch"]
+        out.global_batch, out.micro_batch = micro * args.grad_accum * math.lcm(*ns), None
+    return out
+
+
+def config_key(config: dict) -> str:
+    """What makes two runs the same measurement: the whole config but its timeout."""
+    return json.dumps({k: v for k, v in config.items() if k != "timeout_s"}, sort_keys=True)
+
+
+def plan(args) -> tuple[list[PlannedRun], dict[str, str]]:
+    """Every run of the sweep in launch order, and the unavailable backends with the reason. All configs
+    are validated before anything is launched, so bad input never stops a sweep half-way."""
+    scaling = args.scaling or ("strong" if args.global_batch else "weak")
+    run_args = batch_args(args, scaling, args.gpus)
+    # The same threads for every N: cores shared out over the largest N, so the hardware per worker is
+    # constant along the sweep (recorded in each config).
+    threads = args.threads_per_worker or max(1, (os.cpu_count() or 1) // max(args.gpus))
+    skipped, configs = {}, []
+    for name in selected_backends(args.backends):
+        backend = get_backend(name)
+        ok, reason = backend.availability()
+        if not ok:
+            skipped[name] = reason
+            continue
+        configs += [(backend, build_config(run_args, name, n, threads)) for n in args.gpus]
+    if not configs:
+        raise UsageError("no available backend to sweep: " + "; ".join(f"{k} ({v})" for k, v in skipped.items()))
+    return [PlannedRun(b, cfg, r) for r in range(args.repeats) for b, cfg in configs], skipped
+
+
+def drop_done(runs: list[PlannedRun], out_dir) -> tuple[list[PlannedRun], int]:
+    """Runs not yet recorded with status ok in out_dir (k ok records of a config stand for its first k
+    repeats); failed runs are not done and run again."""
+    done = Counter(config_key(r["config"]) for r in load_records([out_dir]) if r["status"] == "ok") \
+        if out_dir.is_dir() else Counter()
+    todo = []
+    for run in runs:
+        key = config_key(json.loads(json.dumps(run.cfg.to_dict())))
+        if done[key]:
+            done[key] -= 1
+        else:
+            todo.append(run)
+    return todo, len(runs) - len(todo)
+
+
+def clock(seconds: float) -> str:
+    return str(dt.timedelta(seconds=round(seconds)))
+
+
+def progress_line(k: int, n: int, run: PlannedRun, record: dict, took: float, elapsed: float, repeats: int) -> str:
+    """One line per finished run: which, outcome, its throughput, and the sweep's time so far and to go
+    (ETA = mean launch time so far x runs left)."""
+    tput = record["summary"]["throughput_tokens_per_s"]
+    outcome = f"{tput:,.0f} tok/s" if record["status"] == "ok" and tput else (record.get("error") or {}).get("message", "")
+    eta = elapsed / k * (n - k)
+    return (f"[{k}/{n}] {record['backend_info']['label']} N={run.cfg.gpus} repeat {run.repeat + 1}/{repeats}: "
+            f"{record['status']} in {took:.1f} s, {outcome} | elapsed {clock(elapsed)}, ETA {clock(eta)}")
+
+
+def cmd_sweep(args) -> int:
+    from harness.runner import execute
+    runs, skipped = plan(args)
+    sweep_id = f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
+    cfg = runs[0].cfg
+    print(f"sweep {sweep_id}: {len(runs)} runs = {len({r.backend.name for r in runs})} backend(s) x N in "
+          f"{','.join(map(str, args.gpus))} x {args.repeats} repeat(s); {cfg.scaling} scaling, "
+          f"{cfg.threads_per_worker} thread(s)/worker on {cfg.device}")
+    for name, reason in skipped.items():
+        print(f"skipped {name}: {reason}")
+    if args.resume:
+        runs, n_done = drop_done(runs, args.out)
+        print(f"resume: {n_done} run(s) already recorded ok in {args.out} are skipped")
+    start, records = time.monotonic(), []
+    for k, run in enumerate(runs, 1):
+        t0 = time.monotonic()
+        record = execute(run.backend, run.cfg, args.out, sys.argv, sweep={"id": sweep_id, "repeat": run.repeat})
+        records.append(record)
+        now = time.monotonic()
+        print(progress_line(k, len(runs), run, record, now - t0, now - start, args.repeats), flush=True)
+    failed = [r for r in records if r["status"] != "ok"]
+    print(f"sweep {sweep_id}: {len(records)} run(s), {len(records) - len(failed)} ok, {len(failed)} failed; "
+          f"records in {args.out} (summarize with `harness report`)")
+    for r in failed:
+        print(f"  {r['status']}: {r['run_id']}: {(r.get('error') or {}).get('message')}")
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("sweep", help="run backends x N x repeats, one record per run")
+    p.add_argument("--backends", default="all", help=f"comma-separated, or all: {', '.join(backend_names())}")
+    p.add_argument("--gpus", type=gpu_list, required=True, help="comma-separated N (ranks), e.g. 1,2,4,8")
+    p.add_argument("--repeats", type=positive, default=3, help="separate launches per backend x N")
+    p.add_argument("--scaling", choices=SCALING_MODES,
+                   help="weak: fixed per-device batch (default); strong: fixed global batch split over N")
+    p.add_argument("--resume", action="store_true", help="skip runs already recorded ok for the same config in --out")
+    add_run_arguments(p)
+    p.set_defaults(func=cmd_sweep)

@@ -1,0 +1,102 @@
+"""Cross-run figures on hand-made records with known answers (harness.analysis)."""
+import numpy as np
+import pytest
+from record_factory import make_record, tokens_per_step
+
+from harness.analysis import aggregate, runs_table
+from workloads.spec import PRESETS
+
+MiB = 1 << 20
+
+
+def row(agg, label, gpus, **context):
+    sel = agg[(agg["label"] == label) & (agg["gpus"] == gpus)]
+    for k, v in context.items():
+        sel = sel[sel[k] == v]
+    assert len(sel) == 1, sel
+    return sel.iloc[0]
+
+
+def test_speedup_efficiency_memory_and_comm_from_known_step_times():
+    records = [make_record("torch-ddp", 1, 0.1, repeat=0), make_record("torch-ddp", 1, 0.1, repeat=1),
+               make_record("torch-ddp", 2, 0.125, compute_time=0.1, peak_rss=500 * MiB, repeat=0),
+               make_record("torch-ddp", 2, 0.125, compute_time=0.1, peak_rss=500 * MiB, repeat=1)]
+    agg = aggregate(runs_table(records))
+    one, two = row(agg, "torch-ddp", 1), row(agg, "torch-ddp", 2)
+    assert one["throughput"] == pytest.approx(tokens_per_step(1) / 0.1)  # 10,240 tok/s
+    assert two["throughput"] == pytest.approx(tokens_per_step(2) / 0.125)  # 16,384 tok/s
+    assert two["speedup"] == pytest.approx(1.6)
+    assert two["efficiency"] == pytest.approx(0.8)
+    assert one["speedup"] == pytest.approx(1.0) and one["exposed_comm_ratio"] == 0.0
+    assert two["memory_ratio"] == pytest.approx(500 / 400)
+    assert two["exposed_comm_ratio"] == pytest.approx(0.2)
+    volume = 2 * (2 - 1) / 2 * PRESETS["tiny"].n_params * 4
+    assert two["busbw_bytes_per_s"] == pytest.approx(volume / 0.025)
+    assert two["model_state_vs_analytic"] == pytest.approx(1.0)
+    assert two["runs"] == 2 and two["failed"] == 0
+    assert two["throughput_cv"] == pytest.approx(0.0) and not two["noisy"]
+    assert np.isnan(two["mfu"])  # a CPU has no known peak: unknown, not zero
+
+
+def test_sharded_backend_holds_half_the_model_state_at_two_ranks():
+    records = [make_record(label, n) for label in ("torch-ddp", "torch-fsdp") for n in (1, 2)]
+    agg = aggregate(runs_table(records))
+    ddp, fsdp = row(agg, "torch-ddp", 2), row(agg, "torch-fsdp", 2)
+    assert fsdp["model_state_bytes"] / ddp["model_state_bytes"] == pytest.approx(0.5)
+    assert fsdp["model_state_analytic"] == pytest.approx(PRESETS["tiny"].model_state_bytes("fp32", None, "parameters", 2)["total"])
+
+
+def test_spread_over_repeats_is_flagged_noisy_not_averaged_away():
+    records = [make_record("horovod", 1, 0.1, repeat=0), make_record("horovod", 1, 0.1, repeat=1),
+               make_record("horovod", 2, 0.1, repeat=0), make_record("horovod", 2, 0.125, repeat=1)]
+    runs = runs_table(records)
+    two = row(aggregate(runs, noise_cv=0.10), "horovod", 2)
+    tputs = np.array([tokens_per_step(2) / 0.1, tokens_per_step(2) / 0.125])
+    assert two["throughput"] == pytest.approx(np.median(tputs))
+    assert (two["throughput_min"], two["throughput_max"]) == pytest.approx((tputs.min(), tputs.max()))
+    assert two["throughput_cv"] == pytest.approx(tputs.std(ddof=1) / tputs.mean())  # 15.7%
+    assert two["noisy"] and two["speedup_noisy"]
+    assert not row(aggregate(runs, noise_cv=0.20), "horovod", 2)["noisy"]
+
+
+def test_noisy_baseline_makes_every_speedup_from_it_noisy():
+    records = [make_record("tf-mwms", 1, 0.1, repeat=0), make_record("tf-mwms", 1, 0.13, repeat=1),
+               make_record("tf-mwms", 2, 0.2, repeat=0), make_record("tf-mwms", 2, 0.2, repeat=1)]
+    two = row(aggregate(runs_table(records)), "tf-mwms", 2)
+    assert not two["noisy"] and two["speedup_noisy"]
+
+
+def test_single_repeat_has_unknown_spread():
+    agg = aggregate(runs_table([make_record("paddle-fleet", 1)]))
+    assert np.isnan(row(agg, "paddle-fleet", 1)["throughput_cv"]) and not row(agg, "paddle-fleet", 1)["noisy"]
+
+
+def test_failed_repeat_is_counted_in_its_group_and_left_out_of_the_figures():
+    records = [make_record("deepspeed-zero3", 1, 0.1), make_record("deepspeed-zero3", 2, 0.125, repeat=0),
+               make_record("deepspeed-zero3", 2, status="failed", repeat=1)]
+    runs = runs_table(records)
+    assert runs["device"].nunique() == 1  # the failed run reported no device; it joins its host's group
+    two = row(aggregate(runs), "deepspeed-zero3", 2)
+    assert (two["runs"], two["failed"]) == (1, 1)
+    assert two["throughput"] == pytest.approx(tokens_per_step(2) / 0.125)
+
+
+def test_only_comparable_runs_are_grouped_and_speedup_needs_n1():
+    records = [make_record("torch-ddp", 1, 0.1), make_record("torch-ddp", 2, 0.125),
+               make_record("torch-ddp", 1, 0.05, precision="bf16"), make_record("torch-ddp", 2, 0.1, precision="bf16"),
+               make_record("torch-ddp", 2, 0.2, micro_batch=16),
+               make_record("torch-ddp", 2, 0.1, scaling="strong")]
+    agg = aggregate(runs_table(records))
+    assert len(agg) == 6
+    assert row(agg, "torch-ddp", 2, precision="bf16")["speedup"] == pytest.approx(1.0)
+    assert np.isnan(row(agg, "torch-ddp", 2, batch="16 seq/rank")["speedup"])  # no N=1 at that batch
+    assert set(agg["scaling"]) == {"weak", "strong"}
+    assert row(agg, "torch-ddp", 2, scaling="strong")["batch"] == "16 seq global"
+
+
+def test_overridden_workload_is_its_own_group():
+    base = make_record("torch-ddp", 1)
+    deeper = make_record("torch-ddp", 1)
+    deeper["config"]["spec"]["n_layers"] = 8
+    runs = runs_table([base, deeper])
+    assert sorted(runs["workload"]) == ["tiny", "tiny(n_layers=8)"]

@@ -1,0 +1,153 @@
+"""`harness report` and `harness results` on hand-made records of all six stacks."""
+import base64
+import io
+import json
+import re
+import sys
+from html.parser import HTMLParser
+
+import pandas as pd
+import pytest
+from PIL import Image
+from record_factory import BACKENDS, make_record
+
+from harness.cli import main
+from harness.records import write_json_atomic
+
+MiB = 1 << 20
+# label -> (step time N=1, step time N=2, compute-only time N=2, peak RSS N=1, N=2 in MiB)
+TIMES = {"torch-ddp": (0.10, 0.125, 0.10, 400, 500), "torch-fsdp": (0.11, 0.15, 0.12, 380, 420),
+         "deepspeed-zero3": (0.12, 0.16, 0.13, 390, 410), "horovod": (0.10, 0.13, 0.11, 400, 480),
+         "tf-mwms": (0.13, 0.17, 0.14, 600, 650), "paddle-fleet": (0.12, 0.14, 0.125, 500, 560)}
+
+
+@pytest.fixture
+def results_dir(tmp_path):
+    for label, (t1, t2, c2, m1, m2) in TIMES.items():
+        for repeat in range(2):
+            for n, t, c, m in ((1, t1, None, m1), (2, t2, c2, m2)):
+                rec = make_record(label, n, t, c, peak_rss=m * MiB, repeat=repeat)
+                write_json_atomic(tmp_path / f"{rec['run_id']}.json", rec)
+    failed = make_record("horovod", 2, status="failed", repeat=2)
+    write_json_atomic(tmp_path / f"{failed['run_id']}.json", failed)
+    return tmp_path
+
+
+def report_md(capsys, *argv) -> str:
+    assert main(["report", *map(str, argv)]) == 0
+    return capsys.readouterr().out
+
+
+def test_md_report_lists_every_backends_scaling_figures(results_dir, capsys):
+    md = report_md(capsys, results_dir)
+    rows = {line.split("|")[1].strip(): line for line in md.splitlines()
+            if line.startswith("| ") and line.split("|")[2].strip() == "2" and "tok/s" not in line}
+    for label in BACKENDS:
+        assert label in rows, label
+    # torch-ddp at N=2: 16,384 tok/s, speedup 1.6, efficiency 80%, memory ratio 500/400, 20% exposed comm
+    ddp = [c.strip() for c in rows["torch-ddp"].split("|")[1:-1]]
+    assert ddp[3].startswith("16,384") and ddp[5] == "1.60x" and ddp[6] == "80%" and ddp[8] == "1.25"
+    assert ddp[10] == "20.0%"
+    assert "2 ok, 1 failed" in rows["horovod"]
+    assert "RuntimeError: injected fault at step 1" in md  # the failed run is listed with its error
+
+
+def test_selection_sentences_follow_the_numbers(results_dir, capsys):
+    md = report_md(capsys, results_dir, "--at-gpus", "2")
+    sentences = {line.split(":")[0]: line for line in md.splitlines() if line.split(":")[0] in BACKENDS}
+    assert sentences["torch-ddp"].startswith("torch-ddp: fastest at N=2 (1.00x of best)")
+    assert "50% of torch-ddp's per-rank model state" in sentences["torch-fsdp"]
+    assert "pick it when memory is the constraint" in sentences["torch-fsdp"]
+    assert "though torch-fsdp is as lean and" in sentences["deepspeed-zero3"]
+    assert "no measured advantage at N=2" in sentences["tf-mwms"]
+    ranking = re.findall(r"^\| (\d) \| ([\w-]+) \|", md, re.M)
+    assert [label for _, label in ranking][:2] == ["torch-ddp", "horovod"]
+
+    # Make FSDP the fastest too: its sentence must change with the numbers.
+    for path in results_dir.glob("test-torch-fsdp-n2-*.json"):
+        rec = make_record("torch-fsdp", 2, 0.1, 0.09, repeat=int(path.stem[-4]))
+        write_json_atomic(path, rec)
+    md = report_md(capsys, results_dir, "--at-gpus", "2")
+    line = next(l for l in md.splitlines() if l.startswith("torch-fsdp:"))
+    assert "fastest at N=2" in line and "pick it: fastest and leanest here" in line
+
+
+def test_noisy_rows_are_marked(results_dir, capsys):
+    noisy = make_record("tf-mwms", 2, 0.25, 0.14, peak_rss=650 * MiB, repeat=5)
+    write_json_atomic(results_dir / f"{noisy['run_id']}.json", noisy)
+    md = report_md(capsys, results_dir)
+    row = next(l for l in md.splitlines() if l.startswith("| tf-mwms | 2 |"))
+    assert "NOISY" in row and "(noisy)" in row
+    assert "re-measure before deciding" in md
+
+
+class Collector(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.images, self.open, self.text = [], [], []
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "img":
+            self.images.append(dict(attrs))
+        elif tag not in ("meta", "br"):
+            self.open.append(tag)
+
+    def handle_endtag(self, tag):
+        assert self.open and self.open.pop() == tag, f"unbalanced </{tag}>"
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def test_html_report_is_self_contained_with_every_plot(results_dir, tmp_path, capsys):
+    out = tmp_path / "out" / "report.html"
+    assert main(["report", str(results_dir), "--format", "html", "--output", str(out)]) == 0
+    parser = Collector()
+    parser.feed(out.read_text())
+    assert parser.open == []
+    titles = [img["alt"] for img in parser.images]
+    assert titles == ["Speedup vs N", "Scaling efficiency", "Per-rank peak memory", "Exposed-communication ratio",
+                      "Throughput by backend"]
+    for img in parser.images:
+        assert img["src"].startswith("data:image/png;base64,")  # embedded: opens offline
+        png = Image.open(io.BytesIO(base64.b64decode(img["src"].split(",", 1)[1])))
+        png.verify()
+        assert png.size[0] > 300 and png.size[1] > 200
+    text = " ".join(parser.text)
+    for label in BACKENDS:
+        assert label in text
+    assert "Environment" in text and "cpu: Test CPU" in text and "Features of each adapter" in text
+    assert "torchrun" in text  # feature table, from the registered adapter class
+    assert not {"torch", "tensorflow", "paddle"} & set(sys.modules)  # the harness imported no framework
+
+
+def test_results_export_csv_parquet_and_aggregate(results_dir, tmp_path, capsys):
+    csv, parquet = tmp_path / "runs.csv", tmp_path / "runs.parquet"
+    assert main(["results", str(results_dir), "--csv", str(csv), "--parquet", str(parquet)]) == 0
+    runs = pd.read_csv(csv)
+    assert len(runs) == 25 and runs["run_id"].is_unique
+    assert len(pd.read_parquet(parquet)) == 25
+    assert set(runs.loc[runs["status"] == "ok", "label"]) == set(BACKENDS)
+    agg_csv = tmp_path / "agg.csv"
+    assert main(["results", str(results_dir), "--aggregate", "--csv", str(agg_csv)]) == 0
+    agg = pd.read_csv(agg_csv)
+    assert len(agg) == 12
+    ddp = agg[(agg["label"] == "torch-ddp") & (agg["gpus"] == 2)].iloc[0]
+    assert ddp["speedup"] == pytest.approx(1.6) and ddp["memory_ratio"] == pytest.approx(1.25)
+
+
+def test_corrupt_file_is_skipped_by_name(results_dir, capsys):
+    (results_dir / "broken.json").write_text("{not json")
+    (results_dir / "foreign.json").write_text(json.dumps({"hello": 1}))
+    assert main(["report", str(results_dir)]) == 0
+    out, err = capsys.readouterr()
+    assert "25 run record(s)" in out
+    assert "broken.json" in err and "foreign.json" in err
+
+
+def test_no_records_is_a_usage_error(tmp_path, capsys):
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("harness: error: no run records")
+    assert main(["report", str(tmp_path), "--noise-cv", "5"]) == 2
+    assert main(["report", str(tmp_path), "--format", "pdf"]) == 2
