@@ -188,8 +188,8 @@ def memory_field(runs: list[dict]) -> tuple[str, str]:
 def compare_throughput(base_runs, cand_runs, threshold, alpha, statistic) -> dict:
     b, c, unit = step_samples(base_runs, cand_runs, statistic)
     if not b or not c:
-        return {"metric": "throughput_tokens_per_s", "label": "throughput", "verdict": "n/a",
-                "detail": "no step samples"}
+        return {"metric": "throughput_tokens_per_s", "label": "throughput", "unit": "tokens/s", "baseline": None,
+                "candidate": None, "change": None, "detail": "no step samples", "verdict": "n/a"}
     sig = significance(b, c, alpha)
     # The step time of a side: the median of its per-run values, or the statistic of its pooled steps.
     center = np.median if unit != "steps" else STATISTICS[statistic]
@@ -200,7 +200,7 @@ def compare_throughput(base_runs, cand_runs, threshold, alpha, statistic) -> dic
     return {"metric": "throughput_tokens_per_s", "label": "throughput", "unit": "tokens/s",
             "baseline": tp_b, "candidate": tp_c, "change": change,
             "baseline_step_time_s": t_b, "candidate_step_time_s": t_c, "step_time_change": relative(t_b, t_c),
-            "samples": unit, "n_baseline": len(b), "n_candidate": len(c),
+            "samples": unit, "n_baseline": len(b), "n_candidate": len(c), "baseline_samples": b, "candidate_samples": c,
             "test": sig.test, "p_value": sig.p_value, "significant": sig.significant,
             "detail": f"{sig.describe()} ({len(b)} vs {len(c)} {unit})",
             "verdict": verdict(change, threshold, sig.significant, higher_is_better=True)}

