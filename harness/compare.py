@@ -7,8 +7,8 @@ Runs are matched on (backend label, workload, N, precision, device kind, scaling
   airspeed velocity does. When the sample counts are too small for the U test to ever reach `--alpha`
   (fewer than 4 per side at 0.05: its smallest two-sided p-value is 2 / C(n1+n2, n1)), the fall-back test
   is that the two sample ranges do not overlap; with one sample per side only the threshold decides.
-- The samples are one value per run (its median step time) when both sides have at least MIN_REPEATS
-  runs of the configuration, else every measured step of every run pooled. Steps of one run are not
+- The samples are one value per run (its median step time) when both sides have at least 3 runs
+  (MIN_REPEATS) of the configuration, else every measured step of every run pooled. Steps of one run are not
   independent: they share the run's process placement, allocator state, background load and clock, so a
   pooled test counts one run-level draw many times and its p-value is too small (an A/A pair of single
   runs differs "significantly" most of the time). Runs are the independent unit; with one or two repeats
@@ -368,11 +368,11 @@ def register(subparsers) -> None:
     p.add_argument("baseline", type=Path, help="run record, directory of records, or saved baseline")
     p.add_argument("candidate", type=Path, help="run record, directory of records, or saved baseline")
     p.add_argument("--threshold", type=fraction, default=DEFAULT_THRESHOLD,
-                   help=f"relative throughput change that counts (default {DEFAULT_THRESHOLD:.0%})")
+                   help=f"relative throughput loss that counts, e.g. 0.05 or 5%% (default {DEFAULT_THRESHOLD:.0%}%)")
     p.add_argument("--alpha", type=fraction, default=DEFAULT_ALPHA,
                    help=f"significance level of the Mann-Whitney U test (default {DEFAULT_ALPHA})")
     p.add_argument("--memory-threshold", type=fraction, default=DEFAULT_MEMORY_THRESHOLD,
-                   help=f"relative growth of peak memory or model state that counts (default {DEFAULT_MEMORY_THRESHOLD:.0%})")
+                   help=f"relative growth of peak memory or model state that counts (default {DEFAULT_MEMORY_THRESHOLD:.0%}%)")
     p.add_argument("--statistic", choices=list(STATISTICS), default="median",
                    help="step time of a run: its median (default) or its fastest step (steadier on a shared machine)")
     p.add_argument("--force", action="store_true", help="compare runs from different device kinds")

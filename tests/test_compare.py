@@ -204,6 +204,13 @@ def test_different_device_kinds_are_refused_unless_forced(tmp_path, capsys):
     assert "† Environment or settings differ" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("command", ["compare", "baseline", "history"])
+def test_help_is_printed(command, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main([command, "--help"])
+    assert exc.value.code == 0 and "usage: harness" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("case", ["missing", "schema", "foreign", "nothing-matched", "empty-dir", "bad-threshold"])
 def test_bad_input_exits_2_with_one_line(tmp_path, capsys, case):
     base = runs(tmp_path, "a", [1])
