@@ -8,6 +8,8 @@ from backends.base import Backend
 # backend name -> "module:Class" of its adapter
 ADAPTERS = {
     "torch-ddp": "backends.torch_ddp:TorchDDP",
+    "tf-mwms": "backends.tf_mwms:TFMultiWorkerMirrored",
+    "paddle-fleet": "backends.paddle_fleet:PaddleFleet",
 }
 
 

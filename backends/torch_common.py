@@ -2,29 +2,17 @@
 from __future__ import annotations
 
 import os
-import platform
 from contextlib import nullcontext
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from backends.base import Trainer
+from backends.base import Trainer, cpu_name
 from harness.config import RunConfig
 from workloads.torch_model import GPT
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def cpu_name() -> str:
-    """The CPU model, so CPU records from different machines are not mistaken for each other."""
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return "cpu: " + line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "cpu: " + (platform.processor() or platform.machine())
 
 
 def tensor_bytes(t) -> int:

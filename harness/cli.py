@@ -136,11 +136,11 @@ def build_config(args, backend_name: str, n: int, threads: int | None = None) ->
         micro = args.global_batch // (n * args.grad_accum)
     if args.data and not Path(args.data).is_file():
         raise UsageError(f"--data {args.data}: no such file")
-    method = args.compute_method
+    method, methods = args.compute_method, backend.compute_methods_for(backend.options(args))
     if method == "auto":
-        method = backend.compute_methods[0]
-    elif method not in (*backend.compute_methods, "none"):
-        raise UsageError(f"backend {backend.name} cannot use compute method '{method}'; valid: {', '.join(backend.compute_methods)}, none")
+        method = methods[0]
+    elif method not in (*methods, "none"):
+        raise UsageError(f"backend {backend.name} cannot use compute method '{method}'; valid: {', '.join(methods)}, none")
     device = resolve_device(args.device, n)
     cores = os.cpu_count() or 1
     return RunConfig(

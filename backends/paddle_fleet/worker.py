@@ -1,0 +1,145 @@
+"""paddle-fleet worker: Fleet data parallel or sharding over the spec's GPT, with paddle.amp O1/O2.
+
+Gradient accumulation: the micro-batch losses are divided by their number and their gradients add up in
+.grad; under DataParallel every micro-step but the last runs in no_sync(), so the all-reduce runs once per
+step (the sharded optimizers reduce inside their step anyway).
+"""
+from __future__ import annotations
+
+import math
+import os
+from contextlib import nullcontext
+
+import numpy as np
+import paddle
+import paddle.distributed as dist
+from paddle.distributed import fleet
+
+from backends.base import Trainer, cpu_name
+from harness.config import RunConfig
+from workloads.paddle_model import GPT, make_optimizer
+
+AMP_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+GROUP_SHARDED_LEVELS = {2: "os_g", 3: "p_g_os"}
+
+
+def tensor_bytes(t) -> int:
+    return math.prod(t.shape) * t.element_size()
+
+
+class FleetTrainer(Trainer):
+    framework = "paddle"
+
+    def __init__(self, cfg: RunConfig):
+        super().__init__(cfg)
+        options = cfg.backend_options
+        self.stage = options.get("sharding_stage", 0)
+        if self.stage >= 2 and cfg.device != "cuda":
+            raise RuntimeError(f"paddle-fleet sharding stage {self.stage} is unavailable on CPU: Paddle "
+                               f"{paddle.__version__}'s group_sharded_parallel supports only GPU/XPU devices")
+        if cfg.precision in AMP_DTYPES and cfg.device != "cuda":
+            raise RuntimeError(f"paddle-fleet {cfg.precision} is unavailable on CPU: paddle.amp casts only on "
+                               f"GPU/XPU/custom devices in Paddle {paddle.__version__} (on CPU its autocast "
+                               "'makes no effect'), so the run would silently train in fp32")
+        if cfg.device == "cuda":
+            paddle.set_device(f"gpu:{os.environ.get('FLAGS_selected_gpus', '0')}")
+            self.device_name = paddle.device.cuda.get_device_name()
+        else:
+            paddle.set_device("cpu")
+            self.device_name = cpu_name()
+        strategy = fleet.DistributedStrategy()
+        if self.stage == 1:
+            strategy.hybrid_configs = {"dp_degree": 1, "sharding_degree": cfg.world_size}
+        fleet.init(is_collective=True, strategy=strategy)
+
+        model = GPT(cfg.spec, cfg.activation_checkpointing).load_spec_weights(cfg.seed)
+        optimizer = make_optimizer(model)
+        self.amp_dtype = AMP_DTYPES.get(cfg.precision)
+        self.amp_level = options.get("amp_level", "O1") if self.amp_dtype else None
+        if self.amp_level == "O2":  # bf16/fp16 parameters and gradients, fp32 master weights in the optimizer
+            model, optimizer = paddle.amp.decorate(models=model, optimizers=optimizer, level="O2",
+                                                   dtype=self.amp_dtype, master_weight=True)
+        self.gpt, self.adamw = model, optimizer  # unwrapped: for weights and state counting
+        scaler = paddle.amp.GradScaler(init_loss_scaling=2.0 ** 15) if cfg.precision == "fp16" else None
+        if self.stage >= 2:
+            from paddle.distributed.sharding import group_sharded_parallel
+            model, optimizer, scaler = group_sharded_parallel(model, optimizer, GROUP_SHARDED_LEVELS[self.stage],
+                                                              scaler=scaler)
+        else:
+            # Paddle 3.3.1 wraps a 1-process model in NoPipelineParallel, which accepts only a PipelineLayer:
+            # alone (world 1, the isolated counterfactual) the model runs unwrapped, with nothing to sync.
+            if cfg.world_size > 1:
+                model = fleet.distributed_model(model)
+            optimizer, scaler = fleet.distributed_optimizer(optimizer), scaler and fleet.distributed_scaler(scaler)
+        self.model, self.optimizer, self.scaler = model, optimizer, scaler
+        # DataParallel's no_sync skips the all-reduce and nothing else: a true compute-only step.
+        self.compute_only = isinstance(model, paddle.DataParallel)
+
+    def autocast(self):
+        if not self.amp_dtype:
+            return nullcontext()
+        return paddle.amp.auto_cast(enable=True, level=self.amp_level, dtype=self.amp_dtype)
+
+    def step(self, batches, sync_grads=True):
+        self.optimizer.clear_grad(set_to_zero=False)
+        losses = []
+        for i, (x, y) in enumerate(batches):
+            sync_now = sync_grads and i == len(batches) - 1
+            with nullcontext() if sync_now or not self.compute_only else self.model.no_sync():
+                with self.autocast():
+                    loss = self.model(paddle.to_tensor(x), paddle.to_tensor(y)) / len(batches)
+                (self.scaler.scale(loss) if self.scaler else loss).backward()
+            losses.append(loss.detach())
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        return float(paddle.add_n(losses))
+
+    def synchronize(self) -> None:
+        if self.cfg.device == "cuda":
+            paddle.device.synchronize()
+
+    def memory(self) -> dict:
+        if self.cfg.device != "cuda":
+            return {}
+        return {"allocated_peak": paddle.device.cuda.max_memory_allocated(),
+                "reserved_peak": paddle.device.cuda.max_memory_reserved()}
+
+    def model_state_bytes(self) -> dict:
+        """Counted from this rank's tensors: parameters and their .grad, and the optimizer's state_dict
+        (AdamW moments and beta-power accumulators of the parameters this rank updates, plus the fp32
+        master weights under O2)."""
+        params = self.gpt.parameters()
+
+        def state_tensors(state):
+            for value in state.values():
+                if isinstance(value, dict):
+                    yield from state_tensors(value)
+                elif isinstance(value, paddle.Tensor):
+                    yield value
+        out = {"params": sum(tensor_bytes(p) for p in params),
+               "grads": sum(tensor_bytes(p.grad) for p in params if p.grad is not None),
+               "optimizer": sum(tensor_bytes(t) for t in state_tensors(self.adamw.state_dict()))}
+        out["total"] = sum(out.values())
+        return out
+
+    def final_weights(self) -> dict:
+        params = dict(self.gpt.named_parameters())
+        return {name: params[name + ".weight" if name.endswith("emb") else name].astype("float32").numpy()
+                for name in self.cfg.spec.parameter_shapes()}
+
+    def versions(self) -> dict:
+        out = {"paddle": paddle.__version__}
+        if self.cfg.device == "cuda":
+            out.update({"cuda": paddle.version.cuda(), "cudnn": paddle.version.cudnn()})
+        return out
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def make_trainer(cfg):
+    return FleetTrainer(cfg)

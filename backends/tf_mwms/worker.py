@@ -1,0 +1,145 @@
+"""tf-mwms worker: a custom training loop under MultiWorkerMirroredStrategy, one replica per worker.
+
+Each worker feeds its own micro-batch to its single local replica. The replica's loss is divided by the
+number of micro-batches and by num_replicas_in_sync, so the gradients MWMS all-reduces (a SUM) come out as
+the mean over the global batch, as DDP's averaged gradients do. With gradient accumulation, the non-final
+micro-batches add their gradients to per-replica (sync-on-read) buffers and only the final one applies
+them, so the all-reduce runs once per step.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from backends.base import Trainer, cpu_name  # noqa: E402
+from harness.config import RunConfig  # noqa: E402
+from workloads.tf_model import GPT, make_optimizer  # noqa: E402
+
+POLICIES = {"bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
+COLLECTIVES = {"auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
+               "ring": tf.distribute.experimental.CommunicationImplementation.RING,
+               "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL}
+
+
+def nbytes(variable) -> int:
+    return int(np.prod(variable.shape)) * tf.as_dtype(variable.dtype).size
+
+
+class MWMSTrainer(Trainer):
+    framework = "tensorflow"
+
+    def __init__(self, cfg: RunConfig):
+        super().__init__(cfg)
+        # Thread pools are fixed when the runtime starts, i.e. by the strategy below: set them first.
+        tf.config.threading.set_intra_op_parallelism_threads(cfg.threads_per_worker)
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+        if cfg.precision in POLICIES:  # fp32 variables, bf16/fp16 compute; the loss is computed in fp32
+            keras.mixed_precision.set_global_policy(POLICIES[cfg.precision])
+        options = tf.distribute.experimental.CommunicationOptions(
+            implementation=COLLECTIVES[cfg.backend_options.get("collective", "auto")],
+            timeout_seconds=cfg.collective_timeout)
+        self.strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+        if len(self.strategy.extended.worker_devices) != 1:
+            raise RuntimeError(f"expected one device per worker, got {self.strategy.extended.worker_devices}")
+        gpus = tf.config.list_physical_devices("GPU")
+        self.device_name = tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU") \
+            if gpus else cpu_name()
+        with self.strategy.scope():
+            self.model = GPT(cfg.spec, cfg.activation_checkpointing).load_spec_weights(cfg.seed)
+            self.optimizer = make_optimizer(self.model)
+            if cfg.precision == "fp16":
+                self.optimizer = keras.optimizers.LossScaleOptimizer(self.optimizer)
+                self.optimizer.build(self.model.trainable_variables)
+            self.grad_buffers = [
+                tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False,
+                            synchronization=tf.VariableSynchronization.ON_READ,
+                            aggregation=tf.VariableAggregation.SUM)
+                for v in self.model.trainable_variables] if cfg.grad_accum > 1 else []
+        self.loss_scale = self.optimizer.scale_loss if cfg.precision == "fp16" else (lambda loss: loss)
+        self.gradients = tf.function(self.replica_gradients, jit_compile=bool(cfg.backend_options.get("xla")))
+        self.accumulate = tf.function(lambda x, y: self.strategy.run(self.replica_accumulate, args=(x, y)))
+        self.apply = tf.function(lambda x, y: self.strategy.run(self.replica_apply, args=(x, y)))
+
+    # -------------------------------------------------------------- per-replica functions (replica context)
+    def replica_gradients(self, x, y):
+        """This replica's loss and gradients of its share of the global mean loss (scaled for fp16).
+
+        Dense gradients, as DDP all-reduces: the position embedding's gradient is IndexedSlices, which
+        MWMS "all-reduces" by gathering every replica's slices, and Keras's AdamW squares those slices
+        one by one for its second moment: g0^2 + g1^2 instead of (g0 + g1)^2 for a row both replicas hold."""
+        share = self.cfg.grad_accum * self.strategy.num_replicas_in_sync
+        with tf.GradientTape() as tape:
+            loss = self.model(x, y)
+            scaled = self.loss_scale(loss / share)
+        return loss, [tf.convert_to_tensor(g) for g in tape.gradient(scaled, self.model.trainable_variables)]
+
+    def replica_accumulate(self, x, y):
+        loss, grads = self.gradients(x, y)
+        for buffer, grad in zip(self.grad_buffers, grads):
+            buffer.assign_add(grad)
+        return loss
+
+    def replica_apply(self, x, y):
+        loss, grads = self.gradients(x, y)
+        if self.grad_buffers:
+            grads = [buffer.read_value() + grad for buffer, grad in zip(self.grad_buffers, grads)]
+        if self.cfg.precision == "fp16":
+            grads = self.agree_on_overflow(grads)
+        self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))  # all-reduce (SUM) inside
+        for buffer in self.grad_buffers:
+            buffer.assign(tf.zeros_like(buffer))
+        return loss
+
+    def agree_on_overflow(self, grads):
+        """Keras's LossScaleOptimizer decides to skip a step from this replica's gradients before they are
+        all-reduced, so one worker could skip while another applies. Poisoning every replica's gradients
+        when any replica overflowed makes all of them take the same branch (one scalar all-reduce)."""
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
+        overflows = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM,
+                                                                   1.0 - tf.cast(finite, tf.float32))
+        return tf.cond(overflows == 0, lambda: grads, lambda: [g + np.float32("nan") for g in grads])
+
+    # ---------------------------------------------------------------------------------- Trainer interface
+    def step(self, batches, sync_grads=True):
+        losses = []
+        for i, (x, y) in enumerate(batches):
+            run = self.apply if i == len(batches) - 1 else self.accumulate
+            per_replica = run(tf.constant(x), tf.constant(y))
+            losses.append(self.strategy.experimental_local_results(per_replica)[0])
+        return float(tf.add_n(losses)) / len(batches)
+
+    def memory(self) -> dict:
+        if not tf.config.list_physical_devices("GPU"):
+            return {}
+        return {"allocated_peak": tf.config.experimental.get_memory_info("GPU:0")["peak"]}
+
+    def model_state_bytes(self) -> dict:
+        """Counted from the variables: model and optimizer variables (moments, step counter, learning rate,
+        loss scale). Gradients are not variables: the accumulation buffers when accumulating, else the
+        transient gradients of one step, sized as the trainable variables they are gradients of."""
+        trainable = self.model.trainable_variables
+        out = {"params": sum(nbytes(v) for v in self.model.variables),
+               "grads": sum(nbytes(v) for v in (self.grad_buffers or trainable)),
+               "optimizer": sum(nbytes(v) for v in self.optimizer.variables)}
+        out["total"] = sum(out.values())
+        return out
+
+    def final_weights(self) -> dict:
+        return {name: np.asarray(v.numpy(), np.float32) for name, v in self.model.spec_variables().items()}
+
+    def versions(self) -> dict:
+        out = {"tensorflow": tf.__version__, "keras": keras.__version__}
+        build = tf.sysconfig.get_build_info()
+        if tf.config.list_physical_devices("GPU"):
+            out.update({"cuda": build.get("cuda_version"), "cudnn": build.get("cudnn_version")})
+        return out
+
+
+def make_trainer(cfg):
+    return MWMSTrainer(cfg)
