@@ -292,8 +292,10 @@ class Terminated(BaseException):
 
 def record_termination() -> None:
     """Turn SIGTERM into Terminated, so the rank still writes its record (where it was, and that it was
-    stopped) instead of vanishing."""
+    stopped) instead of vanishing. Only the first: a second SIGTERM (launcher and harness both send one)
+    must not interrupt the writing of that record; SIGKILL still ends a rank that does not finish."""
     def handler(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise Terminated("stopped by SIGTERM (from its launcher or the harness)")
     signal.signal(signal.SIGTERM, handler)
 

@@ -42,10 +42,10 @@ class TorchTrainer(Trainer):
         self.model = self.optimizer = None
 
     def init_process_group(self) -> None:
-        """NCCL on GPU, gloo on CPU; the collective timeout is the run's, so a dead peer ends the run."""
+        """NCCL on GPU, gloo on CPU; with the run's collective timeout, so a dead or hung peer ends the run."""
         if not dist.is_initialized():
             dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo",
-                                    timeout=timedelta(seconds=self.cfg.timeout_s))
+                                    timeout=timedelta(seconds=self.cfg.collective_timeout))
 
     def build_model(self) -> GPT:
         model = GPT(self.cfg.spec, self.cfg.activation_checkpointing).load_spec_weights(self.cfg.seed)

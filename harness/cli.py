@@ -23,6 +23,9 @@ COMMAND_MODULES = [
     "harness.compare",
     "harness.baseline",
     "harness.history",
+    "harness.multinode",
+    "harness.schedulers",
+    "harness.doctor",
 ]
 DEFAULT_OUT = Path("results")
 
@@ -106,6 +109,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", help="flat uint16 token file (memory-mapped) instead of synthetic tokens")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=900.0, help="seconds before the whole run is killed")
+    p.add_argument("--collective-timeout", type=float, help="seconds a collective waits for a dead or hung peer "
+                   "before the ranks give up (default: --timeout)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="directory for run records")
     testing = p.add_argument_group("testing (never for real measurements)")
     testing.add_argument("--inject-fault", metavar="RANK:STEP:KIND", type=fault_spec,
@@ -114,10 +119,15 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     testing.add_argument("--dump-weights", action="store_true", help="rank 0 saves its final weights in the log dir")
     for backend in all_backends():
         backend.add_arguments(p)
+    from harness.multinode import add_node_arguments
+    add_node_arguments(p)
 
 
-def build_config(args, backend_name: str, n: int, threads: int | None = None) -> RunConfig:
-    """Validate CLI input into a RunConfig (raises UsageError with the valid choices)."""
+def build_config(args, backend_name: str, n: int, threads: int | None = None, check_devices: bool = True,
+                 node_rank: int | None = None) -> RunConfig:
+    """Validate CLI input into a RunConfig (raises UsageError with the valid choices). `check_devices`
+    False: for a plan made elsewhere, do not require the GPUs to be visible here."""
+    from harness.multinode import node_layout
     backend = get_backend(choice(backend_name, backend_names(), "backend"))
     choice(args.workload, list(PRESETS), "workload")
     choice(args.precision, PRECISIONS, "precision")
@@ -141,16 +151,21 @@ def build_config(args, backend_name: str, n: int, threads: int | None = None) ->
         method = methods[0]
     elif method not in (*methods, "none"):
         raise UsageError(f"backend {backend.name} cannot use compute method '{method}'; valid: {', '.join(methods)}, none")
-    device = resolve_device(args.device, n)
+    layout = node_layout(args, n, node_rank)
+    if layout["nodes"] > 1 and not backend.multi_node:
+        raise UsageError(f"backend {backend.name} runs on one node only; drop --nodes/--hosts")
+    per_node = n // layout["nodes"]
+    device = resolve_device(args.device, per_node) if check_devices or args.device == "auto" else args.device
     cores = os.cpu_count() or 1
     return RunConfig(
         backend=backend.name, workload=args.workload, spec=spec, gpus=n, device=device,
         precision=args.precision, micro_batch=micro, grad_accum=args.grad_accum, steps=args.steps,
         warmup=args.warmup, compute_steps=args.compute_steps, compute_method=method,
-        threads_per_worker=threads or args.threads_per_worker or max(1, cores // n), seed=args.seed,
+        threads_per_worker=threads or args.threads_per_worker or max(1, cores // per_node), seed=args.seed,
         data_path=str(Path(args.data).resolve()) if args.data else None,
         activation_checkpointing=args.activation_checkpointing,
         scaling="strong" if args.global_batch else "weak", timeout_s=args.timeout,
+        collective_timeout_s=getattr(args, "collective_timeout", None), **layout,
         backend_options=backend.options(args),
         fault=args.inject_fault, step_delay_s=args.step_delay, dump_weights=args.dump_weights,
     )
@@ -205,14 +220,22 @@ def print_summary(record: dict, stream=sys.stdout) -> None:
 
 
 def cmd_run(args) -> int:
-    from harness.runner import execute
-    cfg = build_config(args, args.backend, args.gpus)
+    from harness.multinode import check_run_id, requested_world
+    from harness.runner import execute, run_node
+    cfg = build_config(args, args.backend, requested_world(args))
     backend = get_backend(cfg.backend)
     ok, reason = backend.availability()
     if not ok:
         print(f"harness: error: backend {backend.name} is unavailable here: {reason}", file=sys.stderr)
         return EXIT_USAGE
-    record = execute(backend, cfg, args.out, sys.argv)
+    check_run_id(args.run_id, cfg, args.out)
+    if cfg.node_rank:  # another node's harness only runs its launcher; node 0 writes the record
+        node = run_node(backend, cfg, args.out / "logs" / args.run_id, sys.argv)
+        done = not node["timed_out"] and all(rc == 0 for rc in node["returncodes"])
+        print(f"node {cfg.node_rank}: launcher exit codes {node['returncodes']}{' (timed out)' if node['timed_out'] else ''}; "
+              f"node 0 writes the record {args.out / (args.run_id + '.json')}")
+        return EXIT_OK if done else EXIT_FAILED
+    record = execute(backend, cfg, args.out, sys.argv, run_id=args.run_id)
     print_summary(record)
     print(f"record: {args.out / (record['run_id'] + '.json')}")
     return EXIT_OK if record["status"] == "ok" else EXIT_FAILED
@@ -244,7 +267,9 @@ def make_parser() -> Parser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     run = sub.add_parser("run", help="launch one run and write its record")
     run.add_argument("--backend", required=True, help=", ".join(backend_names()))
-    run.add_argument("--gpus", type=positive, default=1, help="ranks: GPUs, or CPU workers without a GPU")
+    run.add_argument("--gpus", type=positive, help="ranks in all: GPUs, or CPU workers without a GPU (default: "
+                     "nodes x --gpus-per-node, else 1)")
+    run.add_argument("--run-id", help="this run's id; a multi-node run needs the same one on every node")
     add_run_arguments(run)
     run.set_defaults(func=cmd_run)
     sub.add_parser("list", help="backends (with availability) and workloads").set_defaults(func=cmd_list)

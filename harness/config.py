@@ -32,6 +32,7 @@ class RunConfig:
     activation_checkpointing: bool = False
     scaling: str = "weak"         # how the batch was chosen (recorded for sweeps/compare)
     timeout_s: float = 900.0
+    collective_timeout_s: float | None = None   # a collective's wait for a missing peer; None: timeout_s
     backend_options: dict = field(default_factory=dict)
     # Multi-node: this harness invocation starts the launcher of node `node_rank` of `nodes`, each with
     # gpus / nodes workers; ranks meet at master_addr (port chosen by the harness or given).
@@ -54,6 +55,12 @@ class RunConfig:
     @property
     def tokens_per_step(self) -> int:
         return self.global_batch * self.spec.seq_len
+
+    @property
+    def collective_timeout(self) -> float:
+        """Seconds a rank waits in a collective for a peer that never comes (a hung or dead rank) before
+        it fails: every framework's own collective timeout is set from this."""
+        return self.collective_timeout_s or self.timeout_s
 
     @property
     def procs_per_node(self) -> int:

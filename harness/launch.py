@@ -2,6 +2,7 @@
 
 Every process starts in its own session so the whole tree (launcher, workers, their helpers) can be found
 and killed; descendants are collected before the kill because they are re-parented once a launcher dies.
+Each also gets SIGTERM from the kernel if the harness itself dies (even by SIGKILL), so nothing runs on.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import psutil
 
-from backends.base import Process
+from backends.base import Process, die_with_parent
 
 # After one process of a multi-process launch fails, how long the others get to notice and exit on their
 # own (a launcher such as torchrun tears its workers down itself) before they are killed.
@@ -78,7 +79,7 @@ def run_processes(processes: list[Process], log_path: Path, timeout_s: float, cw
             for proc in processes:
                 popens.append(subprocess.Popen(proc.argv, env={**os.environ, **proc.env}, cwd=cwd, stdout=log,
                                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                               start_new_session=True))
+                                               start_new_session=True, preexec_fn=die_with_parent))
             first_failure = None
             while any(p.poll() is None for p in popens):
                 now = time.monotonic()

@@ -1,0 +1,304 @@
+"""Multi-node runs: one harness per node starts that node's launcher; node 0 writes the one run record.
+
+How the nodes agree without a coordinator of our own:
+- every node gets the same layout (--nodes, --gpus-per-node, --hosts/--hostfile, --master ADDR:PORT) and the
+  same --run-id; only --node-rank differs (or it is found from this host's place in --hosts);
+- so every node writes into the same run dir, out/logs/<run_id>/ on a shared filesystem: its ranks'
+  rankN.json, its launcher log, and node<R>.json, written when the node starts and again when its launcher
+  has exited (exit codes, timed out or not);
+- node 0 then waits for every node that has started to finish, gathers all ranks' records and writes the
+  record. A node whose marker never shows up shares no filesystem with node 0 (or never ran): node 0 writes
+  what it has, and `harness collect` completes the record once the other nodes' run dirs are copied over.
+`harness plan` prints what each node would run, from the same adapter.launch() the real run calls.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shlex
+import shutil
+import socket
+import sys
+import time
+from pathlib import Path
+
+from backends import get_backend
+from backends.base import REPO_ROOT
+from harness.cli import (EXIT_FAILED, EXIT_OK, UsageError, add_run_arguments, build_config, positive,
+                         print_summary)
+from harness.config import RunConfig
+from harness.launch import LaunchResult
+from harness.records import write_json_atomic
+
+DEFAULT_MASTER_PORT = 29500          # torchrun's default, for multi-node runs given no port
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+NODE_GRACE_S = 30.0                  # beyond the run's own timeout, how long node 0 waits for late nodes
+POLL_S = 0.5
+LAYOUT_FLAGS = ("--nodes", "--gpus-per-node", "--hosts", "--hostfile", "--node-rank", "--master", "--run-id")
+
+
+# ---------------------------------------------------------------------------------------------- the layout
+def add_node_arguments(p) -> None:
+    """The multi-node options of `run` (and of everything that shares its options)."""
+    g = p.add_argument_group("multi-node (one harness per node, the same options on each but --node-rank)")
+    g.add_argument("--nodes", type=positive, help="machines taking part (default: the number of hosts, else 1)")
+    g.add_argument("--gpus-per-node", type=positive, help="ranks per node (default: --gpus / --nodes, or the "
+                                                          "hostfile's slots)")
+    hosts = g.add_mutually_exclusive_group()
+    hosts.add_argument("--hosts", help="comma-separated host names, one per node, node 0 first")
+    hosts.add_argument("--hostfile", type=Path, help="one host per line, node 0 first; 'host slots=G' or "
+                                                     "'host:G' also read (DeepSpeed/MPI hostfiles)")
+    g.add_argument("--node-rank", type=int, help="this node's index (default: this host's place in the hosts)")
+    g.add_argument("--master", metavar="ADDR[:PORT]", help="where the ranks meet (default: the first host, "
+                   f"port {DEFAULT_MASTER_PORT}; a one-node run picks a free local port per run)")
+
+
+def read_hosts(args) -> tuple[list[str], int | None]:
+    """Host names from --hosts or --hostfile, and the hostfile's slots per host (None if it gives none)."""
+    if getattr(args, "hosts", None):
+        hosts = [h.strip() for h in args.hosts.split(",") if h.strip()]
+        if not hosts:
+            raise UsageError("--hosts: expected comma-separated host names")
+        return hosts, None
+    if not getattr(args, "hostfile", None):
+        return [], None
+    try:
+        lines = Path(args.hostfile).read_text().splitlines()
+    except OSError as exc:
+        raise UsageError(f"--hostfile {args.hostfile}: {exc.strerror}") from None
+    hosts, slots = [], set()
+    for line in (ln.split("#", 1)[0].strip() for ln in lines):
+        if not line:
+            continue
+        m = re.fullmatch(r"([^\s:]+)(?::(\d+)|\s+slots\s*=\s*(\d+))?(?:\s+.*)?", line)
+        if not m:
+            raise UsageError(f"--hostfile {args.hostfile}: cannot read line '{line}'; expected 'host', "
+                             "'host slots=G' or 'host:G'")
+        hosts.append(m.group(1))
+        if m.group(2) or m.group(3):
+            slots.add(int(m.group(2) or m.group(3)))
+    if not hosts:
+        raise UsageError(f"--hostfile {args.hostfile}: no hosts in it")
+    if len(slots) > 1:
+        raise UsageError(f"--hostfile {args.hostfile}: every node needs the same slots, got {sorted(slots)}")
+    return hosts, slots.pop() if slots else None
+
+
+def parse_master(text: str | None) -> tuple[str | None, int | None]:
+    if not text:
+        return None, None
+    addr, _, port = text.rpartition(":") if ":" in text else (text, "", "")
+    if not addr or (port and not (port.isdigit() and 0 < int(port) < 65536)):
+        raise UsageError(f"--master {text}: expected ADDR or ADDR:PORT with a port in 1..65535")
+    return addr, int(port) if port else None
+
+
+def requested_world(args) -> int:
+    """Ranks in all: --gpus, else nodes x ranks per node."""
+    if getattr(args, "gpus", None):
+        return args.gpus
+    hosts, slots = read_hosts(args)
+    return (getattr(args, "nodes", None) or len(hosts) or 1) * (getattr(args, "gpus_per_node", None) or slots or 1)
+
+
+def this_node_rank(hosts: list[str]) -> int:
+    """This host's index in `hosts`, when it appears there exactly once."""
+    names = {socket.gethostname(), socket.gethostname().split(".")[0], socket.getfqdn()}
+    found = [i for i, h in enumerate(hosts) if h in names]
+    if len(found) != 1:
+        raise UsageError(f"give --node-rank: this host ({socket.gethostname()}) is "
+                         f"{'not' if not found else 'more than once'} in the hosts {','.join(hosts)}")
+    return found[0]
+
+
+def node_layout(args, world: int, node_rank: int | None = None) -> dict:
+    """RunConfig's multi-node fields from the CLI, checked: every node must be given the same layout."""
+    hosts, slots = read_hosts(args)
+    nodes = getattr(args, "nodes", None) or len(hosts) or 1
+    if hosts and len(hosts) != nodes:
+        raise UsageError(f"--nodes {nodes} but {len(hosts)} host(s) given")
+    per_node = getattr(args, "gpus_per_node", None) or slots
+    if per_node and per_node * nodes != world:
+        raise UsageError(f"{world} ranks but {nodes} node(s) x {per_node} per node = {nodes * per_node}")
+    if world % nodes:
+        raise UsageError(f"{world} ranks do not split evenly over {nodes} nodes")
+    addr, port = parse_master(getattr(args, "master", None))
+    if node_rank is None:
+        node_rank = getattr(args, "node_rank", None)
+    if node_rank is None:
+        node_rank = this_node_rank(hosts) if nodes > 1 else 0
+    if not 0 <= node_rank < nodes:
+        raise UsageError(f"--node-rank {node_rank}: expected 0..{nodes - 1} for {nodes} node(s)")
+    if nodes > 1 and not (addr or hosts):
+        raise UsageError(f"--nodes {nodes}: give --master ADDR[:PORT] or the hosts, so the nodes can meet")
+    return {"nodes": nodes, "node_rank": node_rank, "hosts": hosts,
+            "master_addr": addr or (hosts[0] if hosts and nodes > 1 else "127.0.0.1"),
+            "master_port": port or (DEFAULT_MASTER_PORT if nodes > 1 else None)}
+
+
+def check_run_id(run_id: str | None, cfg: RunConfig, out_dir: Path) -> None:
+    """A multi-node run needs a run id every node knows; a result is never overwritten."""
+    if run_id is None:
+        if cfg.nodes > 1:
+            raise UsageError(f"--nodes {cfg.nodes}: give --run-id ID, the same on every node (e.g. "
+                             "$SLURM_JOB_ID), so that all nodes write into one run dir")
+        return
+    if not RUN_ID.fullmatch(run_id):
+        raise UsageError(f"--run-id '{run_id}': use letters, digits, '.', '_' and '-' (up to 128)")
+    run_dir = Path(out_dir) / "logs" / run_id
+    if (Path(out_dir) / f"{run_id}.json").exists() or (cfg.node_rank == 0 and any(run_dir.glob("rank*.json"))):
+        raise UsageError(f"run id '{run_id}' was used before in {out_dir}: give a new --run-id")
+
+
+# ------------------------------------------------------------------------------------------- node markers
+def node_log(run_dir: Path, cfg: RunConfig, stem: str) -> Path:
+    """A per-node log file: node 0 keeps the one-node name, so single-node run dirs look as before."""
+    return run_dir / (f"{stem}.log" if cfg.node_rank == 0 else f"{stem}.node{cfg.node_rank}.log")
+
+
+def marker_path(run_dir: Path, node_rank: int) -> Path:
+    return Path(run_dir) / f"node{node_rank}.json"
+
+
+def start_node(cfg: RunConfig, run_dir: Path, argv: list[str], started: str) -> dict:
+    """Say, in the run dir, that this node has started (so node 0 knows to wait for it)."""
+    marker = {"node_rank": cfg.node_rank, "host": socket.gethostname(), "argv": list(argv),
+              "started": started, "finished": False}
+    write_json_atomic(marker_path(run_dir, cfg.node_rank), marker)
+    return marker
+
+
+def finish_node(run_dir: Path, marker: dict, result: LaunchResult, isolated_error: str | None) -> dict:
+    marker = {**marker, "finished": True, "returncodes": result.returncodes, "timed_out": result.timed_out,
+              "elapsed_s": result.elapsed_s, "isolated_error": isolated_error}
+    write_json_atomic(marker_path(run_dir, marker["node_rank"]), marker)
+    return marker
+
+
+def read_markers(run_dir: Path, nodes: int) -> list[dict | None]:
+    markers = []
+    for k in range(nodes):
+        try:
+            markers.append(json.loads(marker_path(run_dir, k).read_text()))
+        except (OSError, ValueError):
+            markers.append(None)
+    return markers
+
+
+def wait_for_nodes(run_dir: Path, cfg: RunConfig) -> list[dict | None]:
+    """Every node's marker once each node that has started has finished. While node 0's own launch went
+    well, a node still running gets the run's timeout (twice with the isolated counterfactual, a second
+    launch) plus a grace; once node 0's failed, the others only get the grace to notice and report: the
+    run has failed whatever they do, and the record should not wait on a peer that waits for a dead one."""
+    own = read_markers(run_dir, 1)[0] or {}
+    own_ok = not own.get("timed_out") and all(rc == 0 for rc in own.get("returncodes", [1]))
+    launches = 2 if cfg.compute_method == "isolated" else 1
+    deadline = time.monotonic() + (launches * cfg.timeout_s if own_ok else 0) + NODE_GRACE_S
+    while True:
+        markers = read_markers(run_dir, cfg.nodes)
+        if all(m is None or m.get("finished") for m in markers) or time.monotonic() > deadline:
+            return markers
+        time.sleep(POLL_S)
+
+
+def merged_launch(markers: list[dict | None]) -> LaunchResult:
+    """All nodes' launches as one: every exit code, timed out if any node timed out."""
+    done = [m for m in markers if m and m.get("finished")]
+    return LaunchResult([rc for m in done for rc in m["returncodes"]], any(m["timed_out"] for m in done),
+                        max((m["elapsed_s"] for m in done), default=0.0))
+
+
+def absent_nodes(markers: list[dict | None]) -> str | None:
+    """Why some ranks' records may be missing: nodes that left no (finished) marker here."""
+    absent = [k for k, m in enumerate(markers) if not (m and m.get("finished"))]
+    if not absent or len(absent) == len(markers):
+        return None
+    return (f"node(s) {absent} left no finished node marker in this run dir: if the nodes share no filesystem, "
+            "copy their run dirs here and run `harness collect`")
+
+
+# ------------------------------------------------------------------------------------------ harness plan
+def node_command(argv: list[str], node_rank: int, run_id: str) -> list[str]:
+    """The `harness run` command line for one node: the plan's own options, with this node's rank."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in ("--node-rank", "--run-id"):
+            skip = "=" not in arg
+            continue
+        out.append(arg)
+    return ["harness", "run", *out, "--node-rank", str(node_rank), "--run-id", run_id]
+
+
+def plan_argv() -> list[str]:
+    """The options given to `harness plan` (from the process's command line)."""
+    argv = sys.argv[1:]
+    return argv[argv.index("plan") + 1:] if "plan" in argv else argv
+
+
+def cmd_plan(args) -> int:
+    from harness.runner import new_run_id
+    world = requested_world(args)
+    base = build_config(args, args.backend, world, check_devices=False, node_rank=0)
+    backend = get_backend(base.backend)
+    run_id = args.run_id or new_run_id(base)
+    check_run_id(run_id, base, args.out)
+    run_dir = (Path(args.out) / "logs" / run_id).resolve()
+    port = base.master_port or DEFAULT_MASTER_PORT
+    ok, reason = backend.availability()
+    print(f"plan: {backend.label(base)} · {base.workload} · {base.nodes} node(s) x {base.procs_per_node} "
+          f"rank(s) = {base.gpus} ranks on {base.device} · master {base.master_addr}:{port} · run id {run_id}")
+    if base.nodes == 1 and not base.master_port:
+        print(f"(a one-node run picks a free port per run; {port} is shown)")
+    if not ok:
+        print(f"note: {backend.name} is unavailable on this machine: {reason}")
+    print(f"run dir: {run_dir} (shared by all nodes); node 0 writes {Path(args.out).resolve() / (run_id + '.json')}")
+    for r in range(base.nodes):
+        cfg = dataclasses.replace(base, node_rank=r)
+        host = base.hosts[r] if base.hosts else ("this machine" if base.nodes == 1 else f"node {r}")
+        print(f"\nnode {r} ({host}): run")
+        print("  " + shlex.join(node_command(plan_argv(), r, run_id)))
+        processes = backend.launch(cfg, run_dir, port)
+        print(f"  which starts {len(processes) or 'no'} process(es) from {REPO_ROOT}" + (":" if processes else
+              " (this backend's launcher on node 0 starts this node's workers)"))
+        for proc in processes:
+            env = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in sorted(proc.env.items()))
+            print(f"    env {env} \\\n      {shlex.join(proc.argv)}")
+    return EXIT_OK
+
+
+# ----------------------------------------------------------------------------------------- harness collect
+def cmd_collect(args) -> int:
+    from harness.runner import write_record
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "config.json").is_file():
+        raise UsageError(f"{run_dir}: not a run dir (no config.json); expected OUT/logs/<run_id>")
+    for other in args.more:
+        if not Path(other).is_dir():
+            raise UsageError(f"{other}: no such directory")
+        shutil.copytree(other, run_dir, dirs_exist_ok=True,
+                        ignore=lambda d, names: ["config.json"] if Path(d) == Path(other) else [])
+    cfg = RunConfig.from_dict(json.loads((run_dir / "config.json").read_text()))
+    out_dir = run_dir.parent.parent
+    record = write_record(get_backend(cfg.backend), cfg, out_dir, run_dir.name, wait=False)
+    print_summary(record)
+    print(f"record: {out_dir / (record['run_id'] + '.json')}")
+    return EXIT_OK if record["status"] == "ok" else EXIT_FAILED
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("plan", help="print each node's commands and environment for a run (dry run)")
+    p.add_argument("--backend", required=True)
+    p.add_argument("--gpus", type=positive, help="ranks in all (default: nodes x --gpus-per-node)")
+    p.add_argument("--run-id", help="the run id all nodes will share (default: a new one)")
+    add_run_arguments(p)
+    p.set_defaults(func=cmd_plan)
+    p = subparsers.add_parser("collect", help="write a multi-node run's record from its run dir(s), e.g. "
+                                              "after copying the nodes' run dirs together")
+    p.add_argument("run_dir", type=Path, help="OUT/logs/<run_id> on node 0 (the record goes to OUT)")
+    p.add_argument("more", nargs="*", type=Path, help="other nodes' copies of the run dir, merged into it first")
+    p.set_defaults(func=cmd_collect)

@@ -1,0 +1,54 @@
+"""`harness doctor`: every check says what it ran, what it expected and what it got; a failed check (an
+unreachable host, a busy master port, a missing framework) makes it exit 1."""
+from __future__ import annotations
+
+import socket
+
+from conftest import harness
+
+from backends.base import free_port
+from harness.doctor import import_check, shards_check
+
+
+def test_doctor_runs_every_check_and_fails_on_an_unreachable_host_and_a_busy_port(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = harness("doctor", "--backends", "torch-ddp", "--nodes", "2", "--gpus-per-node", "1", "--device", "cpu",
+                       "--hosts", "127.0.0.1,no-such-host.invalid", "--master", f"127.0.0.1:{port}",
+                       "--out", tmp_path / "results", timeout=240)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    checks = {line[7:].split("  ran:")[0].strip(): line[1:5].strip() for line in lines if line.startswith("[")}
+    assert checks == {"framework torch": "ok", "devices": "ok", "collective (gloo)": "ok", "ports": "FAIL",
+                      "host 127.0.0.1": "ok", "host no-such-host.invalid": "FAIL", "data shards": "ok",
+                      "disk for results": "ok"}, proc.stdout
+    assert all("ran:" in line for line in lines if line.startswith("["))
+    assert sum("expected:" in line and "got:" in line for line in lines) == len(checks)
+    assert "every rank gets the sum 3; got: all_reduce sum 3 on 2 rank(s)" in proc.stdout
+    assert "cannot resolve" in proc.stdout and "in use" in proc.stdout
+    assert lines[-1] == "doctor: 8 checks, 2 failed: ports, host no-such-host.invalid"
+
+
+def test_doctor_passes_on_a_sound_plan(tmp_path):
+    proc = harness("doctor", "--backends", "torch-ddp", "--gpus", "2", "--device", "cpu",
+                   "--master", f"127.0.0.1:{free_port()}", "--out", tmp_path, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines()[-1] == "doctor: 6 checks, 0 failed"
+
+
+def test_a_missing_framework_fails_only_when_its_backend_was_asked_for():
+    assert import_check("no_such_framework_xyz", required=True).status == "FAIL"
+    assert import_check("no_such_framework_xyz", required=False).status == "warn"
+    assert import_check("json", required=True).status == "ok"
+
+
+def test_shard_check_proves_disjoint_cover():
+    assert shards_check(3, 2, 2).status == "ok"
+    assert "12 samples, 12 distinct" in shards_check(3, 2, 2).got
+
+
+def test_unknown_backend_is_a_usage_error():
+    proc = harness("doctor", "--backends", "nope")
+    assert proc.returncode == 2 and "unknown backend 'nope'" in proc.stderr

@@ -1,0 +1,142 @@
+"""A failure is a recorded result: a rank killed, out of memory or hung; a run past its --timeout; two runs
+at once; a sweep killed with SIGKILL and resumed; corrupt files among the records. Each fault test checks
+the recorded status and culprit rank, that no process outlives the run, and that no earlier record in the
+shared results dir was lost or changed."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, harness, run_record
+from processes import leftovers
+
+from harness.records import load_record, load_records
+
+RUN = ["--backend", "torch-ddp", "--gpus", "2", "--steps", "4", "--warmup", "1", "--compute-method", "none",
+       "--threads-per-worker", "1", "--device", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> Path:
+    """One results dir for the whole module, so every test also proves the earlier records survived."""
+    return tmp_path_factory.mktemp("faults") / "results"
+
+
+@pytest.fixture
+def kept(results):
+    """Every record present before the test is still there, byte for byte, after it."""
+    before = {p.name: p.read_bytes() for p in results.glob("*.json")} if results.exists() else {}
+    yield
+    for name, data in before.items():
+        assert (results / name).read_bytes() == data, f"{name} was lost or changed"
+
+
+def faulty_run(results, *args, timeout_s: float = 60) -> tuple[dict, float | None]:
+    """A run expected to fail, and the seconds from its injected fault to the harness's exit."""
+    record = run_record(results, *RUN, "--timeout", str(timeout_s), *args, expect_rc=1, timeout=timeout_s + 120)
+    done = time.time()
+    logs = " ".join(p.read_text(errors="replace") for p in Path(record["launch"]["log_dir"]).glob("rank*.log"))
+    injected = [float(t) for t in re.findall(r"injecting fault '\w+' at step \d+ \(unix time ([0-9.]+)\)", logs)]
+    assert not leftovers(record["launch"]["log_dir"], wait_s=5), "a process outlived its run"
+    return record, (done - injected[0]) if injected else None
+
+
+@pytest.mark.slow
+def test_killed_rank_is_recorded_as_crashed_naming_it(results, kept):
+    record, detect_s = faulty_run(results, "--inject-fault", "1:2:sigkill")
+    assert record["status"] == "crashed" and record["error"]["rank"] == 1
+    assert any("injecting fault 'sigkill'" in line for line in record["error"]["log_tail"])
+    assert detect_s is not None and detect_s < 45
+
+
+@pytest.mark.slow
+def test_rank_out_of_memory_is_recorded_as_oom_naming_it(results, kept):
+    record, detect_s = faulty_run(results, "--inject-fault", "1:2:oom")
+    assert record["status"] == "oom" and record["error"]["rank"] == 1
+    assert "MemoryError" in record["error"]["message"]
+    assert detect_s is not None and detect_s < 45
+
+
+@pytest.mark.slow
+def test_hung_rank_ends_the_run_at_the_collective_timeout(results, kept):
+    """The other rank gives up in its collective after --collective-timeout, long before --timeout."""
+    record, detect_s = faulty_run(results, "--inject-fault", "1:2:hang", "--collective-timeout", "5", timeout_s=150)
+    assert record["status"] == "timeout" and record["error"]["rank"] == 1
+    assert "gave up waiting in a collective for rank(s) [1]" in record["error"]["message"]
+    assert record["error"]["unfinished_ranks"] == [0, 1]
+    assert detect_s is not None and detect_s < 60 and record["launch"]["elapsed_s"] < 120
+
+
+@pytest.mark.slow
+def test_run_timeout_kills_every_process_and_says_which_ranks_had_not_finished(results, kept):
+    record, _ = faulty_run(results, "--inject-fault", "0:1:hang", timeout_s=25)
+    assert record["status"] == "timeout" and record["error"]["unfinished_ranks"] == [0, 1]
+    assert "exceeded its timeout" in record["error"]["message"]
+    assert 25 <= record["launch"]["elapsed_s"] < 40
+
+
+@pytest.mark.slow
+def test_two_runs_at_once_on_one_machine_both_succeed(results, kept):
+    """Each run picks its own free rendezvous port, so two at once do not collide."""
+    before = set(results.glob("*.json"))
+    argv = [sys.executable, "-m", "harness", "run", *RUN, "--timeout", "150", "--out", str(results)]
+    procs = [subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for _ in range(2)]
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-2000:] for o in outputs)
+    new = sorted(set(results.glob("*.json")) - before)
+    assert len(new) == 2 and all(load_record(p)["status"] == "ok" for p in new)
+    assert not leftovers(results, wait_s=5)
+
+
+@pytest.mark.slow
+def test_sweep_killed_with_sigkill_loses_nothing_and_resume_completes_it(tmp_path):
+    out = tmp_path / "results"
+    argv = ["sweep", "--backends", "torch-ddp", "--gpus", "1,2", "--repeats", "1", "--steps", "3", "--warmup", "1",
+            "--compute-method", "none", "--device", "cpu", "--timeout", "150", "--out", str(out)]
+    sweep = subprocess.Popen([sys.executable, "-m", "harness", *argv], cwd=REPO, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 180
+    while not list(out.glob("*.json")) and sweep.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    first = list(out.glob("*.json"))
+    assert len(first) == 1 and sweep.poll() is None, "the sweep should be in its second run"
+    time.sleep(2)  # well into the second run: its launcher and workers are up
+    os.kill(sweep.pid, signal.SIGKILL)
+    sweep.wait()
+    assert not leftovers(out, wait_s=20), "the killed sweep's launcher or workers kept running"
+    recorded = first[0].read_bytes()
+    assert load_record(first[0])["status"] == "ok"  # what it had recorded is intact
+
+    proc = harness(*argv, "--resume", timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1 run(s) already recorded ok" in proc.stdout
+    records = load_records([out])
+    assert sorted(r["config"]["gpus"] for r in records) == [1, 2] and {r["status"] for r in records} == {"ok"}
+    assert first[0].read_bytes() == recorded and load_record(first[0])["config"]["gpus"] == 1
+
+
+def test_corrupt_and_foreign_files_are_named_and_skipped(tmp_path, capsys):
+    from record_factory import make_record
+    from harness.records import write_json_atomic
+    for gpus in (1, 2):
+        write_json_atomic(tmp_path / f"good-{gpus}.json", make_record("torch-ddp", gpus=gpus, run_id=f"good-{gpus}"))
+    (tmp_path / "torn.json").write_text('{"schema_version": 1, "run_id": "torn", "sta')
+    (tmp_path / "foreign.json").write_text(json.dumps({"name": "someone else's file"}))
+    (tmp_path / "future.json").write_text(json.dumps({**make_record(), "schema_version": 99}))
+    records = load_records([tmp_path])
+    assert sorted(r["run_id"] for r in records) == ["good-1", "good-2"]
+    err = capsys.readouterr().err
+    for name in ("torn.json", "foreign.json", "future.json"):
+        assert name in err
+    for command in (["report", tmp_path], ["compare", tmp_path, tmp_path]):
+        proc = harness(*command)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert all(name in proc.stderr for name in ("torn.json", "foreign.json", "future.json")), proc.stderr

@@ -1,0 +1,180 @@
+"""Multi-node: the layout options, `harness plan`, and two "nodes" on one machine (two harnesses on loopback
+with distinct node ranks, each starting its own launcher) for every registered backend, whose record must
+equal a one-node 2-process run's in world size, ranks, hosts and losses. Without a shared filesystem,
+`harness collect` completes the record."""
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import REPO, harness, run_record
+from processes import leftovers
+
+from backends import backend_names, get_backend
+from backends.base import free_port
+from harness.cli import UsageError, build_config, make_parser
+from harness.multinode import check_run_id, read_hosts, requested_world
+
+TINY = ["--steps", "3", "--warmup", "1", "--compute-method", "none", "--threads-per-worker", "1",
+        "--device", "cpu", "--timeout", "150"]
+
+
+def run_args(*argv) -> argparse.Namespace:
+    return make_parser().parse_args(["run", "--backend", "torch-ddp", *argv])
+
+
+def config(*argv):
+    args = run_args(*argv)
+    return build_config(args, args.backend, requested_world(args))
+
+
+# --------------------------------------------------------------------------------------------- the layout
+def test_layout_from_hosts_and_gpus_per_node():
+    cfg = config("--nodes", "2", "--gpus-per-node", "4", "--hosts", "a,b", "--node-rank", "1", "--device", "cpu")
+    assert (cfg.gpus, cfg.nodes, cfg.node_rank, cfg.procs_per_node) == (8, 2, 1, 4)
+    assert (cfg.hosts, cfg.master_addr, cfg.master_port) == (["a", "b"], "a", 29500)
+    cfg = config("--gpus", "4", "--nodes", "2", "--master", "10.0.0.1:1234", "--node-rank", "0", "--device", "cpu")
+    assert (cfg.procs_per_node, cfg.master_addr, cfg.master_port, cfg.hosts) == (2, "10.0.0.1", 1234, [])
+    one = config("--gpus", "2", "--device", "cpu")  # one node: a free port is picked per run
+    assert (one.nodes, one.node_rank, one.master_port) == (1, 0, None)
+
+
+def test_hostfile_in_deepspeed_and_mpi_styles(tmp_path):
+    (tmp_path / "ds").write_text("# nodes\nnode-a slots=8\nnode-b slots=8\n")
+    (tmp_path / "mpi").write_text("node-a:4\nnode-b:4\n")
+    (tmp_path / "plain").write_text("node-a\n\nnode-b\n")
+    assert read_hosts(run_args("--hostfile", str(tmp_path / "ds"))) == (["node-a", "node-b"], 8)
+    assert read_hosts(run_args("--hostfile", str(tmp_path / "mpi"))) == (["node-a", "node-b"], 4)
+    assert read_hosts(run_args("--hostfile", str(tmp_path / "plain"))) == (["node-a", "node-b"], None)
+    cfg = config("--hostfile", str(tmp_path / "ds"), "--node-rank", "1", "--device", "cpu")
+    assert (cfg.nodes, cfg.gpus, cfg.procs_per_node) == (2, 16, 8)
+
+
+def test_node_rank_is_found_from_this_hosts_place():
+    me = socket.gethostname()
+    assert config("--hosts", f"elsewhere,{me}", "--device", "cpu").node_rank == 1
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--nodes", "2", "--hosts", "a,b,c", "--node-rank", "0"], "3 host"),
+    (["--gpus", "3", "--nodes", "2", "--hosts", "a,b", "--node-rank", "0"], "do not split evenly"),
+    (["--gpus", "4", "--nodes", "2", "--gpus-per-node", "4", "--hosts", "a,b", "--node-rank", "0"], "2 node(s) x 4"),
+    (["--nodes", "2", "--hosts", "a,b", "--node-rank", "2"], "expected 0..1"),
+    (["--nodes", "2", "--node-rank", "0"], "give --master"),
+    (["--nodes", "2", "--hosts", "a,b"], "give --node-rank"),
+    (["--master", "a:99999"], "port in 1..65535"),
+])
+def test_bad_layouts_name_the_problem(argv, message):
+    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        config(*argv, "--device", "cpu")
+
+
+def test_single_node_adapters_refuse_several_nodes():
+    single = [n for n in backend_names() if not get_backend(n).multi_node]
+    if not single:
+        pytest.skip("every registered adapter is multi-node")
+    with pytest.raises(UsageError, match=f"backend {single[0]} runs on one node only"):
+        config("--backend", single[0], "--nodes", "2", "--hosts", "a,b", "--node-rank", "0", "--device", "cpu")
+
+
+def test_run_ids_are_required_across_nodes_and_never_reused(tmp_path):
+    two = config("--nodes", "2", "--hosts", "a,b", "--node-rank", "0", "--device", "cpu")
+    with pytest.raises(UsageError, match="give --run-id"):
+        check_run_id(None, two, tmp_path)
+    with pytest.raises(UsageError, match="letters, digits"):
+        check_run_id("../x", two, tmp_path)
+    check_run_id("job-17", two, tmp_path)
+    (tmp_path / "job-17.json").write_text("{}")
+    with pytest.raises(UsageError, match="used before"):
+        check_run_id("job-17", two, tmp_path)
+    proc = harness("run", "--backend", "torch-ddp", "--nodes", "2", "--hosts", "a,b", "--node-rank", "1",
+                   "--device", "cpu", "--out", tmp_path)
+    assert proc.returncode == 2 and "give --run-id" in proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------- plan
+def test_plan_prints_what_each_node_runs_from_the_adapters_launch(tmp_path):
+    argv = ["--backend", "torch-ddp", "--nodes", "2", "--gpus-per-node", "2", "--hosts", "host-a,host-b",
+            "--master", "host-a:29400", "--device", "cpu", "--run-id", "plan-1", "--out", str(tmp_path)]
+    proc = harness("plan", *argv)
+    assert proc.returncode == 0, proc.stderr
+    backend = get_backend("torch-ddp")
+    for r in range(2):
+        cfg = build_config(run_args(*argv[2:], "--node-rank", str(r)), "torch-ddp", 4)
+        for p in backend.launch(cfg, (tmp_path / "logs" / "plan-1").resolve(), 29400):
+            assert shlex.join(p.argv) in proc.stdout  # the very command the real run starts
+        assert f"--node-rank {r} --run-id plan-1" in proc.stdout
+    assert "--nnodes=2" in proc.stdout and "--master-addr=host-a" in proc.stdout
+    assert not (tmp_path / "logs").exists()  # a dry run writes nothing
+
+
+# ------------------------------------------------------------------------------- two nodes on loopback
+def two_nodes(out0, out1, backend, run_id, extra=()):
+    """Node 1's harness in the background, node 0's in the foreground, as on two machines (named apart,
+    as launchers such as DeepSpeed's refuse one host listed twice)."""
+    port = free_port()
+    common = ["--backend", backend, "--nodes", "2", "--gpus-per-node", "1", "--hosts", "127.0.0.1,localhost",
+              "--master", f"127.0.0.1:{port}", "--run-id", run_id, *TINY, *extra]
+    node1 = subprocess.Popen([sys.executable, "-m", "harness", "run", *common, "--node-rank", "1", "--out", str(out1)],
+                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    node0 = harness("run", *common, "--node-rank", "0", "--out", out0, timeout=240)
+    log1, _ = node1.communicate(timeout=240)
+    return node0, node1.returncode, log1
+
+
+def comparable(record: dict) -> dict:
+    return {"world_size": record["environment"]["world_size"], "hosts": record["environment"]["hostnames"],
+            "ranks": [(r["rank"], r["host"], r["status"]) for r in record["ranks"]], "status": record["status"]}
+
+
+# Adapters whose multi-node launch works across machines but cannot share one machine between two nodes.
+LOOPBACK_LIMITS = {
+    "tf-mwms": "worker i of every node listens on port + i, so two nodes on one machine collide "
+               "(distinct machines are fine); giving each worker port + its global index would lift this",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", backend_names())
+def test_two_nodes_on_loopback_equal_one_node_with_two_ranks(tmp_path, backend):
+    adapter = get_backend(backend)
+    ok, reason = adapter.availability()
+    if not ok:
+        pytest.skip(f"{backend} unavailable: {reason}")
+    if not adapter.multi_node:
+        pytest.skip(f"{backend} declares itself single-node (multi_node = False)")
+    if backend in LOOPBACK_LIMITS:
+        pytest.skip(f"{backend}: {LOOPBACK_LIMITS[backend]}")
+    out = tmp_path / "results"
+    single = run_record(out, "--backend", backend, "--gpus", "2", *TINY, timeout=240)
+    node0, rc1, log1 = two_nodes(out, out, backend, f"loop-{backend}")
+    assert node0.returncode == 0 and rc1 == 0, f"{node0.stdout[-3000:]}\n{node0.stderr}\nnode 1:\n{log1[-3000:]}"
+    multi = json.loads((out / f"loop-{backend}.json").read_text())
+    assert comparable(multi) == comparable(single) and multi["status"] == "ok"
+    assert (multi["config"]["nodes"], multi["config"]["node_rank"]) == (2, 0)
+    assert [m["node_rank"] for m in multi["launch"]["nodes"]] == [0, 1]
+    for a, b in zip(single["ranks"], multi["ranks"]):
+        np.testing.assert_allclose(b["losses"], a["losses"], rtol=1e-6)
+    assert len(list(out.glob("*.json"))) == 2  # one record per run: node 1 wrote none
+    assert not leftovers(out)
+
+
+@pytest.mark.slow
+def test_nodes_without_a_shared_filesystem_are_completed_by_collect(tmp_path):
+    node0, rc1, log1 = two_nodes(tmp_path / "node0", tmp_path / "node1", "torch-ddp", "apart")
+    assert rc1 == 0, log1
+    partial = json.loads((tmp_path / "node0" / "apart.json").read_text())
+    assert partial["status"] == "crashed" and [r["rank"] for r in partial["ranks"]] == [0]
+    assert "harness collect" in partial["error"]["message"]
+    proc = harness("collect", tmp_path / "node0" / "logs" / "apart", tmp_path / "node1" / "logs" / "apart")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    record = json.loads((tmp_path / "node0" / "apart.json").read_text())
+    assert record["status"] == "ok" and [r["rank"] for r in record["ranks"]] == [0, 1]
+    assert [m["node_rank"] for m in record["launch"]["nodes"]] == [0, 1]
+    assert not leftovers(tmp_path)
