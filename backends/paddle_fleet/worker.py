@@ -10,7 +10,6 @@ import math
 import os
 from contextlib import nullcontext
 
-import numpy as np
 import paddle
 import paddle.distributed as dist
 from paddle.distributed import fleet
