@@ -34,9 +34,9 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.analysis import workload_name
 from harness.baseline import InputError, load_all
 from harness.records import write_json_atomic
-from workloads.spec import PRESETS
 
 DEFAULT_THRESHOLD = 0.05
 DEFAULT_ALPHA = 0.05
@@ -66,20 +66,10 @@ class Key:
         return " · ".join(parts + ([self.device_kind] if self.device_kind != "*" else []))
 
 
-def workload_label(cfg: dict) -> str:
-    """The preset name, plus the fields where the run's spec differs from it (an overridden preset is
-    different work and must not match the plain one)."""
-    preset = PRESETS.get(cfg["workload"])
-    if preset is None:
-        return cfg["workload"]
-    diff = [f"{k}={v}" for k, v in sorted(cfg["spec"].items()) if preset.to_dict().get(k) != v]
-    return f"{cfg['workload']}[{','.join(diff)}]" if diff else cfg["workload"]
-
-
 def run_key(run: dict, device_kind: str | None = None) -> Key:
     """The match key; `device_kind` overrides the run's own ("*" to match across devices)."""
     cfg = run["config"]
-    return Key(run["backend_info"].get("label") or cfg["backend"], workload_label(cfg), cfg["gpus"],
+    return Key(run["backend_info"].get("label") or cfg["backend"], workload_name(cfg), cfg["gpus"],
                cfg["precision"], cfg.get("scaling", "weak"),
                device_kind or str(run["environment"].get("device_kind")))
 

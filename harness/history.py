@@ -7,13 +7,13 @@ table reads as the project's timeline. A dirty tree is its own row: it is not th
 from __future__ import annotations
 
 import datetime as dt
-import os
 from pathlib import Path
 
 import numpy as np
 
+from harness.analysis import workload_name
 from harness.baseline import InputError, load_all
-from harness.compare import run_key, workload_label
+from harness.compare import run_key
 
 DEFAULT_METRIC = "throughput_tokens_per_s"
 
@@ -41,7 +41,7 @@ def select(runs: list[dict], args) -> list[dict]:
     def wanted(r):
         cfg = r["config"]
         return (args.backend in (r["backend_info"].get("label"), cfg["backend"])
-                and args.workload == workload_label(cfg) and cfg["gpus"] == args.gpus
+                and args.workload == workload_name(cfg) and cfg["gpus"] == args.gpus
                 and (args.precision is None or cfg["precision"] == args.precision)
                 and (args.scaling is None or cfg.get("scaling") == args.scaling)
                 and (args.device_kind is None or r["environment"].get("device_kind") == args.device_kind))
@@ -109,12 +109,10 @@ def plot(label: str, metric: str, rows: list[dict], path: Path) -> None:
     ax.set_title(label, fontsize=9)
     ax.grid(alpha=0.3)
     fig.tight_layout()
+    from harness.report import write_atomic
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{path.suffix}")
-    fig.savefig(tmp)
+    write_atomic(path, lambda tmp: fig.savefig(tmp, format=path.suffix.lstrip(".") or "png"))
     plt.close(fig)
-    os.replace(tmp, path)
 
 
 def cmd_history(args) -> int:

@@ -170,7 +170,7 @@ def test_runs_match_on_configuration_and_the_rest_is_listed(tmp_path, capsys):
     assert code == 0 and [c["match"]["gpus"] for c in result["comparisons"]] == [1]
     assert result["comparisons"][0]["match"]["workload"] == "tiny"
     assert sorted(result["only_in_baseline"]) == [f"torch-ddp · tiny · N=2 · fp32 · weak · {CPU}",
-                                                 f"torch-ddp · tiny[n_layers=2] · N=1 · fp32 · weak · {CPU}"]
+                                                 f"torch-ddp · tiny(n_layers=2) · N=1 · fp32 · weak · {CPU}"]
     assert result["only_in_candidate"] == [f"torch-ddp · tiny · N=1 · bf16 · weak · {CPU}"]
     assert "Only in the candidate (not compared):" in capsys.readouterr().out
 
