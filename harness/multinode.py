@@ -262,7 +262,11 @@ def cmd_plan(args) -> int:
         host = base.hosts[r] if base.hosts else ("this machine" if base.nodes == 1 else f"node {r}")
         print(f"\nnode {r} ({host}): run")
         print("  " + shlex.join(node_command(plan_argv(), r, run_id)))
-        processes = backend.launch(cfg, run_dir, port)
+        try:
+            processes = backend.launch(cfg, run_dir, port)
+        except Exception as exc:  # noqa: BLE001 - an adapter that needs the cluster or writes files to plan
+            raise UsageError(f"cannot plan node {r}: {backend.name}'s launch() failed here ({type(exc).__name__}: "
+                             f"{exc}); a plan runs launch() without the cluster and without a run dir") from None
         print(f"  which starts {len(processes) or 'no'} process(es) from {REPO_ROOT}" + (":" if processes else
               " (this backend's launcher on node 0 starts this node's workers)"))
         for proc in processes:

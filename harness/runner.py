@@ -99,9 +99,8 @@ def classify(result: LaunchResult, ranks: dict[int, dict], world: int, run_dir: 
         return status, {"rank": r, "message": message, **extra,
                         "log_tail": tail or log_tail(run_dir / "launcher.log")}
 
-    if result.timed_out:
-        stopped = [r for r in unfinished if kind.get(r) == "stopped"]  # were running, not stuck in a collective
-        return result_for("timeout", (stopped or unfinished or [None])[0],
+    if result.timed_out:  # who hung is not knowable from outside: every rank waits on the hung one
+        return result_for("timeout", unfinished[0] if len(unfinished) == 1 else None,
                           f"run exceeded its timeout after {result.elapsed_s:.0f} s; ranks {unfinished} had not finished",
                           unfinished_ranks=unfinished)
     own = [r for r in failed if kind[r] is None]

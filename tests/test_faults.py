@@ -76,10 +76,11 @@ def test_hung_rank_ends_the_run_at_the_collective_timeout(results, kept):
 
 @pytest.mark.slow
 def test_run_timeout_kills_every_process_and_says_which_ranks_had_not_finished(results, kept):
-    record, _ = faulty_run(results, "--inject-fault", "0:1:hang", timeout_s=25)
+    record, _ = faulty_run(results, "--inject-fault", "0:1:hang", timeout_s=20)
     assert record["status"] == "timeout" and record["error"]["unfinished_ranks"] == [0, 1]
-    assert "exceeded its timeout" in record["error"]["message"]
-    assert 25 <= record["launch"]["elapsed_s"] < 40
+    assert record["error"]["rank"] is None  # every rank waits on a hung one: no rank is blamed
+    assert "exceeded its timeout" in record["error"]["message"] and record["error"]["log_tail"]
+    assert 20 <= record["launch"]["elapsed_s"] < 35
 
 
 @pytest.mark.slow
