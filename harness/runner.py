@@ -92,7 +92,9 @@ def classify(result: LaunchResult, ranks: dict[int, dict], world: int, run_dir: 
     failed = [r for r in sorted(ranks) if ranks[r].get("status") != "ok"]
     unfinished = sorted(missing + failed)
     kind = {r: failure_kind(ranks[r]) for r in failed}
-    first = lambda rs: min(rs, key=lambda r: ranks[r].get("failed_at", float("inf")))  # noqa: E731
+
+    def first(rs):
+        return min(rs, key=lambda r: ranks[r].get("failed_at", float("inf")))
 
     def result_for(status, r, message, **extra):
         tail = log_tail(run_dir / f"rank{r}.log") if r is not None else []

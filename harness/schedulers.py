@@ -109,6 +109,11 @@ def replica(replicas: int, c: dict, pvc: str) -> dict:
                                   "volumes": [{"name": "results", "persistentVolumeClaim": {"claimName": pvc}}]}}}
 
 
+def service_names(job: str, role: str, n: int) -> str:
+    """The host names the training operator gives a job's pods (one headless service per replica)."""
+    return ",".join(f"{job}-{role}-{i}" for i in range(n))
+
+
 def manifest(backend: str, name: str, image: str, nodes: int, per_node: int, harness_args: list[str],
              pvc: str, namespace: str = "default", workdir: str = "/distbench", gpus: bool = True) -> dict:
     """The training-operator job that runs `harness run --backend BACKEND HARNESS_ARGS` on `nodes` pods of
@@ -117,7 +122,6 @@ def manifest(backend: str, name: str, image: str, nodes: int, per_node: int, har
     kind = JOB_KINDS[backend]
     run = shlex.join(["harness", "run", "--backend", backend, *harness_args, "--nodes", str(nodes),
                       "--gpus-per-node", str(per_node), "--run-id", name, "--out", RESULTS_MOUNT])
-    hosts = lambda role, n: ",".join(f"{name}-{role}-{i}" for i in range(n))  # noqa: E731 - operator's service names
     pod_gpus = per_node if gpus else 0
     meta = {"name": name, "namespace": namespace, "labels": {"app": "distbench", "distbench/backend": backend}}
     policy = {"backoffLimit": 0, "cleanPodPolicy": "None"}
@@ -131,14 +135,14 @@ def manifest(backend: str, name: str, image: str, nodes: int, per_node: int, har
     elif kind == "TFJob":  # TF_CONFIG's task index; our launcher writes every worker's own TF_CONFIG
         index = "python3 -c 'import json, os; print(json.loads(os.environ[\"TF_CONFIG\"])[\"task\"][\"index\"])'"
         cmd = (f"NODE_RANK=$({index}); unset TF_CONFIG; exec {run} --node-rank \"$NODE_RANK\" "
-               f"--hosts {hosts('worker', nodes)} --master {name}-worker-0:2222")
+               f"--hosts {service_names(name, 'worker', nodes)} --master {name}-worker-0:2222")
         ports = [{"name": "tfjob-port", "containerPort": 2222}]
         spec = {"runPolicy": policy, "tfReplicaSpecs": {
             "Worker": replica(nodes, container("tensorflow", image, cmd, pod_gpus, workdir, ports=ports), pvc)}}
     elif kind == "PaddleJob":  # the pod's replica index, through the downward API
         env = [{"name": "NODE_RANK", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{REPLICA_INDEX_LABEL}']"}}}]
         cmd = (f"MASTER=$PADDLE_MASTER; unset PADDLE_MASTER PADDLE_NNODES; exec {run} --node-rank \"$NODE_RANK\" "
-               f"--hosts {hosts('worker', nodes)} --master \"$MASTER\"")
+               f"--hosts {service_names(name, 'worker', nodes)} --master \"$MASTER\"")
         ports = [{"name": "master", "containerPort": 37777}]
         spec = {"runPolicy": policy, "paddleReplicaSpecs": {
             "Worker": replica(nodes, container("paddle", image, cmd, pod_gpus, workdir, env, ports), pvc)}}
