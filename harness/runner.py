@@ -184,6 +184,8 @@ def execute(backend: Backend, cfg: RunConfig, out_dir: Path, argv: list[str], sw
     """Run this node's share of `cfg` (all of a one-node run). Node 0 then writes the run record to
     out_dir/<run_id>.json and returns it; another node returns None. `sweep` ({"id", "repeat"}) ties the run
     to the sweep that launched it; None for a single `harness run`."""
+    if cfg.nodes > 1 and not run_id:
+        raise ValueError("a multi-node run needs a run id every node agrees on; a random one would split it")
     run_id = run_id or new_run_id(cfg)
     run_node(backend, cfg, Path(out_dir) / "logs" / run_id, argv)
     return write_record(backend, cfg, Path(out_dir), run_id, sweep=sweep) if cfg.node_rank == 0 else None
