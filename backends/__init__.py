@@ -10,6 +10,9 @@ ADAPTERS = {
     "torch-ddp": "backends.torch_ddp:TorchDDP",
     "tf-mwms": "backends.tf_mwms:TFMultiWorkerMirrored",
     "paddle-fleet": "backends.paddle_fleet:PaddleFleet",
+    "torch-fsdp": "backends.torch_fsdp:TorchFSDP",
+    "deepspeed": "backends.deepspeed_zero:DeepSpeed",
+    "horovod": "backends.horovod_torch:Horovod",
 }
 
 

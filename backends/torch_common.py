@@ -54,14 +54,26 @@ class TorchTrainer(Trainer):
     def autocast(self):
         return torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype else nullcontext()
 
+    def inputs(self, x, y) -> tuple[torch.Tensor, torch.Tensor]:
+        """A micro-batch's numpy token arrays as tensors on this rank's device."""
+        return (torch.from_numpy(x).to(self.device, non_blocking=True),
+                torch.from_numpy(y).to(self.device, non_blocking=True))
+
     def backward(self, model, x, y, n_micro: int) -> torch.Tensor:
         """Forward and backward of one micro-batch; the loss is scaled by 1/n_micro for accumulation."""
-        x = torch.from_numpy(x).to(self.device, non_blocking=True)
-        y = torch.from_numpy(y).to(self.device, non_blocking=True)
+        x, y = self.inputs(x, y)
         with self.autocast():
             loss = model(x, y) / n_micro
         (self.scaler.scale(loss) if self.scaler else loss).backward()
         return loss.detach()
+
+    def step(self, batches, sync_grads=True):
+        """Accumulate gradients over the micro-batches, then one optimizer step: for wrappers that sync in
+        their own hooks or in the optimizer. Those with a sync-off switch (DDP's no_sync) override this."""
+        self.optimizer.zero_grad()
+        loss = sum(self.backward(self.model, x, y, len(batches)) for x, y in batches)
+        self.optimizer_step()
+        return float(loss)
 
     def optimizer_step(self) -> None:
         if self.scaler:

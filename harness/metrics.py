@@ -44,13 +44,24 @@ def stats(xs: list[float]) -> dict:
             "max": float(a.max()), "n": int(a.size)}
 
 
-def comm_bytes_per_rank(kind: str, n_params: int, dtype_bytes: int, world: int) -> float:
+def comm_bytes_per_rank(kind: str, n_params: int, dtype_bytes: int, world: int, reduce_dtype_bytes: int = 0,
+                        param_gathers: int = 2) -> float:
     """Analytic bytes each rank sends per step: ring all-reduce 2(N-1)/N x G; sharded data parallel
-    (FSDP, ZeRO-3) 3(N-1)/N x P (all-gather params forward and backward, reduce-scatter grads)."""
+    (FSDP, ZeRO-3) 3(N-1)/N x P (all-gather params forward and backward, reduce-scatter grads), with
+    `param_gathers` all-gathers and the gradients in `reduce_dtype_bytes` where those differ."""
     if world <= 1:
         return 0.0
-    factor = {"allreduce": 2, "sharded": 3}[kind]
-    return factor * (world - 1) / world * n_params * dtype_bytes
+    reduce = reduce_dtype_bytes or dtype_bytes
+    per_param = {"allreduce": 2 * reduce, "sharded": param_gathers * dtype_bytes + reduce}[kind]
+    return (world - 1) / world * n_params * per_param
+
+
+def comm_volume_method(pattern: dict) -> str:
+    """How the volume was obtained, spelled out where a sharded pattern departs from 3 equal transfers."""
+    if pattern["kind"] == "sharded" and (pattern.get("reduce_dtype_bytes") or pattern.get("param_gathers", 2) != 2):
+        return (f"analytic sharded ({pattern.get('param_gathers', 2)} all-gather(s) of {pattern['dtype_bytes']}-byte "
+                f"params, reduce-scatter of {pattern.get('reduce_dtype_bytes') or pattern['dtype_bytes']}-byte grads)")
+    return f"analytic {pattern['kind']} ({pattern['dtype_bytes']}-byte elements)"
 
 
 def summarize(record: dict) -> dict:
@@ -77,7 +88,8 @@ def summarize(record: dict) -> dict:
         exposed = max(0.0, (t_step - t_compute) / t_step)
 
     pattern = info.get("comm_pattern", {"kind": "allreduce", "dtype_bytes": 4})
-    volume = comm_bytes_per_rank(pattern["kind"], spec.n_params, pattern["dtype_bytes"], world)
+    volume = comm_bytes_per_rank(pattern["kind"], spec.n_params, pattern["dtype_bytes"], world,
+                                 pattern.get("reduce_dtype_bytes", 0), pattern.get("param_gathers", 2))
     exposed_s = (t_step - t_compute) if (t_step and t_compute and t_step > t_compute) else None
     busbw = volume / exposed_s if (volume and exposed_s) else None
 
@@ -111,7 +123,7 @@ def summarize(record: dict) -> dict:
         "t_compute_s": t_compute,
         "exposed_comm_ratio": exposed,
         "comm_bytes_per_rank_per_step": volume,
-        "comm_volume_method": f"analytic {pattern['kind']} ({pattern['dtype_bytes']}-byte elements)",
+        "comm_volume_method": comm_volume_method(pattern),
         "implied_busbw_bytes_per_s": busbw,
         "model_flops_per_step": spec.flops_per_token * tokens_per_step,
         "device_peak_flops": peak,

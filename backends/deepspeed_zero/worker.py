@@ -1,0 +1,98 @@
+"""deepspeed worker: the spec's GPT in a DeepSpeed engine (ZeRO stage from the run's options), trained with
+the same torch AdamW as every PyTorch backend, passed to DeepSpeed as the client optimizer.
+
+Model-state bytes are counted from the tensors this rank holds, each storage once (ZeRO's parameters and
+gradient partitions are views into flat buffers):
+  params     the module's parameters: at ZeRO-3 each one's partition (`ds_tensor`) plus any parameter
+             still gathered (those under stage3_param_persistence_threshold stay whole on every rank);
+  grads      what holds gradients at the end of the step's last backward, once reduced: parameters'
+             .grad and ZeRO's reduced partitions. The engine frees most of them in step(), so they are
+             sampled just before it (the full gradients ZeRO-1 has while it reduces them are transient);
+  optimizer  the fp32 master partitions the inner AdamW updates (where they are not the module's own
+             parameters) and AdamW's moments.
+Buffers that only carry communication (bucket and prefetch buffers) are not model state and not counted.
+"""
+from datetime import timedelta
+
+import deepspeed
+import torch
+
+from backends.deepspeed_zero import ds_config
+from backends.torch_common import TorchTrainer
+from workloads.torch_model import make_optimizer
+
+
+def storage_bytes(tensors, seen: set) -> int:
+    """Bytes of the storages behind `tensors` not already in `seen` (storage addresses), which it extends."""
+    total = 0
+    for t in tensors:
+        storage = t.untyped_storage()
+        if storage.data_ptr() and storage.data_ptr() not in seen:
+            seen.add(storage.data_ptr())
+            total += storage.nbytes()
+    return total
+
+
+class DeepSpeedTrainer(TorchTrainer):
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.scaler = None  # fp16 loss scaling is the engine's own
+        deepspeed.init_distributed(dist_backend="nccl" if self.device.type == "cuda" else "gloo",
+                                   timeout=timedelta(seconds=cfg.timeout_s))
+        model = self.build_model()
+        optimizer = make_optimizer(model)  # parameter groups built before ZeRO-3 partitions the parameters
+        self.model, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
+                                                                config=ds_config(cfg))
+        self.grad_bytes = 0
+
+    def step(self, batches, sync_grads=True):
+        """One engine.backward + engine.step per micro-batch, as DeepSpeed prescribes: backward scales the
+        loss by 1 / gradient_accumulation_steps and step() updates only at the accumulation boundary."""
+        losses = []
+        for x, y in batches:
+            loss = self.model(*self.inputs(x, y))
+            self.model.backward(loss)
+            if len(losses) == len(batches) - 1:  # bytes only: holding the tensors would keep them alive
+                self.grad_bytes = storage_bytes(self.held_gradients(), set())
+            self.model.step()
+            losses.append(loss.detach())
+        return float(sum(losses)) / len(batches)
+
+    def master_weights(self) -> list:
+        """The fp32 partitions the inner torch AdamW updates (at stage 0 in fp32: the module's parameters).
+        ZeRO-3 hands its sub-groups to the inner optimizer only for the step itself."""
+        masters = [p for group in self.model.basic_optimizer.param_groups for p in group["params"]]
+        return masters + list(getattr(self.optimizer, "fp32_partitioned_groups_flat", []))
+
+    def held_gradients(self) -> list:
+        """The module's .grad, ZeRO's reduced partitions (ZeRO-3 keeps them all in one flat buffer), and
+        the fp32 masters' .grad where offloading puts them there."""
+        grads = [p.grad for p in [*self.model.module.parameters(), *self.master_weights()] if p.grad is not None]
+        flat = getattr(self.optimizer, "grad_partitions_flat_buffer", None)
+        grads += [flat] if flat is not None else []
+        partitions = getattr(self.optimizer, "averaged_gradients", None) or {}
+        for group in (partitions.values() if isinstance(partitions, dict) else partitions):
+            grads += [g for g in group or () if g is not None]
+        return grads
+
+    def model_state_bytes(self) -> dict:
+        module_params = list(self.model.module.parameters())
+        params = [p.ds_tensor for p in module_params if hasattr(p, "ds_tensor")] + [p.data for p in module_params]
+        state = self.model.basic_optimizer.state
+        moments = [v for s in state.values() for v in s.values() if torch.is_tensor(v)]
+        seen = set()
+        out = {"params": storage_bytes(params, seen), "grads": self.grad_bytes,
+               "optimizer": storage_bytes(self.master_weights() + moments, seen)}
+        out["total"] = sum(out.values())
+        return out
+
+    def final_weights(self) -> dict:
+        with deepspeed.zero.GatheredParameters(list(self.model.module.parameters())):  # ZeRO-3 only
+            return super().final_weights()
+
+    def versions(self) -> dict:
+        return {**super().versions(), "deepspeed": deepspeed.__version__}
+
+
+def make_trainer(cfg):
+    return DeepSpeedTrainer(cfg)

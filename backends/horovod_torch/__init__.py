@@ -1,0 +1,70 @@
+"""horovod adapter: horovod.torch's DistributedOptimizer, launched by `horovodrun --gloo`.
+
+The gloo controller coordinates the ranks (horovodrun's own rendezvous server, on a port it picks); the
+collectives run on gloo on CPU and on NCCL where Horovod was built with it. Only horovod.torch is used:
+Horovod's TensorFlow binding does not work with Keras 3.
+
+Horovod is built from source by scripts/install_horovod.sh; when that fails, setup.sh leaves the reason in
+<venv>/distbench/horovod-unavailable, and the backend reports it instead of failing at launch.
+"""
+import importlib.util
+import sys
+from pathlib import Path
+
+from backends.base import WORKER_SCRIPT, Backend, CommPattern, Process
+
+COMPRESSIONS = ("none", "fp16")
+
+
+class Horovod(Backend):
+    name = "horovod"
+    framework = "torch"
+    launcher = "horovodrun"
+    requires = ("torch", "horovod")
+    worker_module = "backends.horovod_torch.worker"
+    # Horovod has no switch that turns the all-reduce off: its gradient hooks submit every all-reduce
+    # during backward (skip_synchronize() only skips waiting for them in step()).
+    compute_methods = ("isolated",)
+    # horovodrun drives every node from one host over ssh; the harness starts one launcher per node.
+    multi_node = False
+
+    def availability(self):
+        ok, reason = super().availability()
+        if not ok:
+            return ok, reason
+        marker = Path(sys.prefix) / "distbench" / "horovod-unavailable"
+        if marker.exists():
+            lines = marker.read_text(errors="replace").strip().splitlines()
+            return False, "build failed: " + (lines[-1] if lines else "see the install log next to " + str(marker))
+        package = Path(importlib.util.find_spec("horovod").origin).parent
+        if not list((package / "torch").glob("mpi_lib_v2*.so")):
+            return False, f"horovod is installed without its PyTorch extension ({package / 'torch'})"
+        if not self.horovodrun().exists():
+            return False, f"{self.horovodrun()} not found"
+        return True, ""
+
+    @staticmethod
+    def horovodrun() -> Path:
+        return Path(sys.executable).parent / "horovodrun"
+
+    def add_arguments(self, parser):
+        group = parser.add_argument_group("horovod")
+        group.add_argument("--hvd-compression", choices=COMPRESSIONS,
+                           help="horovod: compress gradients to fp16 for the all-reduce (default none)")
+
+    def options(self, args):
+        return {"compression": args.hvd_compression or "none"}
+
+    def label(self, cfg):
+        return self.name + ("-fp16comp" if cfg.backend_options.get("compression") == "fp16" else "")
+
+    def comm_pattern(self, cfg):
+        """Gradients are fp32 (autocast keeps fp32 parameters), unless compressed to fp16 for the wire."""
+        return CommPattern("allreduce", 2 if cfg.backend_options.get("compression") == "fp16" else 4)
+
+    def launch(self, cfg, run_dir, port):
+        """`port` is unused: horovodrun's rendezvous server binds a free port itself."""
+        n = cfg.procs_per_node
+        argv = [str(self.horovodrun()), "-np", str(n), "-H", f"localhost:{n}", "--gloo",
+                "--gloo-timeout-seconds", str(int(cfg.timeout_s)), sys.executable, str(WORKER_SCRIPT), str(run_dir)]
+        return [Process(argv, self.worker_env(cfg))]

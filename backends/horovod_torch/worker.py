@@ -1,0 +1,59 @@
+"""horovod worker: the spec's GPT with horovod.torch's DistributedOptimizer around the same AdamW.
+
+Gradient accumulation: backward_passes_per_step = grad_accum, so the all-reduce is submitted on the last
+micro-batch's backward only. Weights and optimizer state are broadcast from rank 0 before training.
+"""
+import os
+
+import horovod
+import horovod.torch as hvd
+import torch
+
+from backends.torch_common import TorchTrainer
+from workloads.torch_model import make_optimizer
+
+
+def init_adamw_state(optimizer) -> None:
+    """Create the state torch's AdamW creates on its first step (step 0, zero moments).
+
+    hvd.broadcast_optimizer_state fills an empty state by taking one optimizer step with zero gradients,
+    which for AdamW applies weight decay and advances the step count, so training would start from a
+    different model than every other backend's. With the state in place the broadcast only copies it.
+    """
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            optimizer.state[p] = {"step": torch.tensor(0.0),
+                                  "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+                                  "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
+
+
+class HorovodTrainer(TorchTrainer):
+    def __init__(self, cfg):
+        os.environ.setdefault("LOCAL_RANK", os.environ.get("HOROVOD_LOCAL_RANK", "0"))  # picks the GPU
+        super().__init__(cfg)
+        hvd.init()
+        model = self.build_model()
+        compression = hvd.Compression.fp16 if cfg.backend_options.get("compression") == "fp16" else hvd.Compression.none
+        self.optimizer = hvd.DistributedOptimizer(make_optimizer(model), named_parameters=model.named_parameters(),
+                                                  compression=compression, backward_passes_per_step=cfg.grad_accum)
+        init_adamw_state(self.optimizer)
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
+        self.model = model
+
+    def optimizer_step(self):
+        """Wait for the gradient all-reduces before the step reads (or GradScaler unscales) the gradients,
+        as Horovod's mixed-precision recipe does."""
+        self.optimizer.synchronize()
+        with self.optimizer.skip_synchronize():
+            super().optimizer_step()
+
+    def versions(self):
+        return {**super().versions(), "horovod": horovod.__version__}
+
+    def close(self):
+        hvd.shutdown()
+
+
+def make_trainer(cfg):
+    return HorovodTrainer(cfg)

@@ -1,0 +1,198 @@
+"""torch-fsdp, deepspeed (ZeRO 1-3) and horovod: the same model as torch-ddp, full records, and what each
+really shards. Training runs go through `harness run`; the adapters are also checked without launching."""
+import argparse
+import sys
+
+import numpy as np
+import pytest
+
+from backends import get_backend
+from backends.base import WORKER_SCRIPT
+from backends.deepspeed_zero import ds_config
+from harness.config import RunConfig
+from harness.metrics import comm_bytes_per_rank
+from conftest import harness, run_record
+from workloads.spec import PRESETS, ModelSpec
+
+TEN_STEPS = ["--workload", "tiny", "--steps", "10", "--warmup", "0", "--timeout", "180"]
+# label -> the `harness run` arguments that select it
+FAMILY = {
+    "torch-fsdp": ["--backend", "torch-fsdp"],
+    "deepspeed-zero1": ["--backend", "deepspeed", "--zero-stage", "1"],
+    "deepspeed-zero2": ["--backend", "deepspeed", "--zero-stage", "2"],
+    "deepspeed-zero3": ["--backend", "deepspeed", "--zero-stage", "3"],
+    "horovod": ["--backend", "horovod"],
+}
+# fp32, 2 ranks. With two ranks every reduction adds the same two numbers (a + b == b + a) and halving is
+# exact, so gradients agree with DDP's bit for bit; what may differ is how AdamW's elementwise update is
+# vectorised over flat (ZeRO) or per-tensor buffers, a few ulps per step. 1e-5 on a loss of ~7.6 allows
+# that to grow for 10 steps; a real difference (a skipped or doubled step, different weight decay, one
+# rank's gradients) moves the loss by >1e-3 within a few steps.
+LOSS_ATOL = 1e-5
+
+
+def config(backend: str, *cli: str, gpus=2, precision="fp32", **fields) -> RunConfig:
+    """A RunConfig as `harness run --backend B CLI...` would give the adapter, without launching."""
+    adapter = get_backend(backend)
+    parser = argparse.ArgumentParser()
+    adapter.add_arguments(parser)
+    return RunConfig(backend=backend, workload="tiny", spec=PRESETS["tiny"], gpus=gpus, device="cpu",
+                     precision=precision, backend_options=adapter.options(parser.parse_args(list(cli))), **fields)
+
+
+# ------------------------------------------------------------------------------------------ without launching
+@pytest.mark.parametrize("backend,cli,precision,label,sharding,pattern", [
+    ("torch-fsdp", [], "fp32", "torch-fsdp", "parameters", ("sharded", 4, 0, 2)),
+    ("torch-fsdp", [], "bf16", "torch-fsdp", "parameters", ("sharded", 2, 0, 2)),
+    ("torch-fsdp", ["--fp32-reduce", "--reshard-after-forward", "off"], "bf16",
+     "torch-fsdp-noreshard-fp32reduce", "parameters", ("sharded", 2, 4, 1)),
+    ("deepspeed", [], "bf16", "deepspeed-zero3", "parameters", ("sharded", 2, 0, 2)),
+    ("deepspeed", ["--zero-stage", "0"], "fp32", "deepspeed-zero0", "none", ("allreduce", 4, 0, 2)),
+    ("deepspeed", ["--zero-stage", "1"], "fp32", "deepspeed-zero1", "optimizer", ("allreduce", 4, 0, 2)),
+    ("deepspeed", ["--zero-stage", "2", "--offload-optimizer"], "fp16", "deepspeed-zero2-offload", "gradients",
+     ("allreduce", 2, 0, 2)),
+    ("horovod", [], "bf16", "horovod", "none", ("allreduce", 4, 0, 2)),
+    ("horovod", ["--hvd-compression", "fp16"], "fp32", "horovod-fp16comp", "none", ("allreduce", 2, 0, 2)),
+])
+def test_adapter_labels_sharding_and_comm_pattern(backend, cli, precision, label, sharding, pattern):
+    adapter, cfg = get_backend(backend), config(backend, *cli, precision=precision)
+    p = adapter.comm_pattern(cfg)
+    assert (adapter.label(cfg), adapter.sharding(cfg)) == (label, sharding)
+    assert (p.kind, p.dtype_bytes, p.reduce_dtype_bytes, p.param_gathers) == pattern
+
+
+def test_sharded_volume_counts_gathers_and_reduce_dtype_separately():
+    # bf16 all-gathers forward + backward, fp32 reduce-scatter: (N-1)/N x P x (2 + 2 + 4)
+    assert comm_bytes_per_rank("sharded", 1000, 2, 4, reduce_dtype_bytes=4) == pytest.approx(0.75 * 1000 * 8)
+    # parameters kept gathered from forward to backward: one all-gather and one reduce-scatter
+    assert comm_bytes_per_rank("sharded", 1000, 4, 2, param_gathers=1) == pytest.approx(0.5 * 1000 * 8)
+
+
+def test_deepspeed_config_is_built_from_the_run():
+    cfg = config("deepspeed", "--zero-stage", "2", "--offload-optimizer", precision="bf16", micro_batch=4,
+                 grad_accum=3)
+    assert ds_config(cfg) == {
+        "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 3, "bf16": {"enabled": True},
+        "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+        "zero_force_ds_cpu_optimizer": False}
+    assert "bf16" not in ds_config(config("deepspeed")) and "fp16" in ds_config(config("deepspeed", precision="fp16"))
+
+
+def test_deepspeed_launches_with_its_own_runner(tmp_path):
+    [proc] = get_backend("deepspeed").launch(config("deepspeed"), tmp_path, 29123)
+    assert proc.argv[:4] == [sys.executable, "-u", "-m", "deepspeed.launcher.runner"]
+    assert {"--no_local_rank", "--master_port=29123", "--num_gpus=2"} <= set(proc.argv)
+    assert proc.argv[-1] == str(tmp_path) and proc.env["DS_ACCELERATOR"] == "cpu"
+    # one launcher per node, without ssh: a hostfile gives DeepSpeed the world layout
+    node = config("deepspeed", gpus=4, nodes=2, node_rank=1, master_addr="10.0.0.1", hosts=["a", "b"])
+    [proc] = get_backend("deepspeed").launch(node, tmp_path, 29123)
+    assert {"--no_ssh", "--node_rank=1", "--master_addr=10.0.0.1", f"--hostfile={tmp_path / 'hostfile'}"} <= set(proc.argv)
+    assert (tmp_path / "hostfile").read_text() == "a slots=2\nb slots=2\n"
+
+
+def test_horovod_launches_horovodrun_with_gloo(tmp_path):
+    [proc] = get_backend("horovod").launch(config("horovod", timeout_s=60), tmp_path, 29123)
+    assert proc.argv[0].endswith("horovodrun") and proc.argv[1:6] == ["-np", "2", "-H", "localhost:2", "--gloo"]
+    assert proc.argv[-3:] == [sys.executable, str(WORKER_SCRIPT), str(tmp_path)]
+    assert "--gloo-timeout-seconds" in proc.argv and proc.argv[proc.argv.index("--gloo-timeout-seconds") + 1] == "60"
+
+
+def test_horovod_reports_a_failed_build_without_importing_it(tmp_path, monkeypatch):
+    (tmp_path / "distbench").mkdir()
+    (tmp_path / "distbench" / "horovod-unavailable").write_text("cmake ...\nerror: no C++17 compiler\n")
+    monkeypatch.setattr(sys, "prefix", str(tmp_path))
+    assert get_backend("horovod").availability() == (False, "build failed: error: no C++17 compiler")
+    assert not {"torch", "horovod", "deepspeed"} & set(sys.modules)
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--backend", "deepspeed", "--zero-stage", "4"], "invalid choice: 4"),
+    (["--backend", "horovod", "--hvd-compression", "bf16"], "invalid choice: 'bf16'"),
+    (["--backend", "torch-fsdp", "--reshard-after-forward", "maybe"], "invalid choice: 'maybe'"),
+])
+def test_bad_backend_options_are_usage_errors(args, expected, out):
+    proc = harness("run", *args, "--out", out)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and expected in lines[0], proc.stderr
+
+
+# --------------------------------------------------------------------------------------------------- training
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory):
+    return run_record(tmp_path_factory.mktemp("ddp"), "--backend", "torch-ddp", "--gpus", "2", *TEN_STEPS,
+                      "--compute-method", "none", "--dump-weights")
+
+
+def final_weights(rec):
+    return np.load(f"{rec['launch']['log_dir']}/weights_rank0.npz")
+
+
+# One world-1 launch per backend suffices to show the isolated counterfactual works for it: the ZeRO stages
+# share DeepSpeed's launch, so stages 1 and 2 skip it to keep the suite short.
+ISOLATED = {"torch-fsdp", "deepspeed-zero3", "horovod"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("label", FAMILY)
+def test_two_workers_train_the_same_model_as_ddp_with_a_full_record(label, ddp_run, out):
+    method = "isolated" if label in ISOLATED else "none"
+    rec = run_record(out, *FAMILY[label], "--gpus", "2", *TEN_STEPS, "--compute-method", method, "--dump-weights")
+    s = rec["summary"]
+    assert rec["status"] == "ok" and rec["backend_info"]["label"] == label
+    assert len(s["losses"]) == 10 and s["loss_last"] < s["loss_first"] - 0.1
+    np.testing.assert_allclose(s["losses"], ddp_run["summary"]["losses"], rtol=0, atol=LOSS_ATOL)
+    reference, weights = final_weights(ddp_run), final_weights(rec)  # gathered from the shards where sharded
+    for name in reference.files:  # ~1e-6 seen (ZeRO's flat AdamW); one AdamW step moves a weight ~3e-4
+        np.testing.assert_allclose(weights[name], reference[name], rtol=0, atol=5e-6, err_msg=name)
+    for key in ("throughput_tokens_per_s", "per_device_tokens_per_s", "comm_bytes_per_rank_per_step",
+                "peak_rss_bytes", "model_state_bytes_per_rank", "model_state_bytes_analytic"):
+        assert s[key] is not None and s[key] > 0, key
+    for r in rec["ranks"]:
+        assert len(r["step_times"]) == len(r["data_wait"]) == 10 and r["versions"]["torch"]
+        assert set(r["model_state_bytes"]) == {"params", "grads", "optimizer", "total"}
+    if method == "isolated":  # t_compute from two world-1 launches of the same backend, side by side
+        assert rec["comm"] == {"method": "isolated"} and len(rec["isolated_ranks"]) == 2
+        assert all(r["status"] == "ok" and len(r["step_times"]) == 10 for r in rec["isolated_ranks"])
+        assert s["t_compute_s"] > 0 and 0 <= s["exposed_comm_ratio"] < 1
+
+
+# A shape whose every weight matrix is over DeepSpeed's ZeRO-3 persistence threshold (1e5 elements; smaller
+# parameters stay whole on every rank), cheap on a CPU: 4.4M parameters, one 128-token sequence per rank.
+# bf16, where every backend keeps 16 bytes per parameter unsharded (DDP autocast and FSDP: fp32 parameters,
+# gradients and moments; DeepSpeed: bf16 parameters and gradients, fp32 master and moments). In fp32
+# DeepSpeed still keeps a separate fp32 master copy, 20 bytes per parameter.
+WIDE = ["--workload", "tiny", "--d-model", "384", "--layers", "2", "--micro-batch", "1", "--steps", "1",
+        "--warmup", "0", "--precision", "bf16", "--compute-method", "none", "--timeout", "180"]
+WIDE_PARAMS = ModelSpec(**{**PRESETS["tiny"].to_dict(), "d_model": 384, "d_ff": 1536, "n_layers": 2}).n_params
+
+
+@pytest.fixture(scope="module")
+def ddp_state(tmp_path_factory):
+    rec = run_record(tmp_path_factory.mktemp("ddp"), "--backend", "torch-ddp", "--gpus", "2", *WIDE)
+    return rec["summary"]["model_state_bytes_per_rank"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("label", ["torch-fsdp", "deepspeed-zero3"])
+def test_fsdp_and_zero3_hold_half_of_ddp_model_state_on_two_ranks(label, ddp_state, out):
+    rec = run_record(out, *FAMILY[label], "--gpus", "2", *WIDE)
+    assert ddp_state == pytest.approx(16 * WIDE_PARAMS, rel=1e-3)
+    # ZeRO-3 keeps its few parameters under 1e5 elements (biases, LayerNorms, pos_emb) whole: ~1% more
+    assert rec["summary"]["model_state_bytes_per_rank"] / ddp_state == pytest.approx(0.5, abs=0.02)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [1, 2])
+def test_zero1_and_zero2_shard_the_optimizer_state_not_the_parameters(stage, out):
+    rec = run_record(out, *FAMILY[f"deepspeed-zero{stage}"], "--gpus", "2", *WIDE)
+    p = WIDE_PARAMS
+    for held in (r["model_state_bytes"] for r in rec["ranks"]):
+        assert held["params"] == pytest.approx(2 * p, rel=0.01)         # the whole bf16 model on every rank
+        assert held["optimizer"] == pytest.approx(12 * p / 2, rel=0.01)  # fp32 master + moments, halved
+        # Once reduced, DeepSpeed keeps gradients only for this rank's partition, at stage 1 as at stage 2,
+        # in a buffer sized by the whole parameters that overlap the partition: a little over half.
+        assert 2 * p / 2 <= held["grads"] < 0.65 * 2 * p
+    # The analytic ZeRO-1 model keeps whole gradients: one half-gradient more than stage 1 holds.
+    s = rec["summary"]
+    expected = s["model_state_bytes_analytic"] - (2 * p / 2 if stage == 1 else 0)
+    assert s["model_state_bytes_per_rank"] == pytest.approx(expected, rel=0.03)
