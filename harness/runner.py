@@ -144,9 +144,19 @@ def run_isolated(backend: Backend, cfg: RunConfig, run_dir: Path) -> str | None:
         d = run_dir / f"isolated{k}"
         d.mkdir(parents=True, exist_ok=True)
         (d / "config.json").write_text(iso.to_json())
-        processes += backend.launch(iso, d, free_port())
+        launched = backend.launch(iso, d, free_port())
+        if cfg.device == "cuda":  # each single-process worker gets its own GPU, as its rank would have
+            for proc in launched:
+                proc.env["CUDA_VISIBLE_DEVICES"] = local_gpu(k - first)
+        processes += launched
     result = run_processes(processes, node_log(run_dir, cfg, "isolated"), cfg.timeout_s, cwd=REPO_ROOT)
     return None if result.ok else f"isolated counterfactual failed on node {cfg.node_rank} (exit codes {result.returncodes}); see {run_dir}"
+
+
+def local_gpu(index: int) -> str:
+    """The id to put in CUDA_VISIBLE_DEVICES for this node's `index`-th GPU, honouring an existing mask."""
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    return visible[index] if visible else str(index)
 
 
 def gather_isolated(run_dir: Path, cfg: RunConfig, markers: list[dict | None]) -> tuple[list[dict], str | None]:

@@ -75,3 +75,11 @@ def test_failed_ranks_are_not_measured():
     r = record()
     r["ranks"][1]["status"] = "failed"
     assert summarize(r)["step_time_s"]["n"] == 3  # only rank 0 counted
+
+
+def test_isolated_workers_get_one_gpu_each(monkeypatch):
+    from harness.runner import local_gpu
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert [local_gpu(i) for i in range(3)] == ["0", "1", "2"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    assert [local_gpu(i) for i in range(2)] == ["4", "6"]
