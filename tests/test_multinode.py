@@ -133,13 +133,6 @@ def comparable(record: dict) -> dict:
             "ranks": [(r["rank"], r["host"], r["status"]) for r in record["ranks"]], "status": record["status"]}
 
 
-# Adapters whose multi-node launch works across machines but cannot share one machine between two nodes.
-LOOPBACK_LIMITS = {
-    "tf-mwms": "worker i of every node listens on port + i, so two nodes on one machine collide "
-               "(distinct machines are fine); giving each worker port + its global index would lift this",
-}
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", backend_names())
 def test_two_nodes_on_loopback_equal_one_node_with_two_ranks(tmp_path, backend):
@@ -149,8 +142,6 @@ def test_two_nodes_on_loopback_equal_one_node_with_two_ranks(tmp_path, backend):
         pytest.skip(f"{backend} unavailable: {reason}")
     if not adapter.multi_node:
         pytest.skip(f"{backend} declares itself single-node (multi_node = False)")
-    if backend in LOOPBACK_LIMITS:
-        pytest.skip(f"{backend}: {LOOPBACK_LIMITS[backend]}")
     out = tmp_path / "results"
     single = run_record(out, "--backend", backend, "--gpus", "2", *TINY, timeout=240)
     node0, rc1, log1 = two_nodes(out, out, backend, f"loop-{backend}")

@@ -89,7 +89,7 @@ def test_tf_mwms_gives_each_worker_of_this_node_the_whole_cluster_and_its_global
     assert len(processes) == 2
     for i, process in enumerate(processes):
         tf_config = json.loads(process.env["TF_CONFIG"])
-        assert tf_config["cluster"]["worker"] == ["10.0.0.1:29500", "10.0.0.1:29501", "10.0.0.2:29500", "10.0.0.2:29501"]
+        assert tf_config["cluster"]["worker"] == ["10.0.0.1:29500", "10.0.0.1:29501", "10.0.0.2:29502", "10.0.0.2:29503"]
         assert tf_config["task"] == {"type": "worker", "index": 2 + i} and process.env["DISTBENCH_RANK"] == str(2 + i)
     alone = get_backend("tf-mwms").launch(dataclasses.replace(second_of_two_nodes(), isolated_index=3), Path("/run"), 1)
     assert len(alone) == 1 and json.loads(alone[0].env["TF_CONFIG"]) == {} and alone[0].env["DISTBENCH_RANK"] == "0"

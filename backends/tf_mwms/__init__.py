@@ -24,8 +24,9 @@ def local_ports(first: int, n: int) -> list[int]:
 
 def worker_addresses(cfg, port: int) -> list[str]:
     """host:port of every worker of the job, in task-index order (empty for a 1-worker job, which needs
-    no cluster). One node: free localhost ports. Several: worker i of node n listens on hosts[n]:port+i,
-    so every node's harness computes the same list without talking to the others."""
+    no cluster). One node: free localhost ports. Several: the worker of global index k listens on
+    port + k on its node's host, so every node's harness computes the same list from the agreed master
+    port without talking to the others, and the addresses stay distinct even when nodes share a machine."""
     if cfg.world_size == 1:
         return []
     if cfg.nodes == 1:
@@ -33,7 +34,8 @@ def worker_addresses(cfg, port: int) -> list[str]:
     if len(cfg.hosts) != cfg.nodes:
         raise ValueError(f"tf-mwms on {cfg.nodes} nodes needs the host of every node (got {cfg.hosts or 'none'}): "
                          "each worker's TF_CONFIG lists all workers")
-    return [f"{host}:{port + i}" for host in cfg.hosts for i in range(cfg.procs_per_node)]
+    return [f"{host}:{port + n * cfg.procs_per_node + i}" for n, host in enumerate(cfg.hosts)
+            for i in range(cfg.procs_per_node)]
 
 
 class TFMultiWorkerMirrored(Backend):
