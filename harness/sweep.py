@@ -22,6 +22,7 @@ from backends import backend_names, get_backend
 from backends.base import Backend
 from harness.cli import EXIT_FAILED, EXIT_OK, UsageError, add_run_arguments, build_config, choice, positive
 from harness.config import RunConfig
+from harness.multinode import read_hosts
 from harness.records import load_records
 
 SCALING_MODES = ("weak", "strong")
@@ -75,9 +76,19 @@ def config_key(config: dict) -> str:
     return json.dumps({k: v for k, v in config.items() if k != "timeout_s"}, sort_keys=True)
 
 
+def refuse_multi_node(args) -> None:
+    """A sweep runs on one node: each multi-node run needs a run id all its nodes agree on, and nodes
+    other than 0 get no record to report, so a sweep cannot drive several nodes."""
+    nodes = args.nodes or len(read_hosts(args)[0]) or 1
+    if nodes > 1:
+        raise UsageError(f"sweep runs on one node, not {nodes}: for multi-node runs submit one "
+                         "`harness slurm --nodes M --gpus-per-node G run ...` (or `harness k8s`) job per configuration")
+
+
 def plan(args) -> tuple[list[PlannedRun], dict[str, str]]:
     """Every run of the sweep in launch order, and the unavailable backends with the reason. All configs
     are validated before anything is launched, so bad input never stops a sweep half-way."""
+    refuse_multi_node(args)
     scaling = args.scaling or ("strong" if args.global_batch else "weak")
     run_args = batch_args(args, scaling, args.gpus)
     # The same threads for every N: cores shared out over the largest N, so the hardware per worker is

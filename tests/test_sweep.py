@@ -51,6 +51,14 @@ def test_bad_input_fails_before_anything_runs(argv, message):
         plan(sweep_args(*argv))
 
 
+@pytest.mark.parametrize("layout", [["--nodes", "2", "--master", "a:1", "--node-rank", "0"], ["--hosts", "a,b"]])
+def test_multi_node_sweep_is_refused_pointing_at_slurm(capsys, layout):
+    assert main(["sweep", "--backends", "torch-ddp", "--gpus", "2", "--device", "cpu", *layout]) == 2
+    err = capsys.readouterr().err
+    assert "sweep runs on one node, not 2" in err and "harness slurm --nodes M" in err and len(err.splitlines()) == 1
+    assert plan(sweep_args("--backends", "torch-ddp", "--gpus", "2", "--hosts", "a"))[0]  # one host is one node
+
+
 def test_usage_errors_exit_2(capsys):
     assert main(["sweep", "--gpus", "0,2"]) == 2
     assert main(["sweep", "--gpus", "1", "--scaling", "diagonal"]) == 2
