@@ -79,6 +79,17 @@ def positive(text: str) -> int:
     return value
 
 
+def fraction(text: str) -> float:
+    """0.05 or 5%: a relative threshold or a significance level, strictly between 0 and 1."""
+    try:
+        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction such as 0.05 or 5%, got '{text}'") from None
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"expected a value between 0 and 1 (exclusive), got {text}")
+    return value
+
+
 def fault_spec(text: str) -> dict:
     try:
         rank, step, kind = text.split(":")

@@ -36,6 +36,7 @@ import numpy as np
 
 from harness.analysis import workload_name
 from harness.baseline import InputError, load_all
+from harness.cli import fraction
 from harness.records import write_json_atomic
 
 DEFAULT_THRESHOLD = 0.05
@@ -326,17 +327,6 @@ def markdown(result: dict) -> str:
 
 
 # ---- command line -------------------------------------------------------------------------------------
-
-def fraction(text: str) -> float:
-    """0.05 or 5%: a relative threshold or a significance level, strictly between 0 and 1."""
-    try:
-        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a fraction such as 0.05 or 5%, got '{text}'") from None
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"expected a value between 0 and 1 (exclusive), got {text}")
-    return value
-
 
 def cmd_compare(args) -> int:
     from harness.cli import EXIT_FAILED, EXIT_OK, UsageError

@@ -7,7 +7,6 @@ formats. The selection advice is assembled from the measured figures, never cann
 """
 from __future__ import annotations
 
-import argparse
 import base64
 import datetime as dt
 import html
@@ -22,7 +21,7 @@ import pandas as pd
 
 from backends import all_backends
 from harness.analysis import DEFAULT_NOISE_CV, aggregate, contexts, runs_table
-from harness.cli import DEFAULT_OUT, EXIT_OK, UsageError, fmt_bytes, positive
+from harness.cli import DEFAULT_OUT, EXIT_OK, UsageError, fmt_bytes, fraction, positive
 from harness.records import load_records
 
 FORMATS = ("md", "html")
@@ -401,16 +400,6 @@ def cmd_results(args) -> int:
         with pd.option_context("display.width", 250, "display.max_columns", None):
             print(shown.to_string(index=False))
     return EXIT_OK
-
-
-def fraction(text: str) -> float:
-    try:
-        x = float(text)
-    except ValueError:
-        x = float("nan")
-    if not 0 < x < 1:
-        raise argparse.ArgumentTypeError(f"expected a fraction between 0 and 1 (0.1 = 10%), got '{text}'")
-    return x
 
 
 def register(subparsers) -> None:

@@ -6,7 +6,6 @@ harness: batches are made before the loop, and a step is zero_grad, forward, bac
 """
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
