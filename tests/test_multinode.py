@@ -75,12 +75,11 @@ def test_bad_layouts_name_the_problem(argv, message):
         config(*argv, "--device", "cpu")
 
 
-def test_single_node_adapters_refuse_several_nodes():
-    single = [n for n in backend_names() if not get_backend(n).multi_node]
-    if not single:
-        pytest.skip("every registered adapter is multi-node")
-    with pytest.raises(UsageError, match=f"backend {single[0]} runs on one node only"):
-        config("--backend", single[0], "--nodes", "2", "--hosts", "a,b", "--node-rank", "0", "--device", "cpu")
+def test_single_node_adapters_refuse_several_nodes(monkeypatch):
+    """Every adapter here is multi-node; an adapter that declares otherwise must be refused up front."""
+    monkeypatch.setattr(type(get_backend("torch-ddp")), "multi_node", False)
+    with pytest.raises(UsageError, match="backend torch-ddp runs on one node only"):
+        config("--backend", "torch-ddp", "--nodes", "2", "--hosts", "a,b", "--node-rank", "0", "--device", "cpu")
 
 
 def test_run_ids_are_required_across_nodes_and_never_reused(tmp_path):

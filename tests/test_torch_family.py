@@ -1,6 +1,7 @@
 """torch-fsdp, deepspeed (ZeRO 1-3) and horovod: the same model as torch-ddp, full records, and what each
 really shards. Training runs go through `harness run`; the adapters are also checked without launching."""
 import argparse
+import dataclasses
 import sys
 
 import numpy as np
@@ -95,6 +96,17 @@ def test_horovod_launches_horovodrun_with_gloo(tmp_path):
     assert proc.argv[0].endswith("horovodrun") and proc.argv[1:6] == ["-np", "2", "-H", "localhost:2", "--gloo"]
     assert proc.argv[-3:] == [sys.executable, str(WORKER_SCRIPT), str(tmp_path)]
     assert "--gloo-timeout-seconds" in proc.argv and proc.argv[proc.argv.index("--gloo-timeout-seconds") + 1] == "60"
+
+
+def test_horovod_multi_node_is_one_horovodrun_on_node_0(tmp_path):
+    """horovodrun starts every node's workers itself (-H h1:G,h2:G), so other nodes start nothing."""
+    node0 = config("horovod", gpus=4, nodes=2, node_rank=0, hosts=["a", "b"], collective_timeout_s=7)
+    [proc] = get_backend("horovod").launch(node0, tmp_path, 29123)
+    assert proc.argv[1:6] == ["-np", "4", "-H", "a:2,b:2", "--gloo"]
+    assert proc.argv[proc.argv.index("--gloo-timeout-seconds") + 1] == "7"
+    assert get_backend("horovod").launch(dataclasses.replace(node0, node_rank=1), tmp_path, 29123) == []
+    isolated = dataclasses.replace(node0, node_rank=1, isolated_index=2)
+    assert get_backend("horovod").launch(isolated, tmp_path, 29123)[0].argv[1:5] == ["-np", "1", "-H", "localhost:1"]
 
 
 def test_horovod_reports_a_failed_build_without_importing_it(tmp_path, monkeypatch):

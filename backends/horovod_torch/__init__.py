@@ -25,8 +25,6 @@ class Horovod(Backend):
     # Horovod has no switch that turns the all-reduce off: its gradient hooks submit every all-reduce
     # during backward (skip_synchronize() only skips waiting for them in step()).
     compute_methods = ("isolated",)
-    # horovodrun drives every node from one host over ssh; the harness starts one launcher per node.
-    multi_node = False
 
     def availability(self):
         ok, reason = super().availability()
@@ -63,8 +61,16 @@ class Horovod(Backend):
         return CommPattern("allreduce", 2 if cfg.backend_options.get("compression") == "fp16" else 4)
 
     def launch(self, cfg, run_dir, port):
-        """`port` is unused: horovodrun's rendezvous server binds a free port itself."""
+        """horovodrun is Horovod's multi-node launcher too: on node 0 it starts every node's workers
+        (`-H h1:G,h2:G`; over ssh for remote hosts, directly for this machine's own addresses), so the
+        other nodes' harnesses start nothing and only wait. `port` is unused: horovodrun's rendezvous
+        server binds a free port itself."""
+        multi = cfg.nodes > 1 and cfg.isolated_index is None
+        if multi and cfg.node_rank != 0:
+            return []
         n = cfg.procs_per_node
-        argv = [str(self.horovodrun()), "-np", str(n), "-H", f"localhost:{n}", "--gloo",
-                "--gloo-timeout-seconds", str(int(cfg.timeout_s)), sys.executable, str(WORKER_SCRIPT), str(run_dir)]
+        hosts = ",".join(f"{h}:{n}" for h in cfg.hosts) if multi else f"localhost:{n}"
+        argv = [str(self.horovodrun()), "-np", str(n * (cfg.nodes if multi else 1)), "-H", hosts, "--gloo",
+                "--gloo-timeout-seconds", str(int(cfg.collective_timeout)), sys.executable, str(WORKER_SCRIPT),
+                str(run_dir)]
         return [Process(argv, self.worker_env(cfg))]
