@@ -109,7 +109,7 @@ def plot(label: str, metric: str, rows: list[dict], path: Path) -> None:
     ax.set_title(label, fontsize=9)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    from harness.report import write_atomic
+    from harness.records import write_atomic
     path = Path(path)
     write_atomic(path, lambda tmp: fig.savefig(tmp, format=path.suffix.lstrip(".") or "png"))
     plt.close(fig)

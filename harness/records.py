@@ -16,20 +16,24 @@ class RecordError(ValueError):
     """A file that is not a readable distbench run record of this schema."""
 
 
-def write_json_atomic(path: Path, data) -> None:
-    """Never leave a half-written file: write a temp file in the same directory, fsync, then rename."""
+def write_atomic(path: Path, write) -> None:
+    """Never leave a half-written file: `write(tmp_path)` into a temp file beside `path`, fsync, rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True, default=str)
-            f.flush()
+        write(Path(tmp))
+        with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_json_atomic(path: Path, data) -> None:
+    write_atomic(path, lambda tmp: tmp.write_text(json.dumps(data, indent=1, sort_keys=True, default=str)))
 
 
 def load_record(path: Path) -> dict:

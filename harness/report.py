@@ -12,7 +12,6 @@ import datetime as dt
 import html
 import io
 import math
-import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +21,7 @@ import pandas as pd
 from backends import all_backends
 from harness.analysis import DEFAULT_NOISE_CV, aggregate, contexts, runs_table
 from harness.cli import DEFAULT_OUT, EXIT_OK, UsageError, fmt_bytes, fraction, positive
-from harness.records import load_records
+from harness.records import load_records, write_atomic
 
 FORMATS = ("md", "html")
 
@@ -349,17 +348,6 @@ def render_html(sections: list[Section]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- commands
-def write_atomic(path: Path, write) -> None:
-    """Never leave a half-written report or export: `write(tmp_path)`, then rename into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def load(paths: list[Path]) -> list[dict]:
     records = load_records(paths)
     if not records:
