@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from pathlib import Path
 
 from harness.metrics import per_step_max
-from harness.records import SCHEMA_VERSION, RecordError, load_record, record_paths, write_json_atomic
+from harness.records import SCHEMA_VERSION, RecordError, load_record, load_records, write_json_atomic
 
 BASELINE_KIND = "distbench-baseline"
 BASELINE_SCHEMA_VERSION = 1
@@ -91,12 +90,7 @@ def load_runs(path) -> list[dict]:
         return load_file(path / BASELINE_FILE)
     if path.is_file():
         return load_file(path)
-    runs = []
-    for p in record_paths([path]):
-        try:
-            runs.append(trim(load_record(p)))
-        except RecordError as exc:
-            print(f"warning: skipping {exc}", file=sys.stderr)
+    runs = [trim(r) for r in load_records([path])]
     if not runs:
         raise InputError(f"{path}: no distbench run records (*.json) in this directory")
     return runs

@@ -150,7 +150,7 @@ def build_config(args, backend_name: str, n: int, threads: int | None = None, ch
         raise UsageError(f"invalid workload: {exc}") from None
     if args.micro_batch and args.global_batch:
         raise UsageError("give --micro-batch or --global-batch, not both")
-    micro = args.micro_batch or 8
+    micro = args.micro_batch or RunConfig.micro_batch
     if args.global_batch:
         if args.global_batch % (n * args.grad_accum):
             raise UsageError(f"--global-batch {args.global_batch} is not divisible by gpus x grad-accum = {n * args.grad_accum}")

@@ -7,7 +7,6 @@ configuration only. Every run writes its own record, failed or not; `--resume` s
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime as dt
 import json
 import math
@@ -66,7 +65,7 @@ def batch_args(args, scaling: str, ns: list[int]) -> argparse.Namespace:
             raise UsageError("--global-batch fixes the global batch: use it with --scaling strong")
         return out
     if not args.global_batch:
-        micro = args.micro_batch or {f.name: f.default for f in dataclasses.fields(RunConfig)}["micro_batch"]
+        micro = args.micro_batch or RunConfig.micro_batch
         out.global_batch, out.micro_batch = micro * args.grad_accum * math.lcm(*ns), None
     return out
 
