@@ -158,7 +158,8 @@ class Trainer(ABC):
 
     @abstractmethod
     def model_state_bytes(self) -> dict:
-        """Bytes of params, grads and optimizer state this rank actually holds, counted from its tensors."""
+        """Bytes of params, grads and optimizer state this rank actually holds, counted from its tensors:
+        {"params": .., "grads": .., "optimizer": ..}; the loop adds the total."""
 
     def final_weights(self) -> dict:
         """Full (unsharded) final weights as numpy arrays by neutral name, for equivalence tests."""
@@ -262,6 +263,7 @@ def run_training(trainer: Trainer, cfg: RunConfig, weights_path: Path | None = N
             print(f"step {step:4d} loss {loss:.4f} time {t * 1e3:8.1f} ms"
                   f"{' (warm-up)' if step < cfg.warmup else ''}", flush=True)
     model_state = trainer.model_state_bytes()  # after a full step, so gradients and moments exist
+    model_state["total"] = sum(model_state.values())
     weights = trainer.final_weights() if weights_path else None  # collective for sharded models: all ranks
     if weights is not None and trainer.rank == 0:
         np.savez(weights_path, **weights)

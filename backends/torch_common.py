@@ -100,11 +100,9 @@ class TorchTrainer(Trainer):
     def model_state_bytes(self) -> dict:
         params = list(self.model.parameters())
         state = [v for s in self.optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
-        out = {"params": sum(tensor_bytes(p) for p in params),
-               "grads": sum(tensor_bytes(p.grad) for p in params if p.grad is not None),
-               "optimizer": sum(tensor_bytes(v) for v in state)}
-        out["total"] = sum(out.values())
-        return out
+        return {"params": sum(tensor_bytes(p) for p in params),
+                "grads": sum(tensor_bytes(p.grad) for p in params if p.grad is not None),
+                "optimizer": sum(tensor_bytes(v) for v in state)}
 
     def unwrapped(self):
         """The GPT module under the wrapper (DDP/FSDP/engine keep it as .module or in place)."""

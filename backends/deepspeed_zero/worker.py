@@ -81,10 +81,8 @@ class DeepSpeedTrainer(TorchTrainer):
         state = self.model.basic_optimizer.state
         moments = [v for s in state.values() for v in s.values() if torch.is_tensor(v)]
         seen = set()
-        out = {"params": storage_bytes(params, seen), "grads": self.grad_bytes,
-               "optimizer": storage_bytes(self.master_weights() + moments, seen)}
-        out["total"] = sum(out.values())
-        return out
+        return {"params": storage_bytes(params, seen), "grads": self.grad_bytes,
+                "optimizer": storage_bytes(self.master_weights() + moments, seen)}
 
     def final_weights(self) -> dict:
         with deepspeed.zero.GatheredParameters(list(self.model.module.parameters())):  # ZeRO-3 only

@@ -118,11 +118,9 @@ class FleetTrainer(Trainer):
                     yield from state_tensors(value)
                 elif isinstance(value, paddle.Tensor):
                     yield value
-        out = {"params": sum(tensor_bytes(p) for p in params),
-               "grads": sum(tensor_bytes(p.grad) for p in params if p.grad is not None),
-               "optimizer": sum(tensor_bytes(t) for t in state_tensors(self.adamw.state_dict()))}
-        out["total"] = sum(out.values())
-        return out
+        return {"params": sum(tensor_bytes(p) for p in params),
+                "grads": sum(tensor_bytes(p.grad) for p in params if p.grad is not None),
+                "optimizer": sum(tensor_bytes(t) for t in state_tensors(self.adamw.state_dict()))}
 
     def final_weights(self) -> dict:
         params = dict(self.gpt.named_parameters())

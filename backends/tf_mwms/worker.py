@@ -124,11 +124,9 @@ class MWMSTrainer(Trainer):
         loss scale). Gradients are not variables: the accumulation buffers when accumulating, else the
         transient gradients of one step, sized as the trainable variables they are gradients of."""
         trainable = self.model.trainable_variables
-        out = {"params": sum(nbytes(v) for v in self.model.variables),
-               "grads": sum(nbytes(v) for v in (self.grad_buffers or trainable)),
-               "optimizer": sum(nbytes(v) for v in self.optimizer.variables)}
-        out["total"] = sum(out.values())
-        return out
+        return {"params": sum(nbytes(v) for v in self.model.variables),
+                "grads": sum(nbytes(v) for v in (self.grad_buffers or trainable)),
+                "optimizer": sum(nbytes(v) for v in self.optimizer.variables)}
 
     def final_weights(self) -> dict:
         return {name: np.asarray(v.numpy(), np.float32) for name, v in self.model.spec_variables().items()}
