@@ -129,6 +129,8 @@ def summarize(record: dict) -> dict:
         "device_peak_flops": peak,
         "mfu": mfu,
         "peak_rss_bytes": rank_max("memory", "peak_rss"),
+        "minor_faults_per_step": max((r["minor_faults_per_step"] for r in ranks if "minor_faults_per_step" in r),
+                                     default=None),
         "peak_allocated_bytes": rank_max("memory", "allocated_peak"),
         "peak_reserved_bytes": rank_max("memory", "reserved_peak"),
         "nvml_used_bytes": rank_max("memory", "nvml_used"),

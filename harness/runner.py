@@ -177,6 +177,7 @@ def environment(cfg: RunConfig, ranks: list[dict], argv: list[str], started: str
         "hostnames": sorted({r["host"] for r in ranks if r.get("host")}),
         "world_size": cfg.gpus,
         "threads_per_worker": cfg.threads_per_worker,
+        "process_settings": first.get("process_settings"),  # as rank 0 got them
         "harness_host": socket.gethostname(),
         "cpu_count": os.cpu_count(),
         "platform": platform.platform(),

@@ -22,6 +22,9 @@ def test_two_worker_record_has_every_field_and_loss_decreases(out):
         # fp32 params + grads + AdamW moments, unsharded, plus AdamW's 4-byte step counter per tensor
         assert r["model_state_bytes"]["total"] == 16 * 1_071_872 + 4 * 52
         assert len(r["compute_only_step_times"]) == 5
+        settings = r["process_settings"]  # as they reached the worker through torchrun
+        assert settings["OMP_NUM_THREADS"] == str(rec["config"]["threads_per_worker"])
+        assert int(settings["MALLOC_TRIM_THRESHOLD_"]) > 0 and r["minor_faults_per_step"] >= 0
     s = rec["summary"]
     for key in ("throughput_tokens_per_s", "throughput_samples_per_s", "per_device_tokens_per_s",
                 "exposed_comm_ratio", "comm_bytes_per_rank_per_step", "model_flops_per_step", "t_compute_s"):
@@ -33,6 +36,7 @@ def test_two_worker_record_has_every_field_and_loss_decreases(out):
     env = rec["environment"]
     assert env["device_type"] == "cpu" and env["device_kind"].startswith("cpu")
     assert env["versions"]["torch"] and env["world_size"] == 2 and env["command_line"] and env["git"]
+    assert env["process_settings"] == rec["ranks"][0]["process_settings"]
     assert not list(out.glob(".*.tmp")), "half-written files left behind"
 
 

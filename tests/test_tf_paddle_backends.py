@@ -53,6 +53,8 @@ def test_trains_like_torch_ddp_with_a_full_record(out, ddp_losses, backend, gpus
         state = r["model_state_bytes"]  # fp32 params, grads and AdamW moments, unsharded
         assert (state["params"], state["grads"]) == (4 * N, 4 * N)
         assert state["optimizer"] == 8 * N + OPTIMIZER_EXTRA[backend]
+        assert r["process_settings"] == rec["ranks"][0]["process_settings"] and r["minor_faults_per_step"] >= 0
+        assert r["process_settings"]["MALLOC_MMAP_THRESHOLD_"]  # reached the worker through the launcher
     s = rec["summary"]
     np.testing.assert_allclose(s["losses"], ddp_losses, rtol=0, atol=LOSS_ATOL)
     assert s["loss_last"] < s["loss_first"]

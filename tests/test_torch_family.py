@@ -162,6 +162,9 @@ def test_two_workers_train_the_same_model_as_ddp_with_a_full_record(label, ddp_r
     for r in rec["ranks"]:
         assert len(r["step_times"]) == len(r["data_wait"]) == 10 and r["versions"]["torch"]
         assert set(r["model_state_bytes"]) == {"params", "grads", "optimizer", "total"}
+        settings = r["process_settings"]  # as they reached the worker through the backend's launcher
+        assert settings["OMP_NUM_THREADS"] == str(rec["config"]["threads_per_worker"])
+        assert settings["MALLOC_TRIM_THRESHOLD_"]
     if method == "isolated":  # t_compute from two world-1 launches of the same backend, side by side
         assert rec["comm"] == {"method": "isolated"} and len(rec["isolated_ranks"]) == 2
         assert all(r["status"] == "ok" and len(r["step_times"]) == 10 for r in rec["isolated_ranks"])

@@ -6,6 +6,7 @@ harness: batches are made before the loop, and a step is zero_grad, forward, bac
 """
 import argparse
 import json
+import resource
 import sys
 import time
 from pathlib import Path
@@ -41,6 +42,8 @@ batches = [[(torch.from_numpy(x), torch.from_numpy(y)) for x, y in micro_batches
 
 times = []
 for step, ((x, y),) in enumerate(batches):
+    if step == args.warmup:
+        faults_at_start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     t0 = time.perf_counter()
     opt.zero_grad(set_to_none=True)
     loss = model(x, y)
@@ -49,9 +52,11 @@ for step, ((x, y),) in enumerate(batches):
     loss.item()
     if step >= args.warmup:
         times.append(time.perf_counter() - t0)
+faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_at_start) / args.steps
 
 gathered = [None] * world
-dist.all_gather_object(gathered, times)
+dist.all_gather_object(gathered, {"step_times": times, "minor_faults_per_step": faults})
 if rank == 0:
-    Path(args.out).write_text(json.dumps({"step_times": gathered, "threads": args.threads, "world": world}))
+    Path(args.out).write_text(json.dumps({"ranks": gathered, "threads": args.threads, "world": world}))
+dist.barrier()  # no rank tears gloo down while another still reads from it
 dist.destroy_process_group()
