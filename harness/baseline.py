@@ -127,9 +127,11 @@ def cmd_baseline_save(args) -> int:
         runs = load_all(args.records or [Path("results")])
     except InputError as exc:
         raise UsageError(str(exc)) from None
+    replaced = (Path(args.dir) / args.name / BASELINE_FILE).exists()
     path = save_baseline(args.name, runs, args.dir)
     ok = sum(r["status"] == "ok" for r in runs)
-    print(f"baseline '{args.name}': {len(runs)} record(s) ({ok} ok) -> {path}")
+    print(f"baseline '{args.name}': {len(runs)} record(s) ({ok} ok) -> {path}"
+          f"{' (replaced the previous baseline of that name)' if replaced else ''}")
     return EXIT_OK
 
 

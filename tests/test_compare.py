@@ -249,6 +249,9 @@ def test_baseline_save_then_compare(tmp_path, capsys):
     assert saved["name"] == "main" and saved["created"] and "commit" in saved["git"]
     assert len(saved["records"]) == 3 and all("ranks" not in r for r in saved["records"])
     assert all(len(r["step_times_s"]) == 20 for r in saved["records"])
+    capsys.readouterr()
+    assert main(["baseline", "save", "main", str(records), "--dir", str(tmp_path / "baselines")]) == 0
+    assert "replaced the previous baseline" in capsys.readouterr().out
     # Compared with the records it came from: identical samples, no change at all.
     code, result = compare(tmp_path, path.parent, records)
     assert code == 0 and throughput(result)["change"] == 0
