@@ -2,13 +2,16 @@
 
 Every process starts in its own session so the whole tree (launcher, workers, their helpers) can be found
 and killed; descendants are collected before the kill because they are re-parented once a launcher dies.
-Each also gets SIGTERM from the kernel if the harness itself dies (even by SIGKILL), so nothing runs on.
+If the harness itself dies (even by SIGKILL), each launcher gets SIGTERM from the kernel, and a reaper
+process, which outlives the harness, tears the sessions down as the harness would have (SIGTERM, then
+SIGKILL): a launcher caught mid-start by SIGTERM can otherwise linger.
 """
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,14 +39,25 @@ class LaunchResult:
 
 def kill_tree(popens: list[subprocess.Popen]) -> None:
     """SIGTERM every process in the trees (and sessions) we started, then SIGKILL what is left."""
-    procs = []
+    kill_sessions([p.pid for p in popens])
     for p in popens:
         try:
-            root = psutil.Process(p.pid)
+            p.wait(timeout=1)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def kill_sessions(leaders: list[int]) -> None:
+    """SIGTERM the session leaders we started, their descendants and their sessions' other members; after
+    KILL_GRACE_S, SIGKILL what is left."""
+    procs = []
+    for pid in leaders:
+        try:
+            root = psutil.Process(pid)
             procs.extend([root, *root.children(recursive=True)])
         except psutil.NoSuchProcess:
             pass
-    sessions = {p.pid for p in popens}
+    sessions = set(leaders)
     for proc in psutil.process_iter(["pid"]):
         try:
             if os.getsid(proc.pid) in sessions and proc not in procs:
@@ -62,11 +76,25 @@ def kill_tree(popens: list[subprocess.Popen]) -> None:
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(alive, timeout=KILL_GRACE_S)
-    for p in popens:
-        try:
-            p.wait(timeout=1)
-        except subprocess.TimeoutExpired:
-            pass
+
+
+def start_reaper() -> subprocess.Popen:
+    """`python -m harness.reaper` in its own session, told each started process's pid on its stdin. If
+    the harness dies, its stdin closes without "done" and it kills those sessions (see harness/reaper)."""
+    return subprocess.Popen([sys.executable, "-m", "harness.reaper"], stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            cwd=Path(__file__).resolve().parent.parent, text=True)
+
+
+def tell_reaper(reaper: subprocess.Popen, line: str, last: bool = False) -> None:
+    try:
+        reaper.stdin.write(line + "\n")
+        reaper.stdin.flush()
+        if last:
+            reaper.stdin.close()
+            reaper.wait(timeout=KILL_GRACE_S)
+    except (OSError, subprocess.TimeoutExpired):
+        pass  # a reaper gone or slow changes nothing while the harness itself is alive to clean up
 
 
 def run_processes(processes: list[Process], log_path: Path, timeout_s: float, cwd: Path | None = None) -> LaunchResult:
@@ -74,12 +102,14 @@ def run_processes(processes: list[Process], log_path: Path, timeout_s: float, cw
     process has failed and the others have not exited within FAILURE_GRACE_S."""
     start = time.monotonic()
     popens = []
+    reaper = start_reaper()
     with open(log_path, "ab") as log:
         try:
             for proc in processes:
                 popens.append(subprocess.Popen(proc.argv, env={**os.environ, **proc.env}, cwd=cwd, stdout=log,
                                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                                start_new_session=True, preexec_fn=die_with_parent))
+                tell_reaper(reaper, str(popens[-1].pid))
             first_failure = None
             while any(p.poll() is None for p in popens):
                 now = time.monotonic()
@@ -93,4 +123,5 @@ def run_processes(processes: list[Process], log_path: Path, timeout_s: float, cw
                 time.sleep(0.1)
         finally:
             kill_tree(popens)  # also reaps any stragglers (daemons, grandchildren) of a clean exit
+            tell_reaper(reaper, "done", last=True)  # nothing left for it to do
     return LaunchResult([p.returncode for p in popens], False, time.monotonic() - start)

@@ -124,6 +124,27 @@ def test_sweep_killed_with_sigkill_loses_nothing_and_resume_completes_it(tmp_pat
     assert first[0].read_bytes() == recorded and load_record(first[0])["config"]["gpus"] == 1
 
 
+def test_a_launcher_that_ignores_sigterm_is_killed_when_the_harness_dies(tmp_path):
+    """The harness is SIGKILLed; its launcher ignores the kernel's SIGTERM (as one caught mid-start can):
+    the reaper must SIGKILL it after the grace period instead of leaving it running."""
+    from harness.launch import KILL_GRACE_S
+    ready = tmp_path / "launcher-ready"
+    launcher = (f"import pathlib, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                f"pathlib.Path({str(ready)!r}).touch(); time.sleep(600)")
+    harness_side = (f"import sys; from pathlib import Path; from backends.base import Process; "
+                    f"from harness.launch import run_processes; "
+                    f"run_processes([Process([sys.executable, '-c', {launcher!r}, {str(tmp_path)!r}])], "
+                    f"Path({str(tmp_path / 'launch.log')!r}), 600)")
+    proc = subprocess.Popen([sys.executable, "-c", harness_side], cwd=REPO)
+    deadline = time.monotonic() + 60
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert ready.exists() and leftovers(tmp_path), "the fake launcher did not start"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not leftovers(tmp_path, wait_s=KILL_GRACE_S + 10), "the launcher outlived the killed harness"
+
+
 def test_corrupt_and_foreign_files_are_named_and_skipped(tmp_path, capsys):
     from record_factory import make_record
     from harness.records import write_json_atomic
