@@ -218,7 +218,7 @@ def print_summary(record: dict, stream=sys.stdout) -> None:
         ("model state per rank", f"{fmt_bytes(s['model_state_bytes_per_rank'])} measured vs {fmt_bytes(s['model_state_bytes_analytic'])} analytic"),
         ("MFU", fmt(s["mfu"], "{:.1%}") + ("" if s["mfu"] is not None else " (device peak unknown)")),
         ("data wait", f"{fmt(s['data_wait_s'] and s['data_wait_s'] * 1e3, '{:.2f}')} ms per step"),
-        ("host page faults", f"{fmt(s.get('minor_faults_per_step'), '{:,.0f}')} minor faults per step (slowest rank)"),
+        ("host page faults", f"{fmt(s.get('minor_faults_per_step'), '{:,.1f}')} minor faults per step (slowest rank)"),
     ]
     if record.get("error"):
         err = record["error"]
