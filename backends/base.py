@@ -128,7 +128,7 @@ class Backend(ABC):
 # glibc malloc's defaults hand large freed blocks back to the kernel and fault them in again on the next
 # step. On CPU that is thousands of page faults per step, their count set by incidental allocation order:
 # measured 3,000-7,000 minor faults per tiny torch-ddp step and +-5% step time between identical launches,
-# ~800 per step with these values. So every backend's workers keep freed memory (the same advice as
+# 0-600 per step with these values. So every backend's workers keep freed memory (the same advice as
 # PyTorch's CPU tuning guide, which preloads jemalloc/tcmalloc for it); a value already set in the
 # environment wins, and the run record says which were used.
 ALLOCATOR_SETTINGS = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
@@ -233,8 +233,8 @@ def peak_rss_bytes() -> int:
 
 
 def minor_page_faults() -> int:
-    """Page faults of this process served without I/O so far: re-faulting memory the allocator gave back
-    costs CPU steps time, so the loop records them per step."""
+    """Page faults of this process served without I/O so far. Re-faulting memory the allocator gave back
+    costs step time on CPU, so the loop records them per measured step."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
