@@ -132,21 +132,19 @@ class Backend(ABC):
 # PyTorch's CPU tuning guide, which preloads jemalloc/tcmalloc for it); a value already set in the
 # environment wins, and the run record says which were used.
 ALLOCATOR_SETTINGS = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
+THREAD_SETTINGS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
 def process_settings(threads_per_worker: int) -> dict[str, str]:
     """The environment that fixes how a worker process runs, the same for every backend: its thread count
     (set before the framework starts) and the C allocator's settings. Each rank records what reached it."""
-    threads = str(threads_per_worker)
     allocator = {k: os.environ.get(k, v) for k, v in ALLOCATOR_SETTINGS.items()}
-    return {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "OPENBLAS_NUM_THREADS": threads,
-            **allocator}
+    return {**{k: str(threads_per_worker) for k in THREAD_SETTINGS}, **allocator}
 
 
 def seen_process_settings() -> dict[str, str | None]:
     """The process settings as this worker got them through its framework's launcher."""
-    return {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-                                           *ALLOCATOR_SETTINGS)}
+    return {k: os.environ.get(k) for k in (*THREAD_SETTINGS, *ALLOCATOR_SETTINGS)}
 
 
 def free_port() -> int:
