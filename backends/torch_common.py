@@ -8,8 +8,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from backends.base import Trainer, cpu_name
-from harness.config import RunConfig
+from backends.loop import Trainer, cpu_name
+from core.config import RunConfig
 from workloads.torch_model import GPT
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}

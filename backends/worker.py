@@ -12,9 +12,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from backends.base import die_with_parent, failure_record, rank_from_env, record_termination, run_training  # noqa: E402
-from harness.config import RunConfig  # noqa: E402
-from harness.records import write_json_atomic  # noqa: E402
+from backends import get_backend  # noqa: E402
+from backends.loop import failure_record, rank_from_env, record_termination, run_training  # noqa: E402
+from core.process import die_with_parent  # noqa: E402
+from core.config import RunConfig  # noqa: E402
+from core.records import write_json_atomic  # noqa: E402
 
 
 def redirect_output(log_path: Path) -> None:
@@ -29,7 +31,6 @@ def main(run_dir: Path) -> int:
     rank = rank_from_env()
     redirect_output(run_dir / f"rank{rank}.log")
     cfg = RunConfig.from_dict(json.loads((run_dir / "config.json").read_text()))
-    from backends import get_backend
     try:
         module = importlib.import_module(get_backend(cfg.backend).worker_module)
         trainer = module.make_trainer(cfg)

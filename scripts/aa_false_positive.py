@@ -28,8 +28,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from harness.baseline import load_all  # noqa: E402
-from harness.compare import compare_runs  # noqa: E402
+from harness.analyze.baseline import load_all  # noqa: E402
+from harness.analyze.compare import compare_runs  # noqa: E402
 
 DELAY_FRACTION = 0.3
 # Tiny, short and single-threaded: a round of 3 x 3 runs takes about a minute on 2 cores.

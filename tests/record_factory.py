@@ -1,11 +1,11 @@
 """Hand-made run records with known answers, built through the real schema: raw rank records in the shape
-backends.base.run_training writes, assembled as harness.runner.execute does, summarized by
-harness.metrics.summarize. Lets analysis/report tests cover every backend without launching one."""
+backends.base.run_training writes, assembled as harness.run.runner.execute does, summarized by
+harness.analyze.metrics.summarize. Lets analysis/report tests cover every backend without launching one."""
 from __future__ import annotations
 
-from harness.config import RunConfig
-from harness.metrics import summarize
-from harness.records import SCHEMA_VERSION
+from core.config import RunConfig
+from harness.analyze.metrics import summarize
+from core.records import SCHEMA_VERSION
 from workloads.spec import PRESETS
 
 DEVICE = "cpu: Test CPU"
@@ -48,7 +48,7 @@ def make_record(label: str = "torch-ddp", gpus: int = 1, step_time: float = 0.1,
     off); state_total defaults to the spec's analytic model state for the backend's sharding."""
     backend, framework, launcher, sharding, kind = BACKENDS[label]
     spec = PRESETS[workload]
-    cfg = RunConfig(backend=backend, workload=workload, spec=spec, gpus=gpus, device="cpu", precision=precision,
+    cfg = RunConfig(backend=backend, workload=workload, spec=spec, world_size=gpus, device="cpu", precision=precision,
                     micro_batch=micro_batch, steps=STEPS, warmup=1, compute_method="no_sync", threads_per_worker=1,
                     scaling=scaling)
     if state_total is None:
@@ -67,7 +67,7 @@ def make_record(label: str = "torch-ddp", gpus: int = 1, step_time: float = 0.1,
                          "precision_scheme": "autocast",
                          "comm_pattern": {"kind": kind, "dtype_bytes": 4}},
         "launch": {"returncodes": [0], "elapsed_s": 1.0, "log_dir": f"logs/{run_id}"},
-        "comm": {"method": "no_sync" if gpus > 1 else "none"},
+        "comm": {"t_compute_method": "no_sync" if gpus > 1 else "none"},
         "ranks": ranks, "isolated_ranks": [],
         "environment": {"device_type": "cpu", "device_kind": DEVICE if status == "ok" else None,
                         "device_names": [DEVICE] * gpus, "hostnames": ["testhost"], "world_size": gpus,

@@ -1,16 +1,16 @@
-"""Cross-run figures on hand-made records with known answers (harness.analysis)."""
+"""Cross-run figures on hand-made records with known answers (harness.analyze.analysis)."""
 import numpy as np
 import pytest
 from record_factory import make_record, tokens_per_step
 
-from harness.analysis import aggregate, runs_table
+from harness.analyze.analysis import aggregate, runs_table
 from workloads.spec import PRESETS
 
 MiB = 1 << 20
 
 
 def row(agg, label, gpus, **context):
-    sel = agg[(agg["label"] == label) & (agg["gpus"] == gpus)]
+    sel = agg[(agg["label"] == label) & (agg["world_size"] == gpus)]
     for k, v in context.items():
         sel = sel[sel[k] == v]
     assert len(sel) == 1, sel
@@ -89,9 +89,9 @@ def test_only_comparable_runs_are_grouped_and_speedup_needs_n1():
     agg = aggregate(runs_table(records))
     assert len(agg) == 6
     assert row(agg, "torch-ddp", 2, precision="bf16")["speedup"] == pytest.approx(1.0)
-    assert np.isnan(row(agg, "torch-ddp", 2, batch="16 seq/rank")["speedup"])  # no N=1 at that batch
+    assert np.isnan(row(agg, "torch-ddp", 2, batch="16 seq/rank x 1 accum")["speedup"])  # no N=1 at that batch
     assert set(agg["scaling"]) == {"weak", "strong"}
-    assert row(agg, "torch-ddp", 2, scaling="strong")["batch"] == "16 seq global"
+    assert row(agg, "torch-ddp", 2, scaling="strong")["batch"] == "16 seq global, 1 accum"
 
 
 def test_overridden_workload_is_its_own_group():

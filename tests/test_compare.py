@@ -1,4 +1,4 @@
-"""`harness compare`, baselines and history on hand-made records (summarised by harness.metrics), so every
+"""`harness compare`, baselines and history on hand-made records (summarised by harness.analyze.metrics), so every
 expected verdict follows from samples with a known distribution."""
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import uuid
 import numpy as np
 import pytest
 
-from harness.baseline import BASELINE_FILE
+from harness.analyze.baseline import BASELINE_FILE
 from harness.cli import main
-from harness.compare import min_attainable_p, significance
-from harness.config import RunConfig
-from harness.metrics import summarize
-from harness.records import SCHEMA_VERSION, write_json_atomic
+from harness.analyze.compare import min_attainable_p, significance
+from core.config import RunConfig
+from harness.analyze.metrics import summarize
+from core.records import SCHEMA_VERSION, write_json_atomic
 from workloads.spec import PRESETS
 
 MiB = 2 ** 20
@@ -23,9 +23,9 @@ CPU = "cpu: Test CPU"
 def make_record(step_times, *, backend="torch-ddp", gpus=1, precision="fp32", device_kind=CPU, status="ok",
                 rss=400 * MiB, state=17_150_160, versions=None, commit="a" * 40, start="2026-01-01T00:00:00+00:00",
                 spec=None):
-    """A run record as harness.runner writes it, every rank with the same step-time series."""
+    """A run record as harness.run.runner writes it, every rank with the same step-time series."""
     spec = spec or PRESETS["tiny"]
-    cfg = RunConfig(backend=backend, workload="tiny", spec=spec, gpus=gpus, device="cpu", precision=precision,
+    cfg = RunConfig(backend=backend, workload="tiny", spec=spec, world_size=gpus, device="cpu", precision=precision,
                     steps=len(step_times))
     n = len(step_times)
     ranks = [] if status != "ok" else [
@@ -38,7 +38,7 @@ def make_record(step_times, *, backend="torch-ddp", gpus=1, precision="fp32", de
         "config": cfg.to_dict(),
         "backend_info": {"label": backend, "sharding": "none", "precision_scheme": None,
                          "comm_pattern": {"kind": "allreduce", "dtype_bytes": 4}},
-        "comm": {"method": "none"}, "ranks": ranks, "isolated_ranks": [],
+        "comm": {"t_compute_method": "none"}, "ranks": ranks, "isolated_ranks": [],
         "environment": {"device_type": "cpu", "device_kind": device_kind if status == "ok" else None,
                         "python": "3.11.7", "cpu_count": 2, "threads_per_worker": 1,
                         "versions": versions or {"python": "3.11.7", "torch": "2.13.0+cpu"},
@@ -167,11 +167,12 @@ def test_runs_match_on_configuration_and_the_rest_is_listed(tmp_path, capsys):
                                   make_record([0.1] * 5, spec=PRESETS["tiny"].__class__(**{**PRESETS["tiny"].to_dict(), "n_layers": 2}))])
     cand = write(tmp_path / "b", [make_record([0.1] * 5), make_record([0.1] * 5, precision="bf16")])
     code, result = compare(tmp_path, base, cand)
-    assert code == 0 and [c["match"]["gpus"] for c in result["comparisons"]] == [1]
+    assert code == 0 and [c["match"]["world_size"] for c in result["comparisons"]] == [1]
     assert result["comparisons"][0]["match"]["workload"] == "tiny"
-    assert sorted(result["only_in_baseline"]) == [f"torch-ddp · tiny · N=2 · fp32 · weak · {CPU}",
-                                                 f"torch-ddp · tiny(n_layers=2) · N=1 · fp32 · weak · {CPU}"]
-    assert result["only_in_candidate"] == [f"torch-ddp · tiny · N=1 · bf16 · weak · {CPU}"]
+    assert [k.split(" · 8 seq/rank")[0] for k in sorted(result["only_in_baseline"])] == [
+        "torch-ddp · tiny · N=2 · fp32 · weak", "torch-ddp · tiny(n_layers=2) · N=1 · fp32 · weak"]
+    assert [k.split(" · 8 seq/rank")[0] for k in result["only_in_candidate"]] == ["torch-ddp · tiny · N=1 · bf16 · weak"]
+    assert all(k.endswith(CPU + ", 1 thread(s)/worker") for k in result["only_in_baseline"])
     assert "Only in the candidate (not compared):" in capsys.readouterr().out
 
 
@@ -198,7 +199,7 @@ def test_different_device_kinds_are_refused_unless_forced(tmp_path, capsys):
     assert code == 2 and result is None and len(err.splitlines()) == 1
     assert "Test CPU" in err and "Other CPU" in err and "--force" in err
     code, result = compare(tmp_path, base, cand, "--force")
-    assert code == 0 and result["comparisons"][0]["key"] == "torch-ddp · tiny · N=1 · fp32 · weak"
+    assert code == 0 and result["comparisons"][0]["key"].startswith("torch-ddp · tiny · N=1 · fp32 · weak · 8 seq/rank")
     diffs = result["comparisons"][0]["environment_differences"]
     assert f"device_kind: {CPU} -> cpu: Other CPU" in diffs and "torch: 2.13.0+cpu -> 2.14.0+cpu" in diffs
     assert "† Environment or settings differ" in capsys.readouterr().out

@@ -14,7 +14,7 @@ FAST = ["--steps", "6", "--warmup", "1", "--timeout", "180"]
 def test_two_worker_record_has_every_field_and_loss_decreases(out):
     rec = run_record(out, "--backend", "torch-ddp", "--gpus", "2", "--workload", "tiny", "--steps", "20",
                      "--timeout", "180")
-    assert rec["status"] == "ok" and rec["error"] is None and rec["schema_version"] == 1
+    assert rec["status"] == "ok" and rec["error"] is None and rec["schema_version"] == 2
     assert [r["rank"] for r in rec["ranks"]] == [0, 1]
     for r in rec["ranks"]:
         assert len(r["step_times"]) == len(r["losses"]) == len(r["data_wait"]) == 20
@@ -73,7 +73,7 @@ def test_comm_ratio_is_zero_for_one_worker_and_positive_for_two(out):
 
 def test_isolated_counterfactual_cross_check(out):
     rec = run_record(out, "--backend", "torch-ddp", "--gpus", "2", "--compute-method", "isolated", *FAST)
-    assert rec["comm"] == {"method": "isolated"} and len(rec["isolated_ranks"]) == 2
+    assert rec["comm"] == {"t_compute_method": "isolated"} and len(rec["isolated_ranks"]) == 2
     assert all(r["status"] == "ok" and len(r["step_times"]) == 6 for r in rec["isolated_ranks"])
     assert 0.0 <= rec["summary"]["exposed_comm_ratio"] < 1.0
 

@@ -6,8 +6,8 @@ import socket
 
 from conftest import harness
 
-from backends.base import free_port
-from harness.doctor import import_check, shards_check
+from core.process import free_port
+from harness.run.doctor import import_check, shards_check
 
 
 def test_doctor_runs_every_check_and_fails_on_an_unreachable_host_and_a_busy_port(tmp_path):

@@ -17,7 +17,7 @@ import pytest
 from conftest import REPO, harness, run_record
 from processes import leftovers
 
-from harness.records import load_record, load_records
+from core.records import load_record, load_records
 
 RUN = ["--backend", "torch-ddp", "--gpus", "2", "--steps", "4", "--warmup", "1", "--compute-method", "none",
        "--threads-per-worker", "1", "--device", "cpu"]
@@ -120,19 +120,19 @@ def test_sweep_killed_with_sigkill_loses_nothing_and_resume_completes_it(tmp_pat
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "1 run(s) already recorded ok" in proc.stdout
     records = load_records([out])
-    assert sorted(r["config"]["gpus"] for r in records) == [1, 2] and {r["status"] for r in records} == {"ok"}
-    assert first[0].read_bytes() == recorded and load_record(first[0])["config"]["gpus"] == 1
+    assert sorted(r["config"]["world_size"] for r in records) == [1, 2] and {r["status"] for r in records} == {"ok"}
+    assert first[0].read_bytes() == recorded and load_record(first[0])["config"]["world_size"] == 1
 
 
 def test_a_launcher_that_ignores_sigterm_is_killed_when_the_harness_dies(tmp_path):
     """The harness is SIGKILLed; its launcher ignores the kernel's SIGTERM (as one caught mid-start can):
     the reaper must SIGKILL it after the grace period instead of leaving it running."""
-    from harness.launch import KILL_GRACE_S
+    from harness.run.launch import KILL_GRACE_S
     ready = tmp_path / "launcher-ready"
     launcher = (f"import pathlib, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
                 f"pathlib.Path({str(ready)!r}).touch(); time.sleep(600)")
-    harness_side = (f"import sys; from pathlib import Path; from backends.base import Process; "
-                    f"from harness.launch import run_processes; "
+    harness_side = (f"import sys; from pathlib import Path; from core.process import Process; "
+                    f"from harness.run.launch import run_processes; "
                     f"run_processes([Process([sys.executable, '-c', {launcher!r}, {str(tmp_path)!r}])], "
                     f"Path({str(tmp_path / 'launch.log')!r}), 600)")
     proc = subprocess.Popen([sys.executable, "-c", harness_side], cwd=REPO)
@@ -147,7 +147,7 @@ def test_a_launcher_that_ignores_sigterm_is_killed_when_the_harness_dies(tmp_pat
 
 def test_corrupt_and_foreign_files_are_named_and_skipped(tmp_path, capsys):
     from record_factory import make_record
-    from harness.records import write_json_atomic
+    from core.records import write_json_atomic
     for gpus in (1, 2):
         write_json_atomic(tmp_path / f"good-{gpus}.json", make_record("torch-ddp", gpus=gpus, run_id=f"good-{gpus}"))
     (tmp_path / "torn.json").write_text('{"schema_version": 1, "run_id": "torn", "sta')

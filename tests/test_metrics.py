@@ -1,7 +1,7 @@
 """Derived figures on hand-made records with known answers."""
 import pytest
 
-from harness.metrics import comm_bytes_per_rank, device_peak_flops, per_step_max, summarize
+from harness.analyze.metrics import comm_bytes_per_rank, device_peak_flops, per_step_max, summarize
 from workloads.spec import PRESETS
 
 
@@ -13,11 +13,11 @@ def record(world=2, step_times=None, compute=None, device="cpu: test", method="n
               "compute_only_step_times": (compute or [[]] * world)[r],
               "memory": {"peak_rss": 100 + r}, "model_state_bytes": {"total": 16 * spec.n_params}}
              for r in range(world)]
-    return {"config": {"spec": spec.to_dict(), "gpus": world, "micro_batch": 4, "grad_accum": 2,
+    return {"config": {"spec": spec.to_dict(), "world_size": world, "micro_batch": 4, "grad_accum": 2,
                        "precision": precision},
             "backend_info": {"sharding": "none", "precision_scheme": "autocast",
                              "comm_pattern": {"kind": "allreduce", "dtype_bytes": 4}},
-            "comm": {"method": method if world > 1 else "none"}, "ranks": ranks}
+            "comm": {"t_compute_method": method if world > 1 else "none"}, "ranks": ranks}
 
 
 def test_step_time_is_the_slowest_rank_per_step():
@@ -75,11 +75,3 @@ def test_failed_ranks_are_not_measured():
     r = record()
     r["ranks"][1]["status"] = "failed"
     assert summarize(r)["step_time_s"]["n"] == 3  # only rank 0 counted
-
-
-def test_isolated_workers_get_one_gpu_each(monkeypatch):
-    from harness.runner import local_gpu
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    assert [local_gpu(i) for i in range(3)] == ["0", "1", "2"]
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
-    assert [local_gpu(i) for i in range(2)] == ["4", "6"]

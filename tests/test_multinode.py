@@ -17,9 +17,11 @@ from conftest import REPO, harness, run_record
 from processes import leftovers
 
 from backends import backend_names, get_backend
-from backends.base import free_port
-from harness.cli import UsageError, build_config, make_parser
-from harness.multinode import check_run_id, read_hosts, requested_world
+from core.process import free_port
+from harness.cli import make_parser
+from harness.run.options import build_config
+from harness.usage import UsageError
+from harness.run.nodes import check_run_id, read_hosts, requested_world
 
 TINY = ["--steps", "3", "--warmup", "1", "--compute-method", "none", "--threads-per-worker", "1",
         "--device", "cpu", "--timeout", "150"]
@@ -37,10 +39,10 @@ def config(*argv):
 # --------------------------------------------------------------------------------------------- the layout
 def test_layout_from_hosts_and_gpus_per_node():
     cfg = config("--nodes", "2", "--gpus-per-node", "4", "--hosts", "a,b", "--node-rank", "1", "--device", "cpu")
-    assert (cfg.gpus, cfg.nodes, cfg.node_rank, cfg.procs_per_node) == (8, 2, 1, 4)
+    assert (cfg.world_size, cfg.nodes, cfg.node_rank, cfg.gpus_per_node) == (8, 2, 1, 4)
     assert (cfg.hosts, cfg.master_addr, cfg.master_port) == (["a", "b"], "a", 29500)
     cfg = config("--gpus", "4", "--nodes", "2", "--master", "10.0.0.1:1234", "--node-rank", "0", "--device", "cpu")
-    assert (cfg.procs_per_node, cfg.master_addr, cfg.master_port, cfg.hosts) == (2, "10.0.0.1", 1234, [])
+    assert (cfg.gpus_per_node, cfg.master_addr, cfg.master_port, cfg.hosts) == (2, "10.0.0.1", 1234, [])
     one = config("--gpus", "2", "--device", "cpu")  # one node: a free port is picked per run
     assert (one.nodes, one.node_rank, one.master_port) == (1, 0, None)
 
@@ -53,7 +55,7 @@ def test_hostfile_in_deepspeed_and_mpi_styles(tmp_path):
     assert read_hosts(run_args("--hostfile", str(tmp_path / "mpi"))) == (["node-a", "node-b"], 4)
     assert read_hosts(run_args("--hostfile", str(tmp_path / "plain"))) == (["node-a", "node-b"], None)
     cfg = config("--hostfile", str(tmp_path / "ds"), "--node-rank", "1", "--device", "cpu")
-    assert (cfg.nodes, cfg.gpus, cfg.procs_per_node) == (2, 16, 8)
+    assert (cfg.nodes, cfg.world_size, cfg.gpus_per_node) == (2, 16, 8)
 
 
 def test_node_rank_is_found_from_this_hosts_place():
@@ -106,7 +108,7 @@ def test_plan_prints_what_each_node_runs_from_the_adapters_launch(tmp_path):
     backend = get_backend("torch-ddp")
     for r in range(2):
         cfg = build_config(run_args(*argv[2:], "--node-rank", str(r)), "torch-ddp", 4)
-        for p in backend.launch(cfg, (tmp_path / "logs" / "plan-1").resolve(), 29400):
+        for p in backend.launch(cfg, (tmp_path / "logs" / "plan-1").resolve(), 29400, []).processes:
             assert shlex.join(p.argv) in proc.stdout  # the very command the real run starts
         assert f"--node-rank {r} --run-id plan-1" in proc.stdout
     assert "--nnodes=2" in proc.stdout and "--master-addr=host-a" in proc.stdout

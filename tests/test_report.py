@@ -12,7 +12,7 @@ from PIL import Image
 from record_factory import BACKENDS, make_record
 
 from harness.cli import main
-from harness.records import write_json_atomic
+from core.records import write_json_atomic
 
 MiB = 1 << 20
 # label -> (step time N=1, step time N=2, compute-only time N=2, peak RSS N=1, N=2 in MiB)
@@ -132,7 +132,7 @@ def test_results_export_csv_parquet_and_aggregate(results_dir, tmp_path, capsys)
     assert main(["results", str(results_dir), "--aggregate", "--csv", str(agg_csv)]) == 0
     agg = pd.read_csv(agg_csv)
     assert len(agg) == 12
-    ddp = agg[(agg["label"] == "torch-ddp") & (agg["gpus"] == 2)].iloc[0]
+    ddp = agg[(agg["label"] == "torch-ddp") & (agg["world_size"] == 2)].iloc[0]
     assert ddp["speedup"] == pytest.approx(1.6) and ddp["memory_ratio"] == pytest.approx(1.25)
 
 

@@ -14,7 +14,7 @@ import yaml
 from conftest import REPO, harness
 from processes import leftovers
 
-from harness.schedulers import JOB_KINDS, manifest
+from harness.run.schedulers import JOB_KINDS, manifest
 
 RUN = ["--backend", "torch-ddp", "--steps", "3", "--warmup", "1", "--compute-method", "none",
        "--threads-per-worker", "1", "--device", "cpu", "--timeout", "150"]

@@ -8,9 +8,10 @@ from record_factory import make_record
 
 import backends
 from backends.torch_ddp import TorchDDP
-from harness.cli import UsageError, main, make_parser
-from harness.records import load_records, write_json_atomic
-from harness.sweep import drop_done, plan
+from harness.cli import main, make_parser
+from harness.usage import UsageError
+from core.records import load_records, write_json_atomic
+from harness.run.sweep import drop_done, plan
 
 class Unavailable(TorchDDP):
     """A registered backend that cannot run here."""
@@ -26,7 +27,7 @@ def sweep_args(*argv):
 
 def test_weak_scaling_fixes_the_per_device_batch_and_threads():
     runs, skipped = plan(sweep_args("--backends", "torch-ddp", "--gpus", "1,2,4", "--repeats", "2"))
-    assert [(r.cfg.gpus, r.repeat) for r in runs] == [(1, 0), (2, 0), (4, 0), (1, 1), (2, 1), (4, 1)]
+    assert [(r.cfg.world_size, r.repeat) for r in runs] == [(1, 0), (2, 0), (4, 0), (1, 1), (2, 1), (4, 1)]
     assert {r.cfg.micro_batch for r in runs} == {8} and {r.cfg.scaling for r in runs} == {"weak"}
     assert {r.cfg.threads_per_worker for r in runs} == {max(1, (os.cpu_count() or 1) // 4)}
     assert skipped == {}
@@ -78,18 +79,18 @@ def test_resume_counts_ok_records_of_the_same_config(tmp_path):
     runs, _ = plan(sweep_args("--backends", "torch-ddp", "--gpus", "1,2", "--repeats", "3"))
     done = [runs[0], runs[2], runs[1]]  # N=1 twice, N=2 once
     for i, run in enumerate(done):
-        rec = make_record("torch-ddp", run.cfg.gpus, run_id=f"done{i}")
+        rec = make_record("torch-ddp", run.cfg.world_size, run_id=f"done{i}")
         rec["config"] = {**run.cfg.to_dict(), "timeout_s": 5.0}  # a different timeout is the same measurement
         write_json_atomic(tmp_path / f"done{i}.json", rec)
     failed = make_record("torch-ddp", 2, status="failed", run_id="failed")
     failed["config"] = runs[1].cfg.to_dict()
     write_json_atomic(tmp_path / "failed.json", failed)
     other = make_record("torch-ddp", 2, run_id="other")
-    other["config"] = {**runs[1].cfg.to_dict(), "seed": 7}
+    other["config"] = {**runs[1].cfg.to_dict(), "steps": 7}  # other measured steps: another measurement
     write_json_atomic(tmp_path / "other.json", other)
     todo, skipped = drop_done(runs, tmp_path)
     assert skipped == 3
-    assert [(r.cfg.gpus, r.repeat) for r in todo] == [(2, 1), (1, 2), (2, 2)]  # launch order kept
+    assert [(r.cfg.world_size, r.repeat) for r in todo] == [(2, 1), (1, 2), (2, 2)]  # launch order kept
 
 
 @pytest.mark.slow
@@ -107,7 +108,7 @@ def test_real_sweep_records_a_failure_goes_on_and_resumes(tmp_path):
     assert first.returncode == 1, first.stdout + first.stderr
     assert "[1/2] torch-ddp N=2 repeat 1/1: failed" in first.stdout and "[2/2] torch-ddp N=1" in first.stdout
     records = sorted(load_records([tmp_path]), key=lambda r: r["environment"]["start_time"])
-    assert [(r["config"]["gpus"], r["status"]) for r in records] == [(2, "failed"), (1, "ok")]
+    assert [(r["config"]["world_size"], r["status"]) for r in records] == [(2, "failed"), (1, "ok")]
     assert "injected fault at step 1" in records[0]["error"]["message"]
     assert records[0]["sweep"]["id"] == records[1]["sweep"]["id"] and records[0]["sweep"]["repeat"] == 0
     assert records[0]["config"]["threads_per_worker"] == records[1]["config"]["threads_per_worker"]
@@ -116,6 +117,6 @@ def test_real_sweep_records_a_failure_goes_on_and_resumes(tmp_path):
     assert second.returncode == 1, second.stdout + second.stderr
     assert "resume: 1 run(s) already recorded ok" in second.stdout and "[1/1] torch-ddp N=2" in second.stdout
     records = load_records([tmp_path])
-    assert sorted((r["config"]["gpus"], r["status"]) for r in records) == [(1, "ok"), (2, "failed"), (2, "failed")]
+    assert sorted((r["config"]["world_size"], r["status"]) for r in records) == [(1, "ok"), (2, "failed"), (2, "failed")]
     assert len({r["sweep"]["id"] for r in records}) == 2
     assert json.loads((tmp_path / f"{records[0]['run_id']}.json").read_text())["schema_version"] == 1

@@ -14,7 +14,7 @@ import pytest
 
 from backends import get_backend
 from conftest import run_record
-from harness.config import RunConfig
+from core.config import RunConfig
 from workloads.spec import PRESETS
 
 BACKENDS = ("tf-mwms", "paddle-fleet")
@@ -83,7 +83,7 @@ def test_paddle_sharding_stage_1_shards_the_optimizer_state(out, ddp_losses):
 def second_of_two_nodes(**overrides) -> RunConfig:
     """Node 1 of 2, two workers each: the layout a multi-node orchestrator hands every adapter."""
     layout = {"nodes": 2, "node_rank": 1, "master_addr": "10.0.0.1", "hosts": ["10.0.0.1", "10.0.0.2"]}
-    return RunConfig(backend="", workload="tiny", spec=PRESETS["tiny"], gpus=4, device="cpu", **{**layout, **overrides})
+    return RunConfig(backend="", workload="tiny", spec=PRESETS["tiny"], world_size=4, device="cpu", **{**layout, **overrides})
 
 
 def test_tf_mwms_gives_each_worker_of_this_node_the_whole_cluster_and_its_global_index():

@@ -10,8 +10,8 @@ import pytest
 from backends import get_backend
 from backends.base import WORKER_SCRIPT
 from backends.deepspeed_zero import ds_config
-from harness.config import RunConfig
-from harness.metrics import comm_bytes_per_rank
+from core.config import RunConfig
+from harness.analyze.metrics import comm_bytes_per_rank
 from conftest import harness, run_record
 from workloads.spec import PRESETS, ModelSpec
 
@@ -37,7 +37,7 @@ def config(backend: str, *cli: str, gpus=2, precision="fp32", **fields) -> RunCo
     adapter = get_backend(backend)
     parser = argparse.ArgumentParser()
     adapter.add_arguments(parser)
-    return RunConfig(backend=backend, workload="tiny", spec=PRESETS["tiny"], gpus=gpus, device="cpu",
+    return RunConfig(backend=backend, workload="tiny", spec=PRESETS["tiny"], world_size=gpus, device="cpu",
                      precision=precision, backend_options=adapter.options(parser.parse_args(list(cli))), **fields)
 
 
@@ -166,7 +166,7 @@ def test_two_workers_train_the_same_model_as_ddp_with_a_full_record(label, ddp_r
         assert settings["OMP_NUM_THREADS"] == str(rec["config"]["threads_per_worker"])
         assert settings["MALLOC_TRIM_THRESHOLD_"]
     if method == "isolated":  # t_compute from two world-1 launches of the same backend, side by side
-        assert rec["comm"] == {"method": "isolated"} and len(rec["isolated_ranks"]) == 2
+        assert rec["comm"] == {"t_compute_method": "isolated"} and len(rec["isolated_ranks"]) == 2
         assert all(r["status"] == "ok" and len(r["step_times"]) == 10 for r in rec["isolated_ranks"])
         assert s["t_compute_s"] > 0 and 0 <= s["exposed_comm_ratio"] < 1
 

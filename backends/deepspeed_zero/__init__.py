@@ -2,35 +2,48 @@
 
 Launcher: the `deepspeed` CLI (`python -m deepspeed.launcher.runner`), the way DeepSpeed documents
 launching, rather than torchrun: it starts deepspeed.launcher.launch, which starts one worker per device.
-On one node it gets --num_gpus (or --include, to honour CUDA_VISIBLE_DEVICES, which the runner otherwise
-overrides). For several nodes the harness starts each node's launcher itself, so it passes --no_ssh and
---node_rank with a hostfile in the run directory instead of letting the runner reach the others over pdsh.
+For several nodes the harness starts each node's launcher itself, so it passes --no_ssh and --node_rank
+with a hostfile in the run directory instead of letting the runner reach the others over pdsh.
+
+Devices: the runner drops CUDA_VISIBLE_DEVICES as soon as --include/--num_gpus or a hostfile is given and
+sets the workers' mask from the slots it selects, which are physical ids. So on GPU the physical ids go in
+`--include=host:ids` (a hostfile's slots then must reach the highest id); on CPU, --num_gpus or the
+hostfile's slots give the number of workers.
 
 The engine's configuration is built here (`ds_config`), from the RunConfig alone, so the same run always
 gets the same configuration. This package is not called `deepspeed` because the worker script's directory
 (backends/) is on sys.path, where that name would shadow the real library.
 """
-import os
 import sys
+from dataclasses import dataclass
 
-from backends.base import WORKER_SCRIPT, Backend, CommPattern, Process
+from backends.base import WORKER_SCRIPT, Backend, CommPattern, LaunchPlan, Options, option
+from core.process import Process
 
 STAGES = (0, 1, 2, 3)
 SHARDING = {0: "none", 1: "optimizer", 2: "gradients", 3: "parameters"}
 ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
+@dataclass(frozen=True)
+class DeepSpeedOptions(Options):
+    zero_stage: int = option(3, "--zero-stage", type=int, choices=STAGES,
+                             help="ZeRO stage (0 none, 1 optimizer state, 2 +gradients, 3 +parameters)")
+    offload_optimizer: bool = option(False, "--offload-optimizer",
+                                     help="keep the optimizer state and step on the CPU (ZeRO-Offload)")
+
+
 def ds_config(cfg) -> dict:
     """The DeepSpeed configuration of a run. AdamW is the client optimizer (workloads.torch_model), so no
     "optimizer" section; no gradient clipping, as for every backend. With bf16/fp16 DeepSpeed keeps
     low-precision parameters and gradients plus fp32 master weights; fp16 uses its dynamic loss scaling."""
-    opts = cfg.backend_options
-    zero = {"stage": opts.get("zero_stage", 3)}
+    opts = DeepSpeedOptions.from_dict(cfg.backend_options)
+    zero = {"stage": opts.zero_stage}
     config = {"train_micro_batch_size_per_gpu": cfg.micro_batch, "gradient_accumulation_steps": cfg.grad_accum,
               "zero_optimization": zero}
     if cfg.precision in ("bf16", "fp16"):
         config[cfg.precision] = {"enabled": True}
-    if opts.get("offload_optimizer"):
+    if opts.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu"}
         config["zero_force_ds_cpu_optimizer"] = False  # keep torch's AdamW: the same optimizer as every backend
     return config
@@ -46,24 +59,13 @@ class DeepSpeed(Backend):
     # and all-gathers the updated ones; so, for every stage alike, the isolated counterfactual.
     compute_methods = ("isolated",)
     mixed_precision = "master"  # bf16/fp16 parameters and gradients, fp32 master weights
-
-    def add_arguments(self, parser):
-        group = parser.add_argument_group("deepspeed")
-        group.add_argument("--zero-stage", type=int, choices=STAGES,
-                           help="deepspeed: ZeRO stage (0 none, 1 optimizer state, 2 +gradients, 3 +parameters; "
-                                "default 3)")
-        group.add_argument("--offload-optimizer", action="store_true", default=None,
-                           help="deepspeed: keep the optimizer state and step on the CPU (ZeRO-Offload)")
-
-    def options(self, args):
-        stage = 3 if args.zero_stage is None else args.zero_stage
-        return {"zero_stage": stage, "offload_optimizer": bool(args.offload_optimizer)}
+    Options = DeepSpeedOptions
 
     def stage(self, cfg) -> int:
-        return cfg.backend_options.get("zero_stage", 3)
+        return self.options(cfg).zero_stage
 
     def label(self, cfg):
-        return f"deepspeed-zero{self.stage(cfg)}" + ("-offload" if cfg.backend_options.get("offload_optimizer") else "")
+        return f"deepspeed-zero{self.stage(cfg)}" + ("-offload" if self.options(cfg).offload_optimizer else "")
 
     def sharding(self, cfg):
         return SHARDING[self.stage(cfg)]
@@ -83,17 +85,20 @@ class DeepSpeed(Backend):
             env["DS_ACCELERATOR"] = "cpu"
         return env
 
-    def launch(self, cfg, run_dir, port):
-        argv = [sys.executable, "-u", "-m", "deepspeed.launcher.runner", "--no_local_rank",
-                f"--master_port={port}"]
+    def launch(self, cfg, run_dir, port, devices):
+        argv = [sys.executable, "-u", "-m", "deepspeed.launcher.runner", "--no_local_rank", f"--master_port={port}"]
+        files = {}
         if cfg.nodes > 1 and cfg.isolated_index is None:
             hostfile = run_dir / "hostfile"
             hosts = cfg.hosts or [f"node{i}" for i in range(cfg.nodes)]
-            hostfile.write_text("".join(f"{h} slots={cfg.procs_per_node}\n" for h in hosts))
+            slots = max(map(int, devices)) + 1 if devices else cfg.local_procs
+            files[hostfile] = "".join(f"{h} slots={slots}\n" for h in hosts)
             argv += [f"--hostfile={hostfile}", "--no_ssh", f"--node_rank={cfg.node_rank}",
                      f"--master_addr={cfg.master_addr}"]
+            if devices:  # every node is given the same physical ids
+                argv.append("--include=" + "@".join(f"{h}:{','.join(devices)}" for h in hosts))
+        elif devices:
+            argv.append(f"--include=localhost:{','.join(devices)}")
         else:
-            visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-            argv += ([f"--include=localhost:{','.join(visible[:cfg.procs_per_node])}"]
-                     if cfg.device == "cuda" and visible else [f"--num_gpus={cfg.procs_per_node}"])
-        return [Process(argv + [str(WORKER_SCRIPT), str(run_dir)], self.worker_env(cfg))]
+            argv.append(f"--num_gpus={cfg.local_procs}")
+        return LaunchPlan([Process(argv + [str(WORKER_SCRIPT), str(run_dir)], self.worker_env(cfg))], files)

@@ -11,9 +11,18 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from backends.base import WORKER_SCRIPT, Backend, CommPattern, Process
+from dataclasses import dataclass
+
+from backends.base import WORKER_SCRIPT, Backend, CommPattern, LaunchPlan, Options, device_mask, option
+from core.process import Process
 
 COMPRESSIONS = ("none", "fp16")
+
+
+@dataclass(frozen=True)
+class HorovodOptions(Options):
+    compression: str = option("none", "--hvd-compression", choices=COMPRESSIONS,
+                              help="compress gradients to fp16 for the all-reduce")
 
 
 class Horovod(Backend):
@@ -25,6 +34,8 @@ class Horovod(Backend):
     # Horovod has no switch that turns the all-reduce off: its gradient hooks submit every all-reduce
     # during backward (skip_synchronize() only skips waiting for them in step()).
     compute_methods = ("isolated",)
+    starts_remote_ranks = True  # node 0's horovodrun starts every node's workers
+    Options = HorovodOptions
 
     def availability(self):
         ok, reason = super().availability()
@@ -45,32 +56,25 @@ class Horovod(Backend):
     def horovodrun() -> Path:
         return Path(sys.executable).parent / "horovodrun"
 
-    def add_arguments(self, parser):
-        group = parser.add_argument_group("horovod")
-        group.add_argument("--hvd-compression", choices=COMPRESSIONS,
-                           help="horovod: compress gradients to fp16 for the all-reduce (default none)")
-
-    def options(self, args):
-        return {"compression": args.hvd_compression or "none"}
-
     def label(self, cfg):
-        return self.name + ("-fp16comp" if cfg.backend_options.get("compression") == "fp16" else "")
+        return self.name + ("-fp16comp" if self.options(cfg).compression == "fp16" else "")
 
     def comm_pattern(self, cfg):
         """Gradients are fp32 (autocast keeps fp32 parameters), unless compressed to fp16 for the wire."""
-        return CommPattern("allreduce", 2 if cfg.backend_options.get("compression") == "fp16" else 4)
+        return CommPattern("allreduce", 2 if self.options(cfg).compression == "fp16" else 4)
 
-    def launch(self, cfg, run_dir, port):
+    def launch(self, cfg, run_dir, port, devices):
         """horovodrun is Horovod's multi-node launcher too: on node 0 it starts every node's workers
         (`-H h1:G,h2:G`; over ssh for remote hosts, directly for this machine's own addresses), so the
         other nodes' harnesses start nothing and only wait. `port` is unused: horovodrun's rendezvous
-        server binds a free port itself."""
+        server binds a free port itself. Devices: horovodrun passes its environment to every worker, and
+        local rank i takes cuda:i inside the mask (every node is given the same physical ids)."""
         multi = cfg.nodes > 1 and cfg.isolated_index is None
         if multi and cfg.node_rank != 0:
-            return []
-        n = cfg.procs_per_node
+            return LaunchPlan([])
+        n = cfg.local_procs
         hosts = ",".join(f"{h}:{n}" for h in cfg.hosts) if multi else f"localhost:{n}"
         argv = [str(self.horovodrun()), "-np", str(n * (cfg.nodes if multi else 1)), "-H", hosts, "--gloo",
                 "--gloo-timeout-seconds", str(int(cfg.collective_timeout)), sys.executable, str(WORKER_SCRIPT),
                 str(run_dir)]
-        return [Process(argv, self.worker_env(cfg))]
+        return LaunchPlan([Process(argv, {**self.worker_env(cfg), **device_mask(devices)})])

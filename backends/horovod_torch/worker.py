@@ -9,6 +9,7 @@ import horovod
 import horovod.torch as hvd
 import torch
 
+from backends.horovod_torch import HorovodOptions
 from backends.torch_common import TorchTrainer
 from workloads.torch_model import make_optimizer
 
@@ -33,7 +34,7 @@ class HorovodTrainer(TorchTrainer):
         super().__init__(cfg)
         hvd.init()
         model = self.build_model()
-        compression = hvd.Compression.fp16 if cfg.backend_options.get("compression") == "fp16" else hvd.Compression.none
+        compression = hvd.Compression.fp16 if HorovodOptions.from_dict(cfg.backend_options).compression == "fp16" else hvd.Compression.none
         self.optimizer = hvd.DistributedOptimizer(make_optimizer(model), named_parameters=model.named_parameters(),
                                                   compression=compression, backward_passes_per_step=cfg.grad_accum)
         init_adamw_state(self.optimizer)

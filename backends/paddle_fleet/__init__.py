@@ -6,11 +6,32 @@ paddle.distributed.sharding.group_sharded_parallel, which Paddle 3.3.1 supports 
 """
 import socket
 import sys
+from dataclasses import dataclass
 
-from backends.base import WORKER_SCRIPT, Backend, CommPattern, Process
+from backends.base import WORKER_SCRIPT, Backend, CommPattern, LaunchPlan, Options, device_mask, option
+from core.process import Process
 
 SHARDING = {0: "none", 1: "optimizer", 2: "gradients", 3: "parameters"}
 AMP_LEVELS = ("O1", "O2")
+
+
+@dataclass(frozen=True)
+class PaddleOptions(Options):
+    sharding_stage: int = option(0, "--sharding-stage", type=int, choices=(1, 2, 3),
+                                 help="shard optimizer state (1), + gradients (2), + parameters (3); 2 and 3 need "
+                                      "a GPU; 0: plain data parallel")
+    amp_level: str = option("O1", "--amp-level", choices=AMP_LEVELS,
+                            help="with bf16/fp16: O1 autocast over fp32 parameters or O2 low-precision parameters "
+                                 "with fp32 master weights")
+
+
+def master_ip(addr: str) -> str:
+    """Paddle's launcher wants the master as an IP address; a name that does not resolve here (a plan
+    written on a login node) is shown as given."""
+    try:
+        return socket.gethostbyname(addr)
+    except OSError:
+        return addr
 
 
 class PaddleFleet(Backend):
@@ -20,35 +41,24 @@ class PaddleFleet(Backend):
     requires = ("paddle",)
     worker_module = "backends.paddle_fleet.worker"
     compute_methods = ("no_sync", "isolated")
-
-    def add_arguments(self, parser):
-        group = parser.add_argument_group("paddle-fleet")
-        group.add_argument("--sharding-stage", type=int, choices=(1, 2, 3),
-                           help="paddle-fleet: shard optimizer state (1), + gradients (2), + parameters (3); "
-                                "2 and 3 need a GPU")
-        group.add_argument("--amp-level", choices=AMP_LEVELS,
-                           help="paddle-fleet with bf16/fp16: O1 autocast over fp32 parameters (default) or "
-                                "O2 low-precision parameters with fp32 master weights")
-
-    def options(self, args):
-        return {"sharding_stage": args.sharding_stage or 0, "amp_level": args.amp_level or "O1"}
+    Options = PaddleOptions
 
     def compute_methods_for(self, options):
         # Sharded optimizers reduce gradients inside their step: no sync-off switch, only the counterfactual.
-        return ("isolated",) if options.get("sharding_stage") else self.compute_methods
+        return ("isolated",) if options.sharding_stage else self.compute_methods
 
     def label(self, cfg):
-        stage = cfg.backend_options.get("sharding_stage", 0)
+        stage = self.options(cfg).sharding_stage
         return self.name + (f"-s{stage}" if stage else "") + ("-O2" if self.master_weights(cfg) else "")
 
     def master_weights(self, cfg) -> bool:
-        return cfg.precision != "fp32" and cfg.backend_options.get("amp_level") == "O2"
+        return cfg.precision != "fp32" and self.options(cfg).amp_level == "O2"
 
     def precision_scheme(self, cfg):
         return "master" if self.master_weights(cfg) else "autocast"
 
     def sharding(self, cfg):
-        return SHARDING[cfg.backend_options.get("sharding_stage", 0)]
+        return SHARDING[self.options(cfg).sharding_stage]
 
     def features(self):
         return {**super().features(), "sharding": list(SHARDING.values())}
@@ -58,21 +68,22 @@ class PaddleFleet(Backend):
         reduce gradients and broadcast updated parameters (an all-reduce's volume); stage 3 gathers
         parameters for forward and backward and reduce-scatters gradients."""
         dtype_bytes = 2 if self.master_weights(cfg) else 4
-        return CommPattern("sharded" if cfg.backend_options.get("sharding_stage") == 3 else "allreduce", dtype_bytes)
+        return CommPattern("sharded" if self.options(cfg).sharding_stage == 3 else "allreduce", dtype_bytes)
 
-    def launch(self, cfg, run_dir, port):
+    def launch(self, cfg, run_dir, port, devices):
         """One launcher per node. Alone (one node, or an isolated worker): --ips 127.0.0.1 --start_port
         makes `port` the rendezvous store's port, so concurrent runs never share one. Several nodes: the
-        launchers meet at the master's store (--master ip:port), each with its node rank."""
-        argv = [sys.executable, "-m", "paddle.distributed.launch", f"--nproc_per_node={cfg.procs_per_node}",
+        launchers meet at the master's store (--master ip:port), each with its node rank. Devices: the
+        launcher reads --devices as labels of CUDA_VISIBLE_DEVICES, so both are the physical ids."""
+        argv = [sys.executable, "-m", "paddle.distributed.launch", f"--nproc_per_node={cfg.local_procs}",
                 f"--log_dir={run_dir / 'paddle_launch'}", "--max_restart=0"]
         if cfg.isolated_index is None and cfg.nodes > 1:
-            argv += [f"--nnodes={cfg.nodes}", f"--rank={cfg.node_rank}",
-                     f"--master={socket.gethostbyname(cfg.master_addr)}:{port}"]
+            argv += [f"--nnodes={cfg.nodes}", f"--rank={cfg.node_rank}", f"--master={master_ip(cfg.master_addr)}:{port}"]
         else:
             argv += ["--ips=127.0.0.1", f"--start_port={port}"]
-        if cfg.device == "cuda" and cfg.isolated_index is not None:  # the device of the rank it stands for
-            argv.append(f"--devices={cfg.isolated_index % (cfg.gpus // cfg.nodes)}")
+        if devices:
+            argv.append(f"--devices={','.join(devices)}")
         # Paddle's NCCL process groups time out after PADDLE_PG_TIMEOUT ms; its gloo ones (CPU) cannot be told.
-        env = {**self.worker_env(cfg), "PADDLE_PG_TIMEOUT": str(int(cfg.collective_timeout * 1000))}
-        return [Process(argv + [str(WORKER_SCRIPT), str(run_dir)], env)]
+        env = {**self.worker_env(cfg), **device_mask(devices),
+               "PADDLE_PG_TIMEOUT": str(int(cfg.collective_timeout * 1000))}
+        return LaunchPlan([Process(argv + [str(WORKER_SCRIPT), str(run_dir)], env)])

@@ -14,8 +14,9 @@ import paddle
 import paddle.distributed as dist
 from paddle.distributed import fleet
 
-from backends.base import Trainer, cpu_name
-from harness.config import RunConfig
+from backends.loop import Trainer, cpu_name
+from backends.paddle_fleet import PaddleOptions
+from core.config import RunConfig
 from workloads.paddle_model import GPT, make_optimizer
 
 AMP_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
@@ -31,8 +32,8 @@ class FleetTrainer(Trainer):
 
     def __init__(self, cfg: RunConfig):
         super().__init__(cfg)
-        options = cfg.backend_options
-        self.stage = options.get("sharding_stage", 0)
+        options = PaddleOptions.from_dict(cfg.backend_options)
+        self.stage = options.sharding_stage
         if self.stage >= 2 and cfg.device != "cuda":
             raise RuntimeError(f"paddle-fleet sharding stage {self.stage} is unavailable on CPU: Paddle "
                                f"{paddle.__version__}'s group_sharded_parallel supports only GPU/XPU devices")
@@ -48,7 +49,7 @@ class FleetTrainer(Trainer):
             self.device_name = cpu_name()
         strategy = fleet.DistributedStrategy()
         if self.stage == 1:
-            strategy.hybrid_configs = {"dp_degree": 1, "sharding_degree": cfg.world_size}
+            strategy.hybrid_configs = {"dp_degree": 1, "sharding_degree": cfg.process_group_size}
         fleet.init(is_collective=True, strategy=strategy)
 
         model = GPT(cfg.spec, cfg.activation_checkpointing).load_spec_weights(cfg.seed)
@@ -67,12 +68,12 @@ class FleetTrainer(Trainer):
         else:
             # Paddle 3.3.1 wraps a 1-process model in NoPipelineParallel, which accepts only a PipelineLayer:
             # alone (world 1, the isolated counterfactual) the model runs unwrapped, with nothing to sync.
-            if cfg.world_size > 1:
+            if cfg.process_group_size > 1:
                 model = fleet.distributed_model(model)
             optimizer, scaler = fleet.distributed_optimizer(optimizer), scaler and fleet.distributed_scaler(scaler)
         self.model, self.optimizer, self.scaler = model, optimizer, scaler
         # DataParallel's no_sync skips the all-reduce and nothing else: a true compute-only step.
-        self.compute_only = isinstance(model, paddle.DataParallel)
+        self.can_skip_grad_sync = isinstance(model, paddle.DataParallel)
 
     def autocast(self):
         if not self.amp_dtype:
@@ -84,7 +85,7 @@ class FleetTrainer(Trainer):
         losses = []
         for i, (x, y) in enumerate(batches):
             sync_now = sync_grads and i == len(batches) - 1
-            with nullcontext() if sync_now or not self.compute_only else self.model.no_sync():
+            with nullcontext() if sync_now or not self.can_skip_grad_sync else self.model.no_sync():
                 with self.autocast():
                     loss = self.model(paddle.to_tensor(x), paddle.to_tensor(y)) / len(batches)
                 (self.scaler.scale(loss) if self.scaler else loss).backward()

@@ -4,10 +4,12 @@ TensorFlow has no launcher: the harness starts every worker itself, each with a 
 workers of the job (every node's) and its own index, and with its rank in DISTBENCH_RANK.
 """
 import json
-import os
 import sys
+from dataclasses import dataclass
 
-from backends.base import WORKER_SCRIPT, Backend, CommPattern, Process, free_port
+from backends.base import CUDA_MASK, WORKER_SCRIPT, Backend, CommPattern, LaunchPlan, Options, option
+from core.config import InvalidConfig
+from core.process import Process, free_port
 
 COLLECTIVES = ("auto", "ring", "nccl")
 
@@ -27,15 +29,19 @@ def worker_addresses(cfg, port: int) -> list[str]:
     no cluster). One node: free localhost ports. Several: the worker of global index k listens on
     port + k on its node's host, so every node's harness computes the same list from the agreed master
     port without talking to the others, and the addresses stay distinct even when nodes share a machine."""
-    if cfg.world_size == 1:
+    if cfg.process_group_size == 1:
         return []
     if cfg.nodes == 1:
-        return [f"localhost:{p}" for p in local_ports(port, cfg.gpus)]
-    if len(cfg.hosts) != cfg.nodes:
-        raise ValueError(f"tf-mwms on {cfg.nodes} nodes needs the host of every node (got {cfg.hosts or 'none'}): "
-                         "each worker's TF_CONFIG lists all workers")
-    return [f"{host}:{port + n * cfg.procs_per_node + i}" for n, host in enumerate(cfg.hosts)
-            for i in range(cfg.procs_per_node)]
+        return [f"localhost:{p}" for p in local_ports(port, cfg.world_size)]
+    return [f"{host}:{port + n * cfg.gpus_per_node + i}" for n, host in enumerate(cfg.hosts)
+            for i in range(cfg.gpus_per_node)]
+
+
+@dataclass(frozen=True)
+class TFOptions(Options):
+    collective: str = option("auto", "--collective", choices=COLLECTIVES,
+                             help="the all-reduce implementation (CommunicationImplementation)")
+    xla: bool = option(False, "--xla", help="compile forward + backward with XLA (jit_compile)")
 
 
 class TFMultiWorkerMirrored(Backend):
@@ -45,39 +51,31 @@ class TFMultiWorkerMirrored(Backend):
     requires = ("tensorflow",)
     worker_module = "backends.tf_mwms.worker"
     compute_methods = ("isolated",)  # MWMS has no switch that turns the gradient all-reduce off
+    Options = TFOptions
 
-    def add_arguments(self, parser):
-        group = parser.add_argument_group("tf-mwms")
-        group.add_argument("--collective", choices=COLLECTIVES,
-                           help="tf-mwms all-reduce implementation (CommunicationImplementation; default auto)")
-        group.add_argument("--xla", action="store_true", default=None,
-                           help="tf-mwms: compile forward + backward with XLA (jit_compile)")
-
-    def options(self, args):
-        return {"collective": args.collective or "auto", "xla": bool(args.xla)}
+    def validate(self, cfg):
+        if cfg.nodes > 1 and len(cfg.hosts) != cfg.nodes:
+            raise InvalidConfig(f"tf-mwms on {cfg.nodes} nodes needs the host of every node (--hosts or --hostfile; "
+                                f"got {','.join(cfg.hosts) or 'none'}): each worker's TF_CONFIG lists all workers")
 
     def label(self, cfg):
-        opts = cfg.backend_options
-        collective = opts.get("collective", "auto")
-        return self.name + ("" if collective == "auto" else f"-{collective}") + ("-xla" if opts.get("xla") else "")
+        opts = self.options(cfg)
+        return (self.name + ("" if opts.collective == "auto" else f"-{opts.collective}")
+                + ("-xla" if opts.xla else ""))
 
     def comm_pattern(self, cfg):
         return CommPattern("allreduce", 4)  # gradients of the fp32 variables, also under a mixed policy
 
-    def launch(self, cfg, run_dir, port):
+    def launch(self, cfg, run_dir, port, devices):
+        """One process per worker, each shown only its own GPU (devices[i]), so MWMS has exactly one
+        local replica; an isolated worker is rank 0 of a job of its own."""
         workers = worker_addresses(cfg, port)
-        if cfg.isolated_index is not None:  # one worker alone, on the device of the rank it stands for
-            first, local_devices = 0, [cfg.isolated_index % (cfg.gpus // cfg.nodes)]
-        else:
-            first, local_devices = cfg.node_rank * cfg.procs_per_node, range(cfg.procs_per_node)
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        device_ids = visible.split(",") if visible else [str(d) for d in range(max(local_devices) + 1)]
+        first = 0 if cfg.isolated_index is not None else cfg.first_local_rank
         processes = []
-        for i, device in enumerate(local_devices):
+        for i in range(cfg.local_procs):
             index = first + i
             tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}} if workers else {}
             env = {**self.worker_env(cfg), "TF_CONFIG": json.dumps(tf_config), "DISTBENCH_RANK": str(index),
-                   # one device per worker process, so MWMS has exactly one local replica
-                   "CUDA_VISIBLE_DEVICES": device_ids[device] if cfg.device == "cuda" else ""}
+                   CUDA_MASK: devices[i] if devices else ""}
             processes.append(Process([sys.executable, str(WORKER_SCRIPT), str(run_dir)], env))
-        return processes
+        return LaunchPlan(processes)

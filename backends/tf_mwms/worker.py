@@ -17,8 +17,9 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from backends.base import Trainer, cpu_name  # noqa: E402
-from harness.config import RunConfig  # noqa: E402
+from backends.loop import Trainer, cpu_name  # noqa: E402
+from backends.tf_mwms import TFOptions  # noqa: E402
+from core.config import RunConfig  # noqa: E402
 from workloads.tf_model import GPT, make_optimizer  # noqa: E402
 
 POLICIES = {"bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
@@ -41,8 +42,9 @@ class MWMSTrainer(Trainer):
         tf.config.threading.set_inter_op_parallelism_threads(1)
         if cfg.precision in POLICIES:  # fp32 variables, bf16/fp16 compute; the loss is computed in fp32
             keras.mixed_precision.set_global_policy(POLICIES[cfg.precision])
+        opts = TFOptions.from_dict(cfg.backend_options)
         options = tf.distribute.experimental.CommunicationOptions(
-            implementation=COLLECTIVES[cfg.backend_options.get("collective", "auto")],
+            implementation=COLLECTIVES[opts.collective],
             timeout_seconds=cfg.collective_timeout)
         self.strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
         if len(self.strategy.extended.worker_devices) != 1:
@@ -62,7 +64,7 @@ class MWMSTrainer(Trainer):
                             aggregation=tf.VariableAggregation.SUM)
                 for v in self.model.trainable_variables] if cfg.grad_accum > 1 else []
         self.loss_scale = self.optimizer.scale_loss if cfg.precision == "fp16" else (lambda loss: loss)
-        self.gradients = tf.function(self.replica_gradients, jit_compile=bool(cfg.backend_options.get("xla")))
+        self.gradients = tf.function(self.replica_gradients, jit_compile=opts.xla)
         self.accumulate = tf.function(lambda x, y: self.strategy.run(self.replica_accumulate, args=(x, y)))
         self.apply = tf.function(lambda x, y: self.strategy.run(self.replica_apply, args=(x, y)))
 

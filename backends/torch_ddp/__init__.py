@@ -1,4 +1,5 @@
 """torch-ddp adapter: DistributedDataParallel launched by torchrun, one process per device."""
+
 from backends.base import Backend, CommPattern, torchrun
 
 
@@ -13,5 +14,5 @@ class TorchDDP(Backend):
     def comm_pattern(self, cfg):
         return CommPattern("allreduce", 4)  # DDP buckets the fp32 .grad tensors, also under autocast
 
-    def launch(self, cfg, run_dir, port):
-        return [torchrun(self, cfg, run_dir, port)]
+    def launch(self, cfg, run_dir, port, devices):
+        return torchrun(self, cfg, run_dir, port, devices)

@@ -8,7 +8,7 @@ from workloads.torch_model import make_optimizer
 
 
 class DDPTrainer(TorchTrainer):
-    compute_only = True  # no_sync() switches the gradient all-reduce off without changing the compute
+    can_skip_grad_sync = True  # no_sync() switches the gradient all-reduce off without changing the compute
 
     def __init__(self, cfg):
         super().__init__(cfg)

@@ -11,6 +11,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from backends.torch_common import TorchTrainer
+from backends.torch_fsdp import FSDPOptions
 from workloads.torch_model import make_optimizer
 
 
@@ -18,13 +19,12 @@ class FSDPTrainer(TorchTrainer):
     def __init__(self, cfg):
         super().__init__(cfg)
         self.init_process_group()
-        opts = cfg.backend_options
+        opts = FSDPOptions.from_dict(cfg.backend_options)
         model = self.build_model()
         policy = MixedPrecisionPolicy(param_dtype=self.amp_dtype,
-                                      reduce_dtype=torch.float32 if opts.get("fp32_reduce") else self.amp_dtype)
-        reshard = opts.get("reshard_after_forward", True)
+                                      reduce_dtype=torch.float32 if opts.fp32_reduce else self.amp_dtype)
         for block in model.blocks:
-            fully_shard(block, reshard_after_forward=reshard, mp_policy=policy)
+            fully_shard(block, reshard_after_forward=opts.reshard_after_forward, mp_policy=policy)
         fully_shard(model, mp_policy=policy)  # the root keeps its parameters gathered until backward anyway
         self.model = model
         self.optimizer = make_optimizer(model)  # over the sharded (DTensor) parameters

@@ -19,8 +19,8 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-from backends.base import free_port, process_settings  # noqa: E402
-from harness.metrics import per_step_max  # noqa: E402
+from core.process import free_port, process_settings  # noqa: E402
+from harness.analyze.metrics import per_step_max  # noqa: E402
 
 
 def plain(gpus, steps, warmup, threads, micro) -> tuple[list[float], float]:

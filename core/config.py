@@ -1,4 +1,8 @@
-"""RunConfig: everything that defines one run, resolved by the harness and handed to every worker as JSON."""
+"""RunConfig: everything that defines one run, resolved by the harness and handed to every worker as JSON.
+
+The lowest layer of the project with workloads/: the harness, the adapters and the workers all import it.
+"""
+
 from __future__ import annotations
 
 import dataclasses
@@ -10,6 +14,12 @@ from workloads.spec import ModelSpec
 PRECISIONS = ("fp32", "bf16", "fp16")
 DEVICES = ("auto", "cuda", "cpu")
 COMPUTE_METHODS = ("auto", "no_sync", "isolated", "none")
+FAULT_KINDS = ("raise", "exit", "sigkill", "hang", "oom")
+
+
+class InvalidConfig(ValueError):
+    """A configuration that cannot run as asked (an adapter's validate() says why); the harness reports it
+    as a usage error before anything launches."""
 
 
 @dataclass
@@ -17,7 +27,7 @@ class RunConfig:
     backend: str
     workload: str                 # preset name the spec came from (overrides already applied in `spec`)
     spec: ModelSpec
-    gpus: int                     # world size: ranks = devices (or CPU workers), over all nodes
+    world_size: int               # ranks = devices (or CPU workers), over all nodes (the CLI's --gpus)
     device: str                   # resolved: "cuda" or "cpu"
     precision: str = "fp32"
     micro_batch: int = 8          # sequences per rank per micro-step
@@ -37,6 +47,7 @@ class RunConfig:
     # Multi-node: this harness invocation starts the launcher of node `node_rank` of `nodes`, each with
     # gpus / nodes workers; ranks meet at master_addr (port chosen by the harness or given).
     nodes: int = 1
+    gpus_per_node: int = 0        # ranks per node; 0: world_size / nodes
     node_rank: int = 0
     master_addr: str = "127.0.0.1"
     master_port: int | None = None
@@ -48,9 +59,13 @@ class RunConfig:
     fault: dict | None = None     # test-only fault injection {"rank", "step", "kind"}; see backends.base
     dump_weights: bool = False    # rank 0 saves its final weights (neutral names) for equivalence tests
 
+    def __post_init__(self):
+        if not self.gpus_per_node:
+            self.gpus_per_node = self.world_size // self.nodes
+
     @property
     def global_batch(self) -> int:
-        return self.micro_batch * self.grad_accum * self.gpus
+        return self.micro_batch * self.grad_accum * self.world_size
 
     @property
     def tokens_per_step(self) -> int:
@@ -63,14 +78,19 @@ class RunConfig:
         return self.collective_timeout_s or self.timeout_s
 
     @property
-    def procs_per_node(self) -> int:
+    def local_procs(self) -> int:
         """Worker processes this node's launcher starts (1 for an isolated-counterfactual worker)."""
-        return 1 if self.isolated_index is not None else self.gpus // self.nodes
+        return 1 if self.isolated_index is not None else self.gpus_per_node
 
     @property
-    def world_size(self) -> int:
+    def process_group_size(self) -> int:
         """Ranks taking part in collectives: 1 for an isolated-counterfactual worker."""
-        return 1 if self.isolated_index is not None else self.gpus
+        return 1 if self.isolated_index is not None else self.world_size
+
+    @property
+    def first_local_rank(self) -> int:
+        """The global rank of this node's first rank."""
+        return self.node_rank * self.gpus_per_node
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -78,11 +98,21 @@ class RunConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "RunConfig":
-        d = dict(d)
+    def from_dict(cls, d: dict) -> RunConfig:
+        d = migrate_config(d)
         d["spec"] = ModelSpec(**d["spec"])
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1, sort_keys=True)
+
+
+def migrate_config(d: dict) -> dict:
+    """A config as written by any earlier version, in today's names (record schema 1 called the world
+    size `gpus` and had no `gpus_per_node`)."""
+    d = dict(d)
+    if "gpus" in d and "world_size" not in d:
+        d["world_size"] = d.pop("gpus")
+    d.setdefault("gpus_per_node", d["world_size"] // d.get("nodes", 1))
+    return d

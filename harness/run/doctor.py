@@ -20,9 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from backends import all_backends, backend_names, get_backend
-from backends.base import REPO_ROOT, free_port
-from harness.cli import DEFAULT_OUT, EXIT_FAILED, EXIT_OK, choice, positive, visible_gpus
-from harness.multinode import add_node_arguments, node_layout, requested_world
+from core.process import REPO_ROOT, free_port
+from core.records import DEFAULT_OUT
+from harness.run.devices import visible_gpus
+from harness.usage import EXIT_FAILED, EXIT_OK, choice, positive
+from harness.run.nodes import add_node_arguments, node_layout, requested_world
 from workloads.data import Shard
 
 MIN_FREE_BYTES = 1 << 30        # results are small, but logs and weight dumps are not

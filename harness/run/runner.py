@@ -2,7 +2,7 @@
 
 The record is written for every outcome (ok | failed | crashed | oom | timeout), atomically, under
 `out_dir`; per-rank logs stay in out_dir/logs/<run_id>/. A multi-node run has one harness per node, each
-launching its own ranks into that shared run dir; node 0 writes the record (see harness.multinode).
+launching its own ranks into that shared run dir; node 0 writes the record (see harness.run.nodes).
 """
 from __future__ import annotations
 
@@ -12,37 +12,25 @@ import json
 import os
 import platform
 import socket
-import subprocess
 import uuid
 from pathlib import Path
 
-from backends.base import REPO_ROOT, Backend, free_port
-from harness.config import RunConfig
-from harness.launch import LaunchResult, run_processes
-from harness.metrics import summarize
-from harness.multinode import (absent_nodes, finish_node, merged_launch, node_log, read_markers, start_node,
-                               wait_for_nodes)
-from harness.records import SCHEMA_VERSION, write_json_atomic
+from backends.base import Backend, LaunchPlan
+from core.config import RunConfig
+from core.process import REPO_ROOT, free_port
+from core.records import SCHEMA_VERSION, git_commit, now_iso, write_atomic, write_json_atomic
+from harness.analyze.metrics import summarize
+from harness.run.devices import isolated_devices, node_devices
+from harness.run.launch import LaunchResult, run_processes
+from harness.run.nodes import (absent_nodes, finish_node, merged_launch, node_log, ranks_launched, read_markers,
+                               start_node, wait_for_nodes, wait_for_ranks)
 
 LOG_TAIL_LINES = 30
 
 
-def now_iso() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-
-
 def new_run_id(cfg: RunConfig) -> str:
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
-    return f"{stamp}-{cfg.backend}-{cfg.workload}-n{cfg.gpus}-{uuid.uuid4().hex[:6]}"
-
-
-def git_commit() -> dict:
-    def git(*args):
-        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
-    try:
-        return {"commit": git("rev-parse", "HEAD") or None, "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
-    except (OSError, subprocess.SubprocessError):
-        return {"commit": None, "dirty": None}
+    return f"{stamp}-{cfg.backend}-{cfg.workload}-n{cfg.world_size}-{uuid.uuid4().hex[:6]}"
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
@@ -124,44 +112,55 @@ def classify(result: LaunchResult, ranks: dict[int, dict], world: int, run_dir: 
     return "ok", None
 
 
+def node_plan(backend: Backend, cfg: RunConfig, run_dir: Path, port: int) -> LaunchPlan:
+    """What THIS node starts for its ranks: the adapter's launch on the devices the runner gives them."""
+    return backend.launch(cfg, run_dir, port, node_devices(cfg))
+
+
+def isolated_plans(backend: Backend, cfg: RunConfig, run_dir: Path) -> list[LaunchPlan]:
+    """What THIS node starts for the isolated counterfactual: one single-process worker per local rank, each
+    on the device and data shard of the rank it stands for, in its own dir with its own config."""
+    plans = []
+    for k in range(cfg.first_local_rank, cfg.first_local_rank + cfg.gpus_per_node):
+        iso = dataclasses.replace(cfg, isolated_index=k)
+        iso_dir = run_dir / f"isolated{k}"
+        plan = backend.launch(iso, iso_dir, free_port(), isolated_devices(cfg, k))
+        plan.files[iso_dir / "config.json"] = iso.to_json()
+        plans.append(plan)
+    return plans
+
+
+def write_files(files: dict[Path, str]) -> None:
+    for path, content in files.items():
+        write_atomic(path, lambda tmp, content=content: tmp.write_text(content))
+
+
 def launch_node(backend: Backend, cfg: RunConfig, run_dir: Path) -> LaunchResult:
     """Start THIS node's launcher (the whole run on one node) and wait for it. Every node writes the same
     config.json (the run's, as node 0 sees it), atomically, since on a shared filesystem they share it."""
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(run_dir / "config.json", dataclasses.replace(cfg, node_rank=0).to_dict())
-    return run_processes(backend.launch(cfg, run_dir, cfg.master_port or free_port()),
-                         node_log(run_dir, cfg, "launcher"), cfg.timeout_s, cwd=REPO_ROOT)
+    plan = node_plan(backend, cfg, run_dir, cfg.master_port or free_port())
+    write_files(plan.files)
+    return run_processes(plan.processes, node_log(run_dir, cfg, "launcher"), cfg.timeout_s, cwd=REPO_ROOT)
 
 
 def run_isolated(backend: Backend, cfg: RunConfig, run_dir: Path) -> str | None:
     """The isolated counterfactual: N independent single-process workers started at the same time, each
     on the data shard of one rank, so they contend for the machines as the real run does but never talk.
     Each node runs the workers standing for its own ranks; returns an error message if they failed."""
-    processes = []
-    first = cfg.node_rank * cfg.procs_per_node
-    for k in range(first, first + cfg.procs_per_node):
-        iso = dataclasses.replace(cfg, isolated_index=k)
-        d = run_dir / f"isolated{k}"
-        d.mkdir(parents=True, exist_ok=True)
-        (d / "config.json").write_text(iso.to_json())
-        launched = backend.launch(iso, d, free_port())
-        if cfg.device == "cuda":  # each single-process worker gets its own GPU, as its rank would have
-            for proc in launched:
-                proc.env["CUDA_VISIBLE_DEVICES"] = local_gpu(k - first)
-        processes += launched
-    result = run_processes(processes, node_log(run_dir, cfg, "isolated"), cfg.timeout_s, cwd=REPO_ROOT)
-    return None if result.ok else f"isolated counterfactual failed on node {cfg.node_rank} (exit codes {result.returncodes}); see {run_dir}"
-
-
-def local_gpu(index: int) -> str:
-    """The id to put in CUDA_VISIBLE_DEVICES for this node's `index`-th GPU, honouring an existing mask."""
-    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
-    return visible[index] if visible else str(index)
+    plans = isolated_plans(backend, cfg, run_dir)
+    for plan in plans:
+        write_files(plan.files)
+    result = run_processes([proc for plan in plans for proc in plan.processes], node_log(run_dir, cfg, "isolated"),
+                           cfg.timeout_s, cwd=REPO_ROOT)
+    return None if result.ok else (f"isolated counterfactual failed on node {cfg.node_rank} (exit codes "
+                                   f"{result.returncodes}); see {run_dir}")
 
 
 def gather_isolated(run_dir: Path, cfg: RunConfig, markers: list[dict | None]) -> tuple[list[dict], str | None]:
     errors = [m["isolated_error"] for m in markers if m and m.get("isolated_error")]
-    records = [gather_ranks(run_dir / f"isolated{k}", 1).get(0) for k in range(cfg.gpus)]
+    records = [gather_ranks(run_dir / f"isolated{k}", 1).get(0) for k in range(cfg.world_size)]
     if errors or any(r is None or r.get("status") != "ok" for r in records):
         return [], "; ".join(errors) or f"isolated counterfactual records missing or failed; see {run_dir}"
     return records, None
@@ -175,7 +174,7 @@ def environment(cfg: RunConfig, ranks: list[dict], argv: list[str], started: str
         "device_kind": devices[0] if len(devices) == 1 else (", ".join(devices) or None),
         "device_names": [r.get("device") for r in ranks],
         "hostnames": sorted({r["host"] for r in ranks if r.get("host")}),
-        "world_size": cfg.gpus,
+        "world_size": cfg.world_size,
         "threads_per_worker": cfg.threads_per_worker,
         "process_settings": first.get("process_settings"),  # as rank 0 got them
         "harness_host": socket.gethostname(),
@@ -206,9 +205,13 @@ def run_node(backend: Backend, cfg: RunConfig, run_dir: Path, argv: list[str]) -
     """Launch this node's ranks, then its share of the isolated counterfactual; returns its node marker."""
     marker = start_node(cfg, run_dir, argv, now_iso())
     result = launch_node(backend, cfg, run_dir)
+    marker = ranks_launched(run_dir, marker, result)
     isolated_error = None
-    if result.ok and cfg.compute_method == "isolated" and cfg.gpus > 1:
-        isolated_error = run_isolated(backend, cfg, run_dir)
+    if result.ok and cfg.compute_method == "isolated" and cfg.world_size > 1:
+        # Where node 0's launcher runs this node's ranks too, they may still be running: wait for them.
+        if backend.starts_remote_ranks and cfg.node_rank != 0:
+            isolated_error = wait_for_ranks(run_dir, 0, cfg.timeout_s)
+        isolated_error = isolated_error or run_isolated(backend, cfg, run_dir)
     return finish_node(run_dir, marker, result, isolated_error)
 
 
@@ -224,15 +227,28 @@ def write_record(backend: Backend, cfg: RunConfig, out_dir: Path, run_id: str, w
     if error and len(ranks) < cfg.world_size and absent_nodes(markers):
         error["message"] += "; " + absent_nodes(markers)
 
-    comm = {"method": cfg.compute_method if cfg.gpus > 1 else "none"}
-    isolated = []
-    if status == "ok" and comm["method"] == "isolated":
+    isolated, comm_error = [], None
+    if status == "ok" and cfg.compute_method == "isolated" and cfg.world_size > 1:
         isolated, comm_error = gather_isolated(run_dir, cfg, markers)
-        if comm_error:
-            comm["error"] = comm_error
-
     node0 = markers[0] or {}
     rank_list = [ranks[r] for r in sorted(ranks)]
+    record = assemble_record(
+        backend, cfg, run_id, rank_list, status=status, error=error, isolated_ranks=isolated, comm_error=comm_error,
+        launch={"returncodes": result.returncodes, "elapsed_s": result.elapsed_s, "log_dir": str(run_dir),
+                "nodes": markers},
+        environment=environment(cfg, rank_list, node0.get("argv", []), node0.get("started")), sweep=sweep)
+    write_json_atomic(Path(out_dir) / f"{run_id}.json", record)
+    return record
+
+
+def assemble_record(backend: Backend, cfg: RunConfig, run_id: str, ranks: list[dict], *, status: str = "ok",
+                    error: dict | None = None, isolated_ranks: list[dict] = (), comm_error: str | None = None,
+                    launch: dict | None = None, environment: dict | None = None, sweep: dict | None = None) -> dict:
+    """THE run record, from the raw rank records and what the runner saw; pure, so tests build records the
+    same way the runner does. The summary is computed by harness.analyze.metrics from the raw records."""
+    comm = {"t_compute_method": cfg.compute_method if cfg.world_size > 1 else "none"}
+    if comm_error:
+        comm["error"] = comm_error
     record = {
         "schema_version": SCHEMA_VERSION,
         "run_id": run_id,
@@ -244,14 +260,12 @@ def write_record(backend: Backend, cfg: RunConfig, out_dir: Path, run_id: str, w
             "sharding": backend.sharding(cfg), "precision_scheme": backend.precision_scheme(cfg),
             "comm_pattern": dataclasses.asdict(backend.comm_pattern(cfg)),
         },
-        "launch": {"returncodes": result.returncodes, "elapsed_s": result.elapsed_s, "log_dir": str(run_dir),
-                   "nodes": markers},
+        "launch": launch or {},
         "comm": comm,
-        "ranks": rank_list,
-        "isolated_ranks": isolated,
-        "environment": environment(cfg, rank_list, node0.get("argv", []), node0.get("started")),
+        "ranks": list(ranks),
+        "isolated_ranks": list(isolated_ranks),
+        "environment": environment or {},
         "sweep": sweep,
     }
     record["summary"] = summarize(record)
-    write_json_atomic(Path(out_dir) / f"{run_id}.json", record)
     return record

@@ -28,16 +28,19 @@ Exit codes: 0 no regression; 1 a regression, or a candidate run failing where th
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from dataclasses import dataclass
 from math import comb
 from pathlib import Path
 
 import numpy as np
 
-from harness.analysis import workload_name
-from harness.baseline import InputError, load_all
-from harness.cli import fraction
-from harness.records import write_json_atomic
+from scipy.stats import mannwhitneyu
+
+from core.records import ConfigKey, config_key, device_name, write_json_atomic
+from harness.analyze.baseline import InputError, load_all
+from harness.analyze.summary import fmt_bytes
+from harness.usage import EXIT_FAILED, EXIT_OK, UsageError, fraction
 
 DEFAULT_THRESHOLD = 0.05
 DEFAULT_ALPHA = 0.05
@@ -53,45 +56,28 @@ CONFIG_FIELDS = ("micro_batch", "grad_accum", "spec", "activation_checkpointing"
 
 # ---- matching -----------------------------------------------------------------------------------------
 
-@dataclass(frozen=True, order=True)
-class Key:
-    backend: str
-    workload: str
-    gpus: int
-    precision: str
-    scaling: str
-    device_kind: str  # "*" when matching across devices (--force)
-
-    def label(self) -> str:
-        parts = [self.backend, self.workload, f"N={self.gpus}", self.precision, self.scaling]
-        return " · ".join(parts + ([self.device_kind] if self.device_kind != "*" else []))
-
-
-def run_key(run: dict, device_kind: str | None = None) -> Key:
-    """The match key; `device_kind` overrides the run's own ("*" to match across devices)."""
-    cfg = run["config"]
-    return Key(run["backend_info"].get("label") or cfg["backend"], workload_name(cfg), cfg["gpus"],
-               cfg["precision"], cfg.get("scaling", "weak"),
-               device_kind or str(run["environment"].get("device_kind")))
+def run_key(run: dict, device: str | None = None) -> ConfigKey:
+    """The match key; `device` overrides the run's own ("*" to match across devices)."""
+    return config_key(run, device)
 
 
 def group(base: list[dict], cand: list[dict], any_device: bool) -> tuple[dict, dict]:
     """Both sides' runs by match key. A run that failed before any rank named its device has no device
     kind; it joins its configuration's runs when those ran on a single device kind, so a candidate that
     crashes where the baseline ran is still matched (and reported as newly failing)."""
-    kinds: dict[Key, set] = {}
+    kinds: dict[ConfigKey, set] = {}
     for r in base + cand:
-        if r["environment"].get("device_kind"):
-            kinds.setdefault(run_key(r, "*"), set()).add(r["environment"]["device_kind"])
+        if device_name(r):
+            kinds.setdefault(run_key(r, "*"), set()).add(device_name(r))
 
     def key(r):
         if any_device:
             return run_key(r, "*")
         known = kinds.get(run_key(r, "*"), set())
-        return run_key(r, None if r["environment"].get("device_kind") or len(known) != 1 else next(iter(known)))
+        return run_key(r, None if device_name(r) or len(known) != 1 else next(iter(known)))
 
     def by_key(runs):
-        out: dict[Key, list[dict]] = {}
+        out: dict[ConfigKey, list[dict]] = {}
         for r in runs:
             out.setdefault(key(r), []).append(r)
         return out
@@ -102,10 +88,10 @@ def check_devices(base: list[dict], cand: list[dict]) -> None:
     """Timings from different device kinds are not a regression signal: refuse unless --force."""
     b, c = group(base, cand, any_device=True)
     for key in sorted(b.keys() & c.keys()):
-        kinds_b = {r["environment"].get("device_kind") for r in b[key]} - {None}
-        kinds_c = {r["environment"].get("device_kind") for r in c[key]} - {None}
+        kinds_b = {device_name(r) for r in b[key]} - {None}
+        kinds_c = {device_name(r) for r in c[key]} - {None}
         if kinds_b and kinds_c and not kinds_b & kinds_c:
-            raise InputError(f"{key.label()}: baseline ran on {', '.join(sorted(kinds_b))} but candidate on "
+            raise InputError(f"{key.text()}: baseline ran on {', '.join(sorted(kinds_b))} but candidate on "
                              f"{', '.join(sorted(kinds_c))}; timings from different devices are not comparable "
                              f"(pass --force to compare anyway)")
 
@@ -131,7 +117,6 @@ class Significance:
 
 def significance(base: list[float], cand: list[float], alpha: float) -> Significance:
     """Do the two samples differ? Mann-Whitney U where it can reach `alpha`, else: do the ranges overlap?"""
-    from scipy.stats import mannwhitneyu
     if min_attainable_p(len(base), len(cand)) <= alpha:
         p = float(mannwhitneyu(base, cand, alternative="two-sided").pvalue)
         return Significance("mann-whitney-u", p, p < alpha)
@@ -236,8 +221,8 @@ def compare_runs(base: list[dict], cand: list[dict], threshold: float = DEFAULT_
     gb, gc = group(base, cand, force)
     shared = sorted(gb.keys() & gc.keys())
     if not shared:
-        raise InputError(f"nothing matched: baseline has {'; '.join(k.label() for k in sorted(gb)) or 'no runs'}, "
-                         f"candidate has {'; '.join(k.label() for k in sorted(gc)) or 'no runs'}")
+        raise InputError(f"nothing matched: baseline has {'; '.join(k.text() for k in sorted(gb)) or 'no runs'}, "
+                         f"candidate has {'; '.join(k.text() for k in sorted(gc)) or 'no runs'}")
     comparisons, not_compared = [], []
     for key in shared:
         ok_b = [r for r in gb[key] if r["status"] == "ok"]
@@ -246,14 +231,14 @@ def compare_runs(base: list[dict], cand: list[dict], threshold: float = DEFAULT_
             for r in runs:
                 if r["status"] != "ok":
                     not_compared.append({
-                        "side": side, "key": key.label(), "run_id": r["run_id"], "status": r["status"],
+                        "side": side, "key": key.text(), "run_id": r["run_id"], "status": r["status"],
                         "error": (r.get("error") or {}).get("message"),
                         "newly_failing": side == "candidate" and bool(ok_b)})
         if not (ok_b and ok_c):
             continue
         field, label = memory_field(ok_b + ok_c)
         comparisons.append({
-            "key": key.label(), "match": key.__dict__,
+            "key": key.text(), "match": dataclasses.asdict(key),
             "metrics": [compare_throughput(ok_b, ok_c, threshold, alpha, statistic),
                         compare_memory(ok_b, ok_c, field, label, memory_threshold),
                         compare_memory(ok_b, ok_c, "model_state_bytes_per_rank", "model state / rank",
@@ -272,15 +257,14 @@ def compare_runs(base: list[dict], cand: list[dict], threshold: float = DEFAULT_
         "settings": {"threshold": threshold, "alpha": alpha, "memory_threshold": memory_threshold,
                      "statistic": statistic, "min_repeats": MIN_REPEATS, "force": force},
         "comparisons": comparisons, "not_compared": not_compared,
-        "only_in_baseline": [k.label() for k in sorted(gb.keys() - gc.keys())],
-        "only_in_candidate": [k.label() for k in sorted(gc.keys() - gb.keys())],
+        "only_in_baseline": [k.text() for k in sorted(gb.keys() - gc.keys())],
+        "only_in_candidate": [k.text() for k in sorted(gc.keys() - gb.keys())],
     }
 
 
 # ---- output -------------------------------------------------------------------------------------------
 
 def fmt_value(metric: dict, side: str) -> str:
-    from harness.cli import fmt_bytes
     value = metric.get(side)
     if value is None:
         return "n/a"
@@ -329,7 +313,6 @@ def markdown(result: dict) -> str:
 # ---- command line -------------------------------------------------------------------------------------
 
 def cmd_compare(args) -> int:
-    from harness.cli import EXIT_FAILED, EXIT_OK, UsageError
     try:
         base, cand = load_all([args.baseline]), load_all([args.candidate])
         result = compare_runs(base, cand, args.threshold, args.alpha, args.memory_threshold, args.statistic,

@@ -9,27 +9,21 @@ How the nodes agree without a coordinator of our own:
 - node 0 then waits for every node that has started to finish, gathers all ranks' records and writes the
   record. A node whose marker never shows up shares no filesystem with node 0 (or never ran): node 0 writes
   what it has, and `harness collect` completes the record once the other nodes' run dirs are copied over.
-`harness plan` prints what each node would run, from the same adapter.launch() the real run calls.
+`harness plan` (harness/run/plan.py) prints what each node would run, from the same adapter.launch().
 """
+
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
-import shlex
-import shutil
 import socket
-import sys
 import time
 from pathlib import Path
 
-from backends import get_backend
-from backends.base import REPO_ROOT
-from harness.cli import (EXIT_FAILED, EXIT_OK, UsageError, add_run_arguments, build_config, positive,
-                         print_summary)
-from harness.config import RunConfig
-from harness.launch import LaunchResult
-from harness.records import write_json_atomic
+from core.config import RunConfig
+from core.records import write_json_atomic
+from harness.run.launch import LaunchResult
+from harness.usage import UsageError, positive
 
 DEFAULT_MASTER_PORT = 29500          # torchrun's default, for multi-node runs given no port
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -132,7 +126,7 @@ def node_layout(args, world: int, node_rank: int | None = None) -> dict:
         raise UsageError(f"--node-rank {node_rank}: expected 0..{nodes - 1} for {nodes} node(s)")
     if nodes > 1 and not (addr or hosts):
         raise UsageError(f"--nodes {nodes}: give --master ADDR[:PORT] or the hosts, so the nodes can meet")
-    return {"nodes": nodes, "node_rank": node_rank, "hosts": hosts,
+    return {"nodes": nodes, "gpus_per_node": world // nodes, "node_rank": node_rank, "hosts": hosts,
             "master_addr": addr or (hosts[0] if hosts and nodes > 1 else "127.0.0.1"),
             "master_port": port or (DEFAULT_MASTER_PORT if nodes > 1 else None)}
 
@@ -167,6 +161,25 @@ def start_node(cfg: RunConfig, run_dir: Path, argv: list[str], started: str) -> 
               "started": started, "finished": False}
     write_json_atomic(marker_path(run_dir, cfg.node_rank), marker)
     return marker
+
+
+def ranks_launched(run_dir: Path, marker: dict, result: LaunchResult) -> dict:
+    """Say that this node's launcher has exited (its ranks are done), before the isolated counterfactual."""
+    marker = {**marker, "ranks_done": True, "ranks_ok": result.ok}
+    write_json_atomic(marker_path(run_dir, marker["node_rank"]), marker)
+    return marker
+
+
+def wait_for_ranks(run_dir: Path, node_rank: int, timeout_s: float) -> str | None:
+    """Wait until node `node_rank`'s launcher has exited (for a launcher that also runs this node's ranks);
+    returns an error message if it failed or did not finish within the run's timeout plus a grace."""
+    deadline = time.monotonic() + timeout_s + NODE_GRACE_S
+    while time.monotonic() < deadline:
+        marker = read_markers(run_dir, node_rank + 1)[node_rank] or {}
+        if marker.get("ranks_done") or marker.get("finished"):
+            return None if marker.get("ranks_ok", True) else f"node {node_rank}'s ranks failed: no isolated run"
+        time.sleep(POLL_S)
+    return f"node {node_rank}'s launcher, which runs this node's ranks, did not finish: no isolated run"
 
 
 def finish_node(run_dir: Path, marker: dict, result: LaunchResult, isolated_error: str | None) -> dict:
@@ -216,93 +229,3 @@ def absent_nodes(markers: list[dict | None]) -> str | None:
         return None
     return (f"node(s) {absent} left no finished node marker in this run dir: if the nodes share no filesystem, "
             "copy their run dirs here and run `harness collect`")
-
-
-# ------------------------------------------------------------------------------------------ harness plan
-def node_command(argv: list[str], node_rank: int, run_id: str) -> list[str]:
-    """The `harness run` command line for one node: the plan's own options, with this node's rank."""
-    out, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-            continue
-        name = arg.split("=", 1)[0]
-        if name in ("--node-rank", "--run-id"):
-            skip = "=" not in arg
-            continue
-        out.append(arg)
-    return ["harness", "run", *out, "--node-rank", str(node_rank), "--run-id", run_id]
-
-
-def plan_argv() -> list[str]:
-    """The options given to `harness plan` (from the process's command line)."""
-    argv = sys.argv[1:]
-    return argv[argv.index("plan") + 1:] if "plan" in argv else argv
-
-
-def cmd_plan(args) -> int:
-    from harness.runner import new_run_id
-    world = requested_world(args)
-    base = build_config(args, args.backend, world, check_devices=False, node_rank=0)
-    backend = get_backend(base.backend)
-    run_id = args.run_id or new_run_id(base)
-    check_run_id(run_id, base, args.out)
-    run_dir = (Path(args.out) / "logs" / run_id).resolve()
-    port = base.master_port or DEFAULT_MASTER_PORT
-    ok, reason = backend.availability()
-    print(f"plan: {backend.label(base)} · {base.workload} · {base.nodes} node(s) x {base.procs_per_node} "
-          f"rank(s) = {base.gpus} ranks on {base.device} · master {base.master_addr}:{port} · run id {run_id}")
-    if base.nodes == 1 and not base.master_port:
-        print(f"(a one-node run picks a free port per run; {port} is shown)")
-    if not ok:
-        print(f"note: {backend.name} is unavailable on this machine: {reason}")
-    print(f"run dir: {run_dir} (shared by all nodes); node 0 writes {Path(args.out).resolve() / (run_id + '.json')}")
-    for r in range(base.nodes):
-        cfg = dataclasses.replace(base, node_rank=r)
-        host = base.hosts[r] if base.hosts else ("this machine" if base.nodes == 1 else f"node {r}")
-        print(f"\nnode {r} ({host}): run")
-        print("  " + shlex.join(node_command(plan_argv(), r, run_id)))
-        try:
-            processes = backend.launch(cfg, run_dir, port)
-        except Exception as exc:  # noqa: BLE001 - an adapter that needs the cluster or writes files to plan
-            raise UsageError(f"cannot plan node {r}: {backend.name}'s launch() failed here ({type(exc).__name__}: "
-                             f"{exc}); a plan runs launch() without the cluster and without a run dir") from None
-        print(f"  which starts {len(processes) or 'no'} process(es) from {REPO_ROOT}" + (":" if processes else
-              " (this backend's launcher on node 0 starts this node's workers)"))
-        for proc in processes:
-            env = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in sorted(proc.env.items()))
-            print(f"    env {env} \\\n      {shlex.join(proc.argv)}")
-    return EXIT_OK
-
-
-# ----------------------------------------------------------------------------------------- harness collect
-def cmd_collect(args) -> int:
-    from harness.runner import write_record
-    run_dir = Path(args.run_dir)
-    if not (run_dir / "config.json").is_file():
-        raise UsageError(f"{run_dir}: not a run dir (no config.json); expected OUT/logs/<run_id>")
-    for other in args.more:
-        if not Path(other).is_dir():
-            raise UsageError(f"{other}: no such directory")
-        shutil.copytree(other, run_dir, dirs_exist_ok=True,
-                        ignore=lambda d, names: ["config.json"] if Path(d) == Path(other) else [])
-    cfg = RunConfig.from_dict(json.loads((run_dir / "config.json").read_text()))
-    out_dir = run_dir.parent.parent
-    record = write_record(get_backend(cfg.backend), cfg, out_dir, run_dir.name, wait=False)
-    print_summary(record)
-    print(f"record: {out_dir / (record['run_id'] + '.json')}")
-    return EXIT_OK if record["status"] == "ok" else EXIT_FAILED
-
-
-def register(subparsers) -> None:
-    p = subparsers.add_parser("plan", help="print each node's commands and environment for a run (dry run)")
-    p.add_argument("--backend", required=True)
-    p.add_argument("--gpus", type=positive, help="ranks in all (default: nodes x --gpus-per-node)")
-    p.add_argument("--run-id", help="the run id all nodes will share (default: a new one)")
-    add_run_arguments(p)
-    p.set_defaults(func=cmd_plan)
-    p = subparsers.add_parser("collect", help="write a multi-node run's record from its run dir(s), e.g. "
-                                              "after copying the nodes' run dirs together")
-    p.add_argument("run_dir", type=Path, help="OUT/logs/<run_id> on node 0 (the record goes to OUT)")
-    p.add_argument("more", nargs="*", type=Path, help="other nodes' copies of the run dir, merged into it first")
-    p.set_defaults(func=cmd_collect)

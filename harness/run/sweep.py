@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import math
 import os
 import sys
@@ -19,10 +18,12 @@ from dataclasses import dataclass
 
 from backends import backend_names, get_backend
 from backends.base import Backend
-from harness.cli import EXIT_FAILED, EXIT_OK, UsageError, add_run_arguments, build_config, choice, positive
-from harness.config import RunConfig
-from harness.multinode import read_hosts
-from harness.records import load_records
+from core.config import RunConfig
+from core.records import config_key, load_records
+from harness.run.nodes import read_hosts
+from harness.run.options import add_run_arguments, build_config
+from harness.run.runner import execute
+from harness.usage import EXIT_FAILED, EXIT_OK, UsageError, choice, positive
 
 SCALING_MODES = ("weak", "strong")
 
@@ -70,11 +71,6 @@ def batch_args(args, scaling: str, ns: list[int]) -> argparse.Namespace:
     return out
 
 
-def config_key(config: dict) -> str:
-    """What makes two runs the same measurement: the whole config but its timeout."""
-    return json.dumps({k: v for k, v in config.items() if k != "timeout_s"}, sort_keys=True)
-
-
 def refuse_multi_node(args) -> None:
     """A sweep runs on one node: each multi-node run needs a run id all its nodes agree on, and nodes
     other than 0 get no record to report, so a sweep cannot drive several nodes."""
@@ -94,13 +90,14 @@ def plan(args) -> tuple[list[PlannedRun], dict[str, str]]:
     # constant along the sweep (recorded in each config).
     threads = args.threads_per_worker or max(1, (os.cpu_count() or 1) // max(args.gpus))
     skipped, configs = {}, []
-    for name in selected_backends(args.backends):
+    names = selected_backends(args.backends)
+    for name in names:
         backend = get_backend(name)
         ok, reason = backend.availability()
         if not ok:
             skipped[name] = reason
             continue
-        configs += [(backend, build_config(run_args, name, n, threads)) for n in args.gpus]
+        configs += [(backend, build_config(run_args, name, n, threads, backends_in_use=names)) for n in args.gpus]
     if not configs:
         raise UsageError("no available backend to sweep: " + "; ".join(f"{k} ({v})" for k, v in skipped.items()))
     return [PlannedRun(b, cfg, r) for r in range(args.repeats) for b, cfg in configs], skipped
@@ -109,11 +106,12 @@ def plan(args) -> tuple[list[PlannedRun], dict[str, str]]:
 def drop_done(runs: list[PlannedRun], out_dir) -> tuple[list[PlannedRun], int]:
     """Runs not yet recorded with status ok in out_dir (k ok records of a config stand for its first k
     repeats); failed runs are not done and run again."""
-    done = Counter(config_key(r["config"]) for r in load_records([out_dir]) if r["status"] == "ok") \
+    done = Counter(config_key(r, "*") for r in load_records([out_dir]) if r["status"] == "ok") \
         if out_dir.is_dir() else Counter()
     todo = []
     for run in runs:
-        key = config_key(json.loads(json.dumps(run.cfg.to_dict())))
+        planned = {"config": run.cfg.to_dict(), "backend_info": {"label": run.backend.label(run.cfg)}}
+        key = config_key(planned, "*")
         if done[key]:
             done[key] -= 1
         else:
@@ -131,12 +129,11 @@ def progress_line(k: int, n: int, run: PlannedRun, record: dict, took: float, el
     tput = record["summary"]["throughput_tokens_per_s"]
     outcome = f"{tput:,.0f} tok/s" if record["status"] == "ok" and tput else (record.get("error") or {}).get("message", "")
     eta = elapsed / k * (n - k)
-    return (f"[{k}/{n}] {record['backend_info']['label']} N={run.cfg.gpus} repeat {run.repeat + 1}/{repeats}: "
+    return (f"[{k}/{n}] {record['backend_info']['label']} N={run.cfg.world_size} repeat {run.repeat + 1}/{repeats}: "
             f"{record['status']} in {took:.1f} s, {outcome} | elapsed {clock(elapsed)}, ETA {clock(eta)}")
 
 
 def cmd_sweep(args) -> int:
-    from harness.runner import execute
     runs, skipped = plan(args)
     sweep_id = f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
     cfg = runs[0].cfg

@@ -1,6 +1,6 @@
 """Cross-run figures: run records -> a tidy table (one row per run) -> one row per backend x N.
 
-Per-run figures come from harness.metrics.summarize (recomputed from the raw rank records, so every table
+Per-run figures come from harness.analyze.metrics.summarize (recomputed from the raw rank records, so every table
 uses the current definitions); this module only groups runs and compares them: median and spread over
 repeats, speedup and scaling efficiency against N = 1, memory ratio, and a noise flag.
 """
@@ -9,42 +9,15 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from harness.metrics import summarize
-from workloads.spec import PRESETS, ModelSpec
+from core.records import config_key, device_name
+from harness.analyze.metrics import summarize
 
-# Runs in one group are repeats of the same measurement. `batch` is part of the key because speedup is
-# only defined against the same per-device batch (weak scaling) or the same global batch (strong).
-CONTEXT_KEYS = ["workload", "precision", "device", "scaling", "batch"]
-GROUP_KEYS = ["label", *CONTEXT_KEYS, "gpus"]
+# Runs in one group are repeats of the same measurement: the same core.records.ConfigKey. A context is a
+# ConfigKey but its label and N: the runs whose speedup over N = 1 is defined (the same per-device batch for
+# weak scaling, the same global batch for strong).
+CONTEXT_KEYS = ["workload", "precision", "device", "scaling", "batch", "settings"]
+GROUP_KEYS = ["label", *CONTEXT_KEYS, "world_size"]
 DEFAULT_NOISE_CV = 0.10
-
-
-def workload_name(cfg: dict) -> str:
-    """The preset name, plus the fields that differ from it when the spec was overridden, so runs of
-    different models never share a group."""
-    preset = PRESETS.get(cfg["workload"])
-    spec = ModelSpec(**cfg["spec"])
-    if preset is None or preset == spec:
-        return cfg["workload"]
-    changed = [f"{k}={v}" for k, v in spec.to_dict().items() if preset.to_dict().get(k) != v]
-    return f"{cfg['workload']}({', '.join(changed)})"
-
-
-def device_name(record: dict) -> str | None:
-    """The device a rank ran on; on CPU with its thread count, since N workers share one machine's cores
-    and a different thread count is different hardware."""
-    cfg, env = record["config"], record.get("environment", {})
-    kind = env.get("device_kind")
-    if kind and cfg["device"] == "cpu":
-        return f"{kind}, {cfg['threads_per_worker']} thread(s)/worker"
-    return kind
-
-
-def batch_name(cfg: dict) -> str:
-    per_rank = cfg["micro_batch"] * cfg["grad_accum"]
-    if cfg.get("scaling") == "strong":
-        return f"{per_rank * cfg['gpus']} seq global"
-    return f"{per_rank} seq/rank"
 
 
 def run_row(record: dict) -> dict:
@@ -56,13 +29,14 @@ def run_row(record: dict) -> dict:
     # Per-rank peak memory: the framework allocator's peak on a GPU; process RSS where there is none (CPU),
     # which includes the framework runtime, so CPU memory ratios stay near 1 by construction.
     allocated = s["peak_allocated_bytes"]
+    key = config_key(record)
     return {
         "run_id": record["run_id"], "status": record["status"], "error": error.get("message"),
         "sweep_id": sweep.get("id"), "repeat": sweep.get("repeat"),
-        "backend": cfg["backend"], "label": info.get("label", cfg["backend"]), "framework": info.get("framework"),
-        "sharding": info.get("sharding"), "workload": workload_name(cfg), "precision": cfg["precision"],
+        "backend": cfg["backend"], "label": key.label, "framework": info.get("framework"),
+        "sharding": info.get("sharding"), "workload": key.workload, "precision": key.precision,
         "device": device_name(record), "device_type": cfg["device"], "host": env.get("harness_host"),
-        "scaling": cfg.get("scaling", "weak"), "batch": batch_name(cfg), "gpus": cfg["gpus"],
+        "scaling": key.scaling, "batch": key.batch, "settings": key.settings, "world_size": key.world_size,
         "threads_per_worker": cfg["threads_per_worker"], "steps": cfg["steps"],
         "throughput": s["throughput_tokens_per_s"], "per_device_throughput": s["per_device_tokens_per_s"],
         "t_step_s": s["step_time_s"]["median"], "t_step_p10_s": s["step_time_s"]["p10"],
@@ -129,11 +103,11 @@ def aggregate(runs: pd.DataFrame, noise_cv: float = DEFAULT_NOISE_CV) -> pd.Data
     agg["noisy"] = agg["throughput_cv"] > noise_cv
     agg["model_state_vs_analytic"] = agg["model_state_bytes"] / agg["model_state_analytic"]
 
-    base = agg[agg["gpus"] == 1].set_index(["label", *CONTEXT_KEYS])
+    base = agg[agg["world_size"] == 1].set_index(["label", *CONTEXT_KEYS])
     keys = pd.MultiIndex.from_frame(agg[["label", *CONTEXT_KEYS]])
     base_tput = base["throughput"].reindex(keys).to_numpy(dtype=float)
     agg["speedup"] = agg["throughput"] / base_tput
-    agg["efficiency"] = agg["speedup"] / agg["gpus"]
+    agg["efficiency"] = agg["speedup"] / agg["world_size"]
     agg["memory_ratio"] = agg["peak_memory_bytes"] / base["peak_memory_bytes"].reindex(keys).to_numpy(dtype=float)
     base_noisy = base["noisy"].reindex(keys).fillna(False).to_numpy(dtype=bool)
     agg["speedup_noisy"] = agg["noisy"].to_numpy(dtype=bool) | base_noisy

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.analysis import workload_name
-from harness.baseline import InputError, load_all
-from harness.compare import run_key
+from core.records import device_name, workload_name, write_atomic
+from harness.analyze.baseline import InputError, load_all
+from harness.analyze.compare import run_key
+from harness.usage import EXIT_OK, UsageError, positive
 
 DEFAULT_METRIC = "throughput_tokens_per_s"
 
@@ -41,7 +42,7 @@ def select(runs: list[dict], args) -> list[dict]:
     def wanted(r):
         cfg = r["config"]
         return (args.backend in (r["backend_info"].get("label"), cfg["backend"])
-                and args.workload == workload_name(cfg) and cfg["gpus"] == args.gpus
+                and args.workload == workload_name(cfg) and cfg["world_size"] == args.gpus
                 and (args.precision is None or cfg["precision"] == args.precision)
                 and (args.scaling is None or cfg.get("scaling") == args.scaling)
                 and (args.device_kind is None or r["environment"].get("device_kind") == args.device_kind))
@@ -49,9 +50,9 @@ def select(runs: list[dict], args) -> list[dict]:
     if not chosen:
         raise InputError(f"no records for backend {args.backend}, workload {args.workload}, {args.gpus} GPU(s) "
                          f"with these filters among {len(runs)} record(s)")
-    keys = sorted({run_key(r) for r in chosen if r["environment"].get("device_kind")})
+    keys = sorted({run_key(r) for r in chosen if device_name(r)})
     if len(keys) > 1:
-        raise InputError(f"several configurations match: {'; '.join(k.label() for k in keys)}; narrow with "
+        raise InputError(f"several configurations match: {'; '.join(k.text() for k in keys)}; narrow with "
                          f"--backend LABEL, --precision, --scaling or --device-kind")
     return chosen
 
@@ -109,14 +110,12 @@ def plot(label: str, metric: str, rows: list[dict], path: Path) -> None:
     ax.set_title(label, fontsize=9)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    from harness.records import write_atomic
     path = Path(path)
     write_atomic(path, lambda tmp: fig.savefig(tmp, format=path.suffix.lstrip(".") or "png"))
     plt.close(fig)
 
 
 def cmd_history(args) -> int:
-    from harness.cli import EXIT_OK, UsageError
     try:
         runs = select(load_all(args.records or [Path("results")]), args)
     except InputError as exc:
@@ -124,7 +123,7 @@ def cmd_history(args) -> int:
     valid = metric_names(runs[0]["summary"])
     if args.metric not in valid:
         raise UsageError(f"unknown metric '{args.metric}'; valid: {', '.join(valid)}")
-    label = run_key(next((r for r in runs if r["environment"].get("device_kind")), runs[0])).label()
+    label = run_key(next((r for r in runs if r["environment"].get("device_kind")), runs[0])).text()
     rows = history_rows(runs, args.metric)
     print(markdown(label, args.metric, rows), end="")
     if args.output:
@@ -134,7 +133,6 @@ def cmd_history(args) -> int:
 
 
 def register(subparsers) -> None:
-    from harness.cli import positive
     p = subparsers.add_parser("history", help="one metric of one configuration across git commits")
     p.add_argument("records", nargs="*", type=Path, help="record files, directories or baselines (default: results/)")
     p.add_argument("--backend", required=True, help="backend name or label (e.g. deepspeed-zero2)")

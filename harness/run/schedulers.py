@@ -1,6 +1,6 @@
 """`harness slurm` and `harness k8s`: the job files that run a distbench run on a cluster's scheduler.
 
-Both start one harness per node with the multi-node options of `harness run` (see harness.multinode), taken
+Both start one harness per node with the multi-node options of `harness run` (see harness.run.nodes), taken
 from what the scheduler tells each node: Slurm's node list and SLURM_NODEID; the Kubeflow training
 operator's MASTER_ADDR/RANK (PyTorchJob), TF_CONFIG (TFJob), hostfile (MPIJob) or replica index (PaddleJob).
 Records land in --out on a filesystem every node shares (the submit directory on Slurm, a ReadWriteMany
@@ -16,9 +16,11 @@ from pathlib import Path
 
 import yaml
 
-from backends.base import REPO_ROOT
-from harness.cli import EXIT_OK, UsageError, build_config, make_parser, positive
-from harness.multinode import LAYOUT_FLAGS, requested_world
+from core.process import REPO_ROOT
+from harness.run import commands, sweep
+from harness.run.options import build_config
+from harness.usage import EXIT_OK, Parser, UsageError, positive
+from harness.run.nodes import LAYOUT_FLAGS, requested_world
 
 # The Kubeflow training-operator kind that runs each backend, and how its pods learn their node rank.
 JOB_KINDS = {"torch-ddp": "PyTorchJob", "torch-fsdp": "PyTorchJob", "deepspeed": "PyTorchJob",
@@ -27,6 +29,15 @@ KUBEFLOW_V1 = "kubeflow.org/v1"
 MPI_API = "kubeflow.org/v2beta1"
 REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
 RESULTS_MOUNT = "/results"
+
+
+def command_parser() -> Parser:
+    """The parsers of `harness run` and `harness sweep`, to check a job's command here."""
+    parser = Parser(prog="harness")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    commands.register(sub)
+    sweep.register(sub)
+    return parser
 
 
 def checked_command(command: str, harness_args: list[str], nodes: int, per_node: int):
@@ -41,7 +52,7 @@ def checked_command(command: str, harness_args: list[str], nodes: int, per_node:
                          "its own agreed run id; submit one `harness slurm ... run` job per configuration instead")
     layout = ["--nodes", str(nodes), "--gpus-per-node", str(per_node), "--node-rank", "0",
               "--master", "127.0.0.1:29500", "--run-id", "check"] if command == "run" else []
-    args = make_parser().parse_args([command, *harness_args, *layout])
+    args = command_parser().parse_args([command, *harness_args, *layout])
     if command == "run":
         build_config(args, args.backend, requested_world(args), check_devices=False)
     elif max(args.gpus) > per_node:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psutil
 
-from backends.base import Process, die_with_parent
+from core.process import REPO_ROOT, Process, die_with_parent
 
 # After one process of a multi-process launch fails, how long the others get to notice and exit on their
 # own (a launcher such as torchrun tears its workers down itself) before they are killed.
@@ -79,11 +79,11 @@ def kill_sessions(leaders: list[int]) -> None:
 
 
 def start_reaper() -> subprocess.Popen:
-    """`python -m harness.reaper` in its own session, told each started process's pid on its stdin. If
-    the harness dies, its stdin closes without "done" and it kills those sessions (see harness/reaper)."""
-    return subprocess.Popen([sys.executable, "-m", "harness.reaper"], stdin=subprocess.PIPE,
+    """`python -m harness.run.reaper` in its own session, told each started process's pid on its stdin. If
+    the harness dies, its stdin closes without "done" and it kills those sessions (see harness/run/reaper.py)."""
+    return subprocess.Popen([sys.executable, "-m", "harness.run.reaper"], stdin=subprocess.PIPE,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                            cwd=Path(__file__).resolve().parent.parent, text=True)
+                            cwd=REPO_ROOT, text=True)
 
 
 def tell_reaper(reaper: subprocess.Popen, line: str, last: bool = False) -> None:

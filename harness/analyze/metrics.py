@@ -68,7 +68,7 @@ def summarize(record: dict) -> dict:
     """The derived figures of one run record. Unmeasurable figures are None, never guessed."""
     cfg, info = record["config"], record.get("backend_info", {})
     spec = ModelSpec(**cfg["spec"])
-    world = cfg["gpus"]
+    world = cfg["world_size"]
     ranks = [r for r in record.get("ranks", []) if r.get("status") == "ok"]
     step_times = per_step_max(ranks, "step_times")
     t = stats(step_times)
@@ -77,7 +77,7 @@ def summarize(record: dict) -> dict:
     t_step = t["median"]
     throughput = tokens_per_step / t_step if t_step else None
 
-    method = record.get("comm", {}).get("method", "none")
+    method = record.get("comm", {}).get("t_compute_method", "none")
     compute_series = {"no_sync": per_step_max(ranks, "compute_only_step_times"),
                       "isolated": per_step_max(record.get("isolated_ranks", []), "step_times")}.get(method, [])
     t_compute = stats(compute_series)["median"]

@@ -1,6 +1,6 @@
 """The harness's reaper: kills a run's processes if the harness dies before it could.
 
-Started by harness.launch in its own session (a SIGKILL or Ctrl-C of the harness's process group does not
+Started by harness.run.launch in its own session (a SIGKILL or Ctrl-C of the harness's process group does not
 reach it). It reads the pids of the session leaders the harness starts, one per line, from stdin. "done"
 means the harness cleaned up itself; end of input without it means the harness died, and the reaper
 SIGTERMs those sessions and SIGKILLs what is left after the grace period, as the harness would have.
@@ -8,7 +8,7 @@ SIGTERMs those sessions and SIGKILLs what is left after the grace period, as the
 import signal
 import sys
 
-from harness.launch import kill_sessions
+from harness.run.launch import kill_sessions
 
 
 def main() -> int:

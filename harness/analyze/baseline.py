@@ -10,8 +10,11 @@ import json
 import re
 from pathlib import Path
 
-from harness.metrics import per_step_max
-from harness.records import SCHEMA_VERSION, RecordError, load_record, load_records, write_json_atomic
+from core.records import (SCHEMA_VERSION, RecordError, git_commit, load_record, load_records, migrate,
+                          now_iso,
+                          write_json_atomic)
+from harness.analyze.metrics import per_step_max
+from harness.usage import EXIT_OK, UsageError
 
 BASELINE_KIND = "distbench-baseline"
 BASELINE_SCHEMA_VERSION = 1
@@ -28,7 +31,7 @@ class InputError(ValueError):
 
 def trim(record: dict) -> dict:
     """What a comparison needs from a full run record: the per-step samples (step time = slowest rank's
-    time, as harness.metrics defines it) instead of every rank's raw series, logs and launch details."""
+    time, as harness.analyze.metrics defines it) instead of every rank's raw series, logs and launch details."""
     ok_ranks = [r for r in record.get("ranks", []) if r.get("status") == "ok"]
     error = record.get("error") or None
     return {
@@ -62,10 +65,10 @@ def baseline_records(data: dict, path: Path) -> list[dict]:
     for r in records:
         if not isinstance(r, dict) or any(k not in r for k in TRIMMED_KEYS):
             raise InputError(f"{path}: a baseline record lacks one of {', '.join(TRIMMED_KEYS)}")
-        if r["schema_version"] != SCHEMA_VERSION:
+        if not isinstance(r["schema_version"], int) or not 1 <= r["schema_version"] <= SCHEMA_VERSION:
             raise InputError(f"{path}: holds records of schema_version {r['schema_version']}, "
-                             f"this harness reads {SCHEMA_VERSION}")
-    return records
+                             f"this harness reads 1 to {SCHEMA_VERSION}")
+    return [migrate(r) for r in records]
 
 
 def load_file(path: Path) -> list[dict]:
@@ -108,7 +111,6 @@ def load_all(paths) -> list[dict]:
 
 def save_baseline(name: str, runs: list[dict], root: Path) -> Path:
     """Write root/NAME/baseline.json atomically; replaces an older baseline of that name."""
-    from harness.runner import git_commit, now_iso
     path = Path(root) / name / BASELINE_FILE
     write_json_atomic(path, {
         "kind": BASELINE_KIND, "baseline_schema_version": BASELINE_SCHEMA_VERSION, "name": name,
@@ -120,7 +122,6 @@ def save_baseline(name: str, runs: list[dict], root: Path) -> Path:
 
 
 def cmd_baseline_save(args) -> int:
-    from harness.cli import EXIT_OK, UsageError
     if not NAME_PATTERN.match(args.name):
         raise UsageError(f"baseline name '{args.name}' must be letters, digits, '.', '_' or '-' (it becomes a directory)")
     try:

@@ -2,7 +2,7 @@
 Markdown (PR comment, terminal) or one self-contained HTML file (plots embedded as PNG, opens offline);
 `harness results`: the tidy table itself, as CSV or Parquet.
 
-Every number comes from harness.analysis (which builds on harness.metrics.summarize); this module only
+Every number comes from harness.analyze.analysis (which builds on harness.analyze.metrics.summarize); this module only
 formats. The selection advice is assembled from the measured figures, never canned per backend.
 """
 from __future__ import annotations
@@ -19,9 +19,10 @@ from pathlib import Path
 import pandas as pd
 
 from backends import all_backends
-from harness.analysis import DEFAULT_NOISE_CV, aggregate, contexts, runs_table
-from harness.cli import DEFAULT_OUT, EXIT_OK, UsageError, fmt_bytes, fraction, positive
-from harness.records import load_records, write_atomic
+from core.records import DEFAULT_OUT, load_records, write_atomic
+from harness.analyze.analysis import DEFAULT_NOISE_CV, aggregate, contexts, runs_table
+from harness.analyze.summary import fmt_bytes
+from harness.usage import EXIT_OK, UsageError, fraction, positive
 
 FORMATS = ("md", "html")
 
@@ -68,7 +69,8 @@ def nbytes(x) -> str:
 
 # ------------------------------------------------------------------------------------------------- sections
 def context_title(ctx: dict) -> str:
-    return f"{ctx['workload']} · {ctx['precision']} · {ctx['device']} · {ctx['scaling']} scaling ({ctx['batch']})"
+    return (f"{ctx['workload']} · {ctx['precision']} · {ctx['device']} · {ctx['scaling']} scaling ({ctx['batch']}) · "
+            f"{ctx['settings']}")
 
 
 SCALING_HEADERS = ["backend", "N", "runs", "throughput tok/s median [min–max]", "CV over repeats", "speedup",
@@ -80,12 +82,12 @@ def scaling_table(agg: pd.DataFrame) -> Table:
     rows = []
     for r in agg.itertuples():
         if not r.runs:
-            rows.append([r.label, str(r.gpus), f"0 ok, {r.failed} failed", *["n/a"] * (len(SCALING_HEADERS) - 3)])
+            rows.append([r.label, str(r.world_size), f"0 ok, {r.failed} failed", *["n/a"] * (len(SCALING_HEADERS) - 3)])
             continue
         cv = "n/a (1 run)" if value(r.throughput_cv) is None else pct(r.throughput_cv, 1) + (" NOISY" if r.noisy else "")
         mark = " (noisy)" if r.speedup_noisy else ""
         rows.append([
-            r.label, str(r.gpus), f"{r.runs} ok" + (f", {r.failed} failed" if r.failed else ""),
+            r.label, str(r.world_size), f"{r.runs} ok" + (f", {r.failed} failed" if r.failed else ""),
             f"{num(r.throughput)} [{num(r.throughput_min)}–{num(r.throughput_max)}]", cv,
             num(r.speedup, "{:.2f}x") + (mark if value(r.speedup) is not None else ""),
             pct(r.efficiency) + (mark if value(r.efficiency) is not None else ""),
@@ -111,7 +113,7 @@ def figures(agg: pd.DataFrame) -> list[Figure]:
         plt.close(fig)
         return buf.getvalue()
 
-    ns = sorted(agg["gpus"].unique())
+    ns = sorted(agg["world_size"].unique())
     labels = sorted(agg["label"].unique())
     out = []
 
@@ -123,8 +125,8 @@ def figures(agg: pd.DataFrame) -> list[Figure]:
         if ideal is not None:
             ax.plot(ns, ideal, "k--", lw=1, label="ideal")
         for label in labels:
-            g = agg[agg["label"] == label].sort_values("gpus")
-            ax.plot(g["gpus"], g[column] * scale, "o-", label=label)
+            g = agg[agg["label"] == label].sort_values("world_size")
+            ax.plot(g["world_size"], g[column] * scale, "o-", label=label)
         ax.set(title=title, xlabel="N (ranks)", ylabel=ylabel, xticks=ns)
         if from_zero:
             ax.set_ylim(bottom=0)
@@ -140,7 +142,7 @@ def figures(agg: pd.DataFrame) -> list[Figure]:
     fig, ax = plt.subplots(figsize=(6.5, 3.4))
     width = 0.8 / len(labels)
     for i, label in enumerate(labels):
-        g = agg[agg["label"] == label].set_index("gpus").reindex(ns)
+        g = agg[agg["label"] == label].set_index("world_size").reindex(ns)
         err = [(g["throughput"] - g["throughput_min"]).fillna(0), (g["throughput_max"] - g["throughput"]).fillna(0)]
         ax.bar([k + i * width for k in range(len(ns))], g["throughput"], width, yerr=err, capsize=3, label=label)
     ax.set(title="Throughput by backend", xlabel="N (ranks)", ylabel="tokens/s (median, min–max bars)")
@@ -155,15 +157,15 @@ def advice(r, at: pd.DataFrame, ref_label: str | None, noise_cv: float) -> str:
     """One plain sentence on when to pick this backend, from its numbers at this N against the others'."""
     best = at.loc[at["throughput"].idxmax()]
     rel = r.throughput / best["throughput"]
-    facts = [f"fastest at N={r.gpus} ({rel:.2f}x of best)" if r.label == best["label"]
-             else f"{rel:.2f}x the throughput of {best['label']} at N={r.gpus}"]
+    facts = [f"fastest at N={r.world_size} ({rel:.2f}x of best)" if r.label == best["label"]
+             else f"{rel:.2f}x the throughput of {best['label']} at N={r.world_size}"]
     states = at.dropna(subset=["model_state_bytes"])
     ref = states[states["label"] == ref_label]
     if value(r.model_state_bytes) is not None and len(ref) and r.label != ref_label:
         facts.append(f"{r.model_state_bytes / ref['model_state_bytes'].iloc[0]:.0%} of {ref_label}'s per-rank model state")
-    if r.gpus > 1 and value(r.exposed_comm_ratio) is not None:
+    if r.world_size > 1 and value(r.exposed_comm_ratio) is not None:
         facts.append(f"{r.exposed_comm_ratio:.0%} of the step is exposed communication")
-    if r.gpus > 1 and value(r.efficiency) is not None:
+    if r.world_size > 1 and value(r.efficiency) is not None:
         facts.append(f"scaling efficiency {r.efficiency:.0%}")
 
     fast = rel >= 1 - noise_cv  # within the noise threshold of the best: not distinguishable from it
@@ -187,7 +189,7 @@ def advice(r, at: pd.DataFrame, ref_label: str | None, noise_cv: float) -> str:
         verdict = "consider it when communication dominates (least exposed communication here)"
     else:
         leanest = states.loc[states["model_state_bytes"].idxmin(), "label"] if len(states) else None
-        verdict = (f"no measured advantage at N={r.gpus}: {best['label']} is faster"
+        verdict = (f"no measured advantage at N={r.world_size}: {best['label']} is faster"
                    + (f" and {leanest} holds less model state" if leanest and leanest != r.label else ""))
     noisy = f" (noisy: CV {r.throughput_cv:.0%} over repeats, re-measure before deciding)" if r.noisy else ""
     return f"{r.label}: {', '.join(facts)}: {verdict}{noisy}."
@@ -202,10 +204,10 @@ def memory_reference(at: pd.DataFrame) -> str | None:
 
 
 def selection(ctx: dict, agg: pd.DataFrame, at_gpus: int | None, noise_cv: float) -> Section:
-    measured = sorted(agg.loc[agg["runs"] > 0, "gpus"].unique())
+    measured = sorted(agg.loc[agg["runs"] > 0, "world_size"].unique())
     n = at_gpus or (measured[-1] if measured else None)
     sec = Section(f"Framework selection at N={n}: {context_title(ctx)}", 3)
-    at = agg[(agg["gpus"] == n) & (agg["runs"] > 0)].sort_values("throughput", ascending=False)
+    at = agg[(agg["world_size"] == n) & (agg["runs"] > 0)].sort_values("throughput", ascending=False)
     if at.empty:
         sec.blocks.append(f"No successful run at N={n}; measured N: {', '.join(map(str, measured)) or 'none'}.")
         return sec
@@ -286,7 +288,7 @@ def build(records: list[dict], at_gpus: int | None, noise_cv: float, with_figure
     failed = runs[runs["status"] != "ok"]
     if len(failed):
         sections.append(Section("Failed runs", 2, [Table(["run", "backend", "N", "status", "error"], [
-            [r.run_id, r.label, str(r.gpus), r.status, str(r.error)] for r in failed.itertuples()])]))
+            [r.run_id, r.label, str(r.world_size), r.status, str(r.error)] for r in failed.itertuples()])]))
     measured = set(runs.loc[runs["status"] == "ok", "backend"])
     missing = [f"{b.name} ({'available, but no ok run in these records' if ok_ else 'unavailable here: ' + why})"
                for b in all_backends() for ok_, why in [b.availability()] if b.name not in measured]
@@ -370,7 +372,7 @@ def cmd_report(args) -> int:
     return EXIT_OK
 
 
-RESULT_COLUMNS = ["run_id", "status", "label", "workload", "precision", "device", "scaling", "batch", "gpus",
+RESULT_COLUMNS = ["run_id", "status", "label", "workload", "precision", "device", "scaling", "batch", "world_size",
                   "repeat", "throughput", "exposed_comm_ratio", "peak_memory_bytes"]
 
 

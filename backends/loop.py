@@ -1,0 +1,214 @@
+"""The worker side every backend shares: the `Trainer` interface and THE timed training loop.
+
+Runs inside a worker process, which imports its one framework in its backend's worker module; nothing here
+imports a framework.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import signal
+import socket
+import time
+import traceback
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+from core.config import RunConfig
+from core.process import seen_process_settings
+from workloads.data import Shard, make_source, micro_batches
+
+# Environment variables through which the launchers tell a process its rank, in the order we trust them.
+RANK_VARS = ("DISTBENCH_RANK", "RANK", "HOROVOD_RANK", "PADDLE_TRAINER_ID", "OMPI_COMM_WORLD_RANK")
+
+
+class Trainer(ABC):
+    """One rank's model, optimizer and step, in one framework. The shared loop below times it."""
+    framework = ""
+    can_skip_grad_sync = False   # True if step(sync_grads=False) really skips gradient synchronisation
+
+    def __init__(self, cfg: RunConfig):
+        self.cfg = cfg
+        self.rank = rank_from_env()
+        self.world_size = cfg.process_group_size
+        self.device_name = "cpu"
+
+    @abstractmethod
+    def step(self, batches: list, sync_grads: bool = True) -> float:
+        """One optimizer step over this rank's micro-batches (numpy int64 inputs/targets); returns the mean
+        micro-batch loss as a float (which waits for the step's work to finish)."""
+
+    def synchronize(self) -> None:
+        """Wait for queued device work (a no-op on CPU, where ops run synchronously)."""
+
+    @abstractmethod
+    def memory(self) -> dict:
+        """Framework allocator peaks in bytes (empty on CPU); peak RSS is added by the loop."""
+
+    @abstractmethod
+    def model_state_bytes(self) -> dict:
+        """Bytes of params, grads and optimizer state this rank actually holds, counted from its tensors:
+        {"params": .., "grads": .., "optimizer": ..}; the loop adds the total."""
+
+    def final_weights(self) -> dict:
+        """Full (unsharded) final weights as numpy arrays by neutral name, for equivalence tests."""
+        raise NotImplementedError(f"{type(self).__name__} cannot dump weights")
+
+    @abstractmethod
+    def versions(self) -> dict:
+        """Framework and library versions."""
+
+    def close(self) -> None:
+        """Tear down process groups so the launcher sees a clean exit."""
+
+
+def rank_from_env() -> int:
+    for var in RANK_VARS:
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 0
+
+
+def inject_fault(cfg: RunConfig, rank: int, step: int) -> None:
+    """Test-only: make one rank fail in a chosen way at a chosen step, so failure handling is testable."""
+    fault = cfg.fault
+    if not fault or fault["rank"] != rank or fault["step"] != step:
+        return
+    kind = fault["kind"]
+    print(f"injecting fault '{kind}' at step {step} (unix time {time.time():.3f})", flush=True)
+    if kind == "raise":
+        raise RuntimeError(f"injected fault at step {step}")
+    if kind == "exit":
+        os._exit(3)
+    if kind == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "hang":
+        time.sleep(1e9)
+    if kind == "oom":  # cap the address space, then allocate past it: a real MemoryError from the allocator
+        used = psutil.Process().memory_info().vms
+        resource.setrlimit(resource.RLIMIT_AS, (used + (256 << 20), resource.RLIM_INFINITY))
+        hog = [bytearray(64 << 20) for _ in range(1 << 12)]
+        raise AssertionError(f"allocated {len(hog)} blocks without running out of memory")
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def minor_page_faults() -> int:
+    """Page faults of this process served without I/O so far. Re-faulting memory the allocator gave back
+    costs step time on CPU, so the loop records them per measured step."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def cpu_name() -> str:
+    """The CPU model, so CPU records from different machines are not mistaken for each other."""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return "cpu: " + line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "cpu: " + (platform.processor() or platform.machine())
+
+
+def data_shard(cfg: RunConfig, rank: int) -> Shard:
+    """The data a rank reads; an isolated-counterfactual worker reads the shard of the rank it stands for."""
+    if cfg.isolated_index is not None:
+        return Shard(cfg.isolated_index, cfg.world_size, cfg.micro_batch, cfg.grad_accum)
+    return Shard(rank, cfg.world_size, cfg.micro_batch, cfg.grad_accum)
+
+
+def run_training(trainer: Trainer, cfg: RunConfig, weights_path: Path | None = None) -> dict:
+    """The timing rules every backend shares; returns the raw rank record.
+
+    A step is timed from a device-synchronised boundary to the next: fetching this rank's micro-batches
+    (recorded separately as data wait), the framework's step, and the loss read-back. Warm-up steps are
+    run and dropped. Then, if the trainer can switch gradient sync off, `compute_steps` more steps run with
+    sync off (after the measured ones, since they let replicas drift); the first of those is dropped too,
+    as the switch can itself trigger one-off work. `weights_path`: where to save the final weights of the
+    measured steps (before the sync-off steps move them).
+    """
+    source = make_source(cfg.spec.vocab_size, cfg.spec.seq_len, cfg.global_batch, cfg.seed, cfg.data_path)
+    shard = data_shard(cfg, trainer.rank)
+
+    def timed_step(step: int, sync_grads: bool) -> tuple[float, float, float]:
+        trainer.synchronize()
+        t0 = time.perf_counter()
+        batches = micro_batches(source, shard, step)
+        t_data = time.perf_counter() - t0
+        loss = trainer.step(batches, sync_grads=sync_grads)
+        if cfg.step_delay_s:
+            time.sleep(cfg.step_delay_s)
+        trainer.synchronize()
+        return time.perf_counter() - t0, t_data, loss
+
+    step_times, data_wait, losses, warmup_losses = [], [], [], []
+    for step in range(cfg.warmup + cfg.steps):
+        if step == cfg.warmup:
+            faults_at_start = minor_page_faults()
+        inject_fault(cfg, trainer.rank, step)
+        t, t_data, loss = timed_step(step, True)
+        if step < cfg.warmup:
+            warmup_losses.append(loss)
+        else:
+            step_times.append(t); data_wait.append(t_data); losses.append(loss)
+        if trainer.rank == 0:
+            print(f"step {step:4d} loss {loss:.4f} time {t * 1e3:8.1f} ms"
+                  f"{' (warm-up)' if step < cfg.warmup else ''}", flush=True)
+    minor_faults_per_step = (minor_page_faults() - faults_at_start) / cfg.steps
+    model_state = trainer.model_state_bytes()  # after a full step, so gradients and moments exist
+    model_state["total"] = sum(model_state.values())
+    weights = trainer.final_weights() if weights_path else None  # collective for sharded models: all ranks
+    if weights is not None and trainer.rank == 0:
+        np.savez(weights_path, **weights)
+
+    compute_times = []
+    if trainer.can_skip_grad_sync and cfg.compute_method == "no_sync" and cfg.process_group_size > 1 and cfg.compute_steps:
+        first = cfg.warmup + cfg.steps
+        for step in range(first, first + cfg.compute_steps + 1):
+            t, _, _ = timed_step(step, False)
+            if step > first:
+                compute_times.append(t)
+
+    memory = {"peak_rss": peak_rss_bytes(), **trainer.memory()}
+    return {
+        "rank": trainer.rank, "host": socket.gethostname(), "device": trainer.device_name, "pid": os.getpid(),
+        "status": "ok", "step_times": step_times, "data_wait": data_wait, "losses": losses,
+        "warmup_losses": warmup_losses, "compute_only_step_times": compute_times,
+        "memory": memory, "model_state_bytes": model_state, "minor_faults_per_step": minor_faults_per_step,
+        "versions": {"python": platform.python_version(), **trainer.versions()},
+        "threads": cfg.threads_per_worker, "process_settings": seen_process_settings(),
+    }
+
+
+class Terminated(BaseException):
+    """SIGTERM reached this rank: a launcher tearing its workers down after another rank failed, or the
+    harness at a timeout. Recorded as such, so a rank stopped from outside is never taken for the cause."""
+
+
+def record_termination() -> None:
+    """Turn SIGTERM into Terminated, so the rank still writes its record (where it was, and that it was
+    stopped) instead of vanishing. Only the first: a second SIGTERM (launcher and harness both send one)
+    must not interrupt the writing of that record; SIGKILL still ends a rank that does not finish."""
+    def handler(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated("stopped by SIGTERM (from its launcher or the harness)")
+    signal.signal(signal.SIGTERM, handler)
+
+
+def failure_record(exc: BaseException) -> dict:
+    """The rank record of a rank that raised: 'oom' for out-of-memory errors, else 'failed';
+    `terminated` marks a rank stopped from outside (see Terminated)."""
+    name = type(exc).__name__
+    oom = isinstance(exc, MemoryError) or "OutOfMemory" in name or "out of memory" in str(exc).lower()
+    return {"rank": rank_from_env(), "host": socket.gethostname(), "pid": os.getpid(),
+            "status": "oom" if oom else "failed", "error": f"{name}: {exc}", "failed_at": time.time(),
+            "terminated": isinstance(exc, Terminated),
+            "traceback": "".join(traceback.format_exception(exc))[-4000:],
+            "memory": {"peak_rss": peak_rss_bytes()}}

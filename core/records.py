@@ -1,0 +1,184 @@
+"""Run records: one JSON file per run, with a schema version, written atomically (temp file + rename);
+records of an older schema are migrated when read. Also what makes two records the same configuration."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from core.config import migrate_config
+from core.process import REPO_ROOT
+from workloads.spec import PRESETS, ModelSpec
+
+DEFAULT_OUT = Path("results")  # where records go unless --out says otherwise
+
+# 2: config.gpus -> config.world_size (+ gpus_per_node); comm.method -> comm.t_compute_method.
+SCHEMA_VERSION = 2
+STATUSES = ("ok", "failed", "crashed", "oom", "timeout")
+REQUIRED_KEYS = ("schema_version", "run_id", "status", "config", "ranks", "summary", "environment")
+
+
+class RecordError(ValueError):
+    """A file that is not a readable distbench run record (or one of a newer schema than this harness)."""
+
+
+def write_atomic(path: Path, write) -> None:
+    """Never leave a half-written file: `write(tmp_path)` into a temp file beside `path`, fsync, rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomic(path: Path, data) -> None:
+    write_atomic(path, lambda tmp: tmp.write_text(json.dumps(data, indent=1, sort_keys=True, default=str)))
+
+
+def load_record(path: Path) -> dict:
+    try:
+        record = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RecordError(f"{path}: not readable JSON ({exc})") from None
+    if not isinstance(record, dict) or any(k not in record for k in REQUIRED_KEYS):
+        raise RecordError(f"{path}: not a distbench run record")
+    version = record["schema_version"]
+    if not isinstance(version, int) or not 1 <= version <= SCHEMA_VERSION:
+        raise RecordError(f"{path}: schema_version {version}, this harness reads 1 to {SCHEMA_VERSION}")
+    return migrate(record)
+
+
+def migrate(record: dict) -> dict:
+    """A record of any earlier schema in today's shape (the stored summary is kept as written; every
+    analysis recomputes the summary from the raw rank records)."""
+    if record["schema_version"] == 1:
+        record = {**record, "config": migrate_config(record["config"]), "schema_version": 2, "migrated_from": 1}
+        comm = dict(record.get("comm") or {})
+        if "method" in comm:
+            comm["t_compute_method"] = comm.pop("method")
+        record["comm"] = comm
+    return record
+
+
+def record_paths(paths) -> list[Path]:
+    """Record files from files and directories (directories are searched for *.json, not recursively into
+    the per-run log folders)."""
+    out = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            out.extend(sorted(q for q in p.glob("*.json") if not q.name.startswith(".")))
+        else:
+            out.append(p)
+    return out
+
+
+def load_records(paths, warn=True) -> list[dict]:
+    """Every readable record; a corrupt or foreign file is reported by name and skipped."""
+    records = []
+    for path in record_paths(paths):
+        try:
+            records.append(load_record(path))
+        except RecordError as exc:
+            if warn:
+                print(f"warning: skipping {exc}", file=sys.stderr)
+    return records
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def git_commit() -> dict:
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+    try:
+        return {"commit": git("rev-parse", "HEAD") or None, "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+
+
+# ------------------------------------------------------------------------------ the same configuration
+def workload_name(cfg: dict) -> str:
+    """The preset name, plus the fields that differ from it when the spec was overridden, so runs of
+    different models never share a group."""
+    preset = PRESETS.get(cfg["workload"])
+    spec = ModelSpec(**cfg["spec"])
+    if preset is None or preset == spec:
+        return cfg["workload"]
+    changed = [f"{k}={v}" for k, v in spec.to_dict().items() if preset.to_dict().get(k) != v]
+    return f"{cfg['workload']}({', '.join(changed)})"
+
+
+def device_name(record: dict) -> str | None:
+    """The device a rank ran on; on CPU with its thread count, since N workers share one machine's cores
+    and a different thread count is different hardware."""
+    cfg, env = record["config"], record.get("environment") or {}
+    kind = env.get("device_kind")
+    if kind and cfg["device"] == "cpu":
+        return f"{kind}, {cfg['threads_per_worker']} thread(s)/worker"
+    return kind
+
+
+def batch_name(cfg: dict) -> str:
+    """The batch that defines a scaling series: per rank for weak scaling, global for strong."""
+    if cfg.get("scaling") == "strong":
+        return f"{cfg['micro_batch'] * cfg['grad_accum'] * cfg['world_size']} seq global, {cfg['grad_accum']} accum"
+    return f"{cfg['micro_batch']} seq/rank x {cfg['grad_accum']} accum"
+
+
+def settings_name(cfg: dict) -> str:
+    """What else changes the work of a step or how it is measured: nodes, checkpointing, the data, and the
+    number of warm-up and measured steps."""
+    parts = [f"{cfg.get('nodes', 1)} node(s)"] if cfg.get("nodes", 1) > 1 else []
+    parts += ["activation checkpointing"] if cfg.get("activation_checkpointing") else []
+    parts += [f"data {Path(cfg['data_path']).name}"] if cfg.get("data_path") else []
+    parts += [f"{cfg['threads_per_worker']} thread(s)/worker"] if cfg["device"] == "cpu" else []
+    parts.append(f"{cfg['warmup']}+{cfg['steps']} steps")
+    return ", ".join(parts)
+
+
+@dataclass(frozen=True, order=True)
+class ConfigKey:
+    """What makes two runs the same measurement: everything that changes a step's work or the hardware it
+    ran on, and nothing else (not the seed, timeouts, run ids, the t_compute method or test-only settings).
+    Sweeps (resume), analysis (groups), compare (pairs) and history (series) all match runs by it."""
+
+    label: str  # backend with its options, e.g. deepspeed-zero2
+    workload: str  # preset, with any overrides
+    world_size: int
+    precision: str
+    scaling: str
+    batch: str
+    settings: str
+    device: str  # device kind (with threads per CPU worker); "*" matches any device
+
+    def text(self) -> str:
+        parts = [self.label, self.workload, f"N={self.world_size}", self.precision, self.scaling, self.batch,
+                 self.settings]
+        return " · ".join(parts + ([self.device] if self.device != "*" else []))
+
+    def any_device(self) -> ConfigKey:
+        return replace(self, device="*")
+
+
+def config_key(record: dict, device: str | None = None) -> ConfigKey:
+    """The configuration of a record (or of {"config": ..., "backend_info": {"label": ...}} for a run still to
+    be made); `device` overrides the record's own device ("*" to match across devices)."""
+    cfg = record["config"]
+    return ConfigKey(
+        label=(record.get("backend_info") or {}).get("label") or cfg["backend"], workload=workload_name(cfg),
+        world_size=cfg["world_size"], precision=cfg["precision"], scaling=cfg.get("scaling", "weak"),
+        batch=batch_name(cfg), settings=settings_name(cfg), device=device or str(device_name(record)))

@@ -1,0 +1,1 @@
+"""Analysis of records: derived figures, tables, reports, the regression gate, baselines, history."""

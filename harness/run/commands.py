@@ -1,0 +1,93 @@
+"""`harness run`, `harness list` and `harness collect`: one run end to end, what can run here, and the record
+of a multi-node run whose nodes shared no filesystem."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from backends import all_backends, backend_names, get_backend
+from core.config import RunConfig
+from harness.analyze.summary import print_summary
+from harness.run.nodes import check_run_id, requested_world
+from harness.run.options import add_run_arguments, build_config
+from harness.run.runner import execute, run_node, write_record
+from harness.usage import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, positive
+from workloads.spec import PRESETS
+
+
+def cmd_run(args) -> int:
+    cfg = build_config(args, args.backend, requested_world(args))
+    backend = get_backend(cfg.backend)
+    ok, reason = backend.availability()
+    if not ok:
+        print(f"harness: error: backend {backend.name} is unavailable here: {reason}", file=sys.stderr)
+        return EXIT_USAGE
+    check_run_id(args.run_id, cfg, args.out)
+    if cfg.node_rank:  # another node's harness only runs its launcher; node 0 writes the record
+        node = run_node(backend, cfg, args.out / "logs" / args.run_id, sys.argv)
+        done = not node["timed_out"] and all(rc == 0 for rc in node["returncodes"])
+        print(f"node {cfg.node_rank}: launcher exit codes {node['returncodes']}{' (timed out)' if node['timed_out'] else ''}; "
+              f"node 0 writes the record {args.out / (args.run_id + '.json')}")
+        return EXIT_OK if done else EXIT_FAILED
+    record = execute(backend, cfg, args.out, sys.argv, run_id=args.run_id)
+    print_summary(record)
+    print(f"record: {args.out / (record['run_id'] + '.json')}")
+    return EXIT_OK if record["status"] == "ok" else EXIT_FAILED
+
+
+def cmd_list(args) -> int:
+    console = Console(width=120)
+    table = Table(title="backends")
+    for col in ("backend", "framework", "launcher", "available"):
+        table.add_column(col)
+    for b in all_backends():
+        ok, reason = b.availability()
+        table.add_row(b.name, b.framework, b.launcher, "yes" if ok else f"no: {reason}")
+    console.print(table)
+    table = Table(title="workloads")
+    for col in ("workload", "parameters", "layers", "d_model", "heads", "seq_len", "vocab", "FLOPs/token"):
+        table.add_column(col, justify="right")
+    for name, s in PRESETS.items():
+        table.add_row(name, f"{s.n_params:,}", str(s.n_layers), str(s.d_model), str(s.n_heads), str(s.seq_len),
+                      str(s.vocab_size), f"{s.flops_per_token:.3g}")
+    console.print(table)
+    return EXIT_OK
+
+
+def cmd_collect(args) -> int:
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "config.json").is_file():
+        raise UsageError(f"{run_dir}: not a run dir (no config.json); expected OUT/logs/<run_id>")
+    for other in args.more:
+        if not Path(other).is_dir():
+            raise UsageError(f"{other}: no such directory")
+        shutil.copytree(other, run_dir, dirs_exist_ok=True,
+                        ignore=lambda d, names: ["config.json"] if Path(d) == Path(other) else [])
+    cfg = RunConfig.from_dict(json.loads((run_dir / "config.json").read_text()))
+    out_dir = run_dir.parent.parent
+    record = write_record(get_backend(cfg.backend), cfg, out_dir, run_dir.name, wait=False)
+    print_summary(record)
+    print(f"record: {out_dir / (record['run_id'] + '.json')}")
+    return EXIT_OK if record["status"] == "ok" else EXIT_FAILED
+
+
+def register(subparsers) -> None:
+    run = subparsers.add_parser("run", help="launch one run and write its record")
+    run.add_argument("--backend", required=True, help=", ".join(backend_names()))
+    run.add_argument("--gpus", type=positive, help="ranks in all: GPUs, or CPU workers without a GPU (default: "
+                     "nodes x --gpus-per-node, else 1)")
+    run.add_argument("--run-id", help="this run's id; a multi-node run needs the same one on every node")
+    add_run_arguments(run)
+    run.set_defaults(func=cmd_run)
+    subparsers.add_parser("list", help="backends (with availability) and workloads").set_defaults(func=cmd_list)
+    p = subparsers.add_parser("collect", help="write a multi-node run's record from its run dir(s), e.g. "
+                                              "after copying the nodes' run dirs together")
+    p.add_argument("run_dir", type=Path, help="OUT/logs/<run_id> on node 0 (the record goes to OUT)")
+    p.add_argument("more", nargs="*", type=Path, help="other nodes' copies of the run dir, merged into it first")
+    p.set_defaults(func=cmd_collect)

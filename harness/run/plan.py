@@ -1,0 +1,96 @@
+"""`harness plan`: what each node of a run would type and start, from the same launch plans the runner uses;
+it writes nothing (the adapters' launch() is pure), so it works on a login node without the cluster."""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import sys
+from pathlib import Path
+
+from backends import get_backend
+from backends.base import LaunchPlan
+from core.config import InvalidConfig
+from core.process import REPO_ROOT
+from harness.run.nodes import DEFAULT_MASTER_PORT, check_run_id, requested_world
+from harness.run.options import add_run_arguments, build_config
+from harness.run.runner import isolated_plans, new_run_id, node_plan
+from harness.usage import EXIT_OK, UsageError, positive
+
+
+def node_command(argv: list[str], node_rank: int, run_id: str) -> list[str]:
+    """The `harness run` command line for one node: the plan's own options, with this node's rank."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in ("--node-rank", "--run-id"):
+            skip = "=" not in arg
+            continue
+        out.append(arg)
+    return ["harness", "run", *out, "--node-rank", str(node_rank), "--run-id", run_id]
+
+
+def plan_argv() -> list[str]:
+    """The options given to `harness plan` (from the process's command line)."""
+    argv = sys.argv[1:]
+    return argv[argv.index("plan") + 1:] if "plan" in argv else argv
+
+
+def print_launch(plan: LaunchPlan, indent: str = "    ") -> None:
+    for path, content in plan.files.items():
+        print(f"{indent}file {path}:")
+        print("".join(f"{indent}  | {line}\n" for line in content.splitlines()), end="")
+    for proc in plan.processes:
+        env = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in sorted(proc.env.items()))
+        print(f"{indent}env {env} \\\n{indent}  {shlex.join(proc.argv)}")
+
+
+def cmd_plan(args) -> int:
+    world = requested_world(args)
+    base = build_config(args, args.backend, world, check_devices=False, node_rank=0)
+    backend = get_backend(base.backend)
+    run_id = args.run_id or new_run_id(base)
+    check_run_id(run_id, base, args.out)
+    run_dir = (Path(args.out) / "logs" / run_id).resolve()
+    port = base.master_port or DEFAULT_MASTER_PORT
+    ok, reason = backend.availability()
+    print(f"plan: {backend.label(base)} · {base.workload} · {base.nodes} node(s) x {base.gpus_per_node} "
+          f"rank(s) = {base.world_size} ranks on {base.device} · master {base.master_addr}:{port} · run id {run_id}")
+    if base.nodes == 1 and not base.master_port:
+        print(f"(a one-node run picks a free port per run; {port} is shown)")
+    if not ok:
+        print(f"note: {backend.name} is unavailable on this machine: {reason}")
+    print(f"run dir: {run_dir} (shared by all nodes); node 0 writes {Path(args.out).resolve() / (run_id + '.json')}")
+    for r in range(base.nodes):
+        cfg = dataclasses.replace(base, node_rank=r)
+        host = base.hosts[r] if base.hosts else ("this machine" if base.nodes == 1 else f"node {r}")
+        print(f"\nnode {r} ({host}): run")
+        print("  " + shlex.join(node_command(plan_argv(), r, run_id)))
+        try:
+            launch = node_plan(backend, cfg, run_dir, port)
+            isolated = isolated_plans(backend, cfg, run_dir) if cfg.compute_method == "isolated" and world > 1 else []
+        except (InvalidConfig, ValueError, OSError) as exc:  # an adapter that needs the cluster to plan
+            raise UsageError(f"cannot plan node {r}: {backend.name}'s launch() failed here ({type(exc).__name__}: "
+                             f"{exc}); a plan runs launch() without the cluster and without a run dir") from None
+        n = len(launch.processes)
+        print(f"  which starts {n or 'no'} process(es) from {REPO_ROOT}" + (":" if n else
+              " (this backend's launcher on node 0 starts this node's workers)"))
+        print_launch(launch)
+        if isolated:
+            print(f"  then the isolated counterfactual, {len(isolated)} single-process worker(s) at once"
+                  + (", after node 0's launcher has exited" if backend.starts_remote_ranks and r else "") + ":")
+            for plan in isolated:
+                print_launch(plan)
+    return EXIT_OK
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("plan", help="print each node's commands and environment for a run (dry run)")
+    p.add_argument("--backend", required=True)
+    p.add_argument("--gpus", type=positive, help="ranks in all (default: nodes x --gpus-per-node)")
+    p.add_argument("--run-id", help="the run id all nodes will share (default: a new one)")
+    add_run_arguments(p)
+    p.set_defaults(func=cmd_plan)
