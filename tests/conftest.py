@@ -1,4 +1,10 @@
-"""Shared test helpers. The pytest process imports no ML framework: training runs go through the CLI."""
+"""Shared test helpers. The pytest process imports no ML framework: training runs go through the CLI.
+
+Tiers: `-m unit` is the in-process tier (no framework, no subprocess: a unit test that starts one fails,
+unless it is marked `subprocess`), under a minute in all; everything else is the integration tier, which
+launches real multi-process training runs (`slow` marks the long ones).
+"""
+
 from __future__ import annotations
 
 import json
@@ -30,3 +36,19 @@ def run_record(out: Path, *args, expect_rc=0, timeout=300) -> dict:
 @pytest.fixture
 def out(tmp_path) -> Path:
     return tmp_path / "results"
+
+
+def pytest_collection_modifyitems(items):
+    """Every test that is not a unit test is an integration test."""
+    for item in items:
+        if not item.get_closest_marker("unit"):
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(autouse=True)
+def unit_tests_start_no_process(request, monkeypatch):
+    """The unit tier's rule, checked rather than remembered: no subprocess unless marked `subprocess`."""
+    if request.node.get_closest_marker("unit") and not request.node.get_closest_marker("subprocess"):
+        def refuse(*args, **kwargs):
+            raise AssertionError("a unit test started a process; mark it `subprocess` or make it an integration test")
+        monkeypatch.setattr(subprocess.Popen, "__init__", refuse)

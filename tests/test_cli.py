@@ -1,10 +1,15 @@
-"""Bad input: one line naming the valid choices, exit 2; the harness process imports no framework."""
+"""Bad input: one line naming the valid choices, exit 2, nothing written; the harness process imports no
+framework."""
+
 import subprocess
 import sys
 
 import pytest
 
-from conftest import REPO, harness
+from conftest import REPO
+from harness.cli import main
+
+pytestmark = pytest.mark.unit
 
 
 @pytest.mark.parametrize("args,expected", [
@@ -17,30 +22,32 @@ from conftest import REPO, harness
     (["run", "--backend", "torch-ddp", "--gpus", "2", "--global-batch", "3"], "not divisible"),
     (["run", "--backend", "torch-ddp", "--data", "/no/such/file"], "no such file"),
     (["run", "--backend", "torch-ddp", "--inject-fault", "1:2:boom"], "unknown fault kind"),
+    (["run", "--backend", "torch-fsdp", "--zero-stage", "1"], "--zero-stage is an option of backend deepspeed"),
+    (["run", "--backend", "torch-ddp", "--hvd-compression", "fp16"], "--hvd-compression is an option of backend horovod"),
+    (["run", "--backend", "tf-mwms", "--nodes", "2", "--gpus-per-node", "1", "--master", "a:1", "--node-rank", "0",
+      "--run-id", "x"], "tf-mwms on 2 nodes needs the host of every node"),
+    (["run", "--backend", "torch-ddp", "--device", "cuda", "--gpus", "64"], "GPU(s) visible"),
     (["frobnicate"], "invalid choice"),
 ])
-def test_usage_errors_are_one_line_and_exit_2(args, expected, out):
-    proc = harness(*args, "--out", out) if args[0] == "run" else harness(*args)
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("harness: error:") and expected in lines[0], proc.stderr
+def test_usage_errors_are_one_line_and_exit_2(args, expected, out, capsys):
+    code = main([*args, "--out", str(out)] if args[0] == "run" else args)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("harness: error:") and expected in lines[0], err
     assert not out.exists(), "a usage error must not write anything"
 
 
-def test_more_gpus_than_visible_is_a_usage_error(out):
-    proc = harness("run", "--backend", "torch-ddp", "--device", "cuda", "--gpus", "64", "--out", out)
-    assert proc.returncode == 2 and "GPU(s) visible" in proc.stderr
+def test_list_shows_backends_and_workload_parameter_counts(capsys):
+    assert main(["list"]) == 0
+    shown = capsys.readouterr().out
+    assert "torch-ddp" in shown and "1,071,872" in shown and "1,315,819,520" in shown
 
 
-def test_list_shows_backends_and_workload_parameter_counts():
-    proc = harness("list")
-    assert proc.returncode == 0
-    assert "torch-ddp" in proc.stdout and "1,071,872" in proc.stdout and "1,315,819,520" in proc.stdout
-
-
+@pytest.mark.subprocess
 def test_harness_imports_no_framework():
-    code = ("import sys; from harness.cli import make_parser; import harness.run.runner, harness.analyze.metrics; make_parser(); "
-            "import backends; [b.availability() for b in backends.all_backends()]; "
+    code = ("import sys; from harness.cli import make_parser; import harness.run.runner, harness.analyze.metrics; "
+            "make_parser(); import backends; [b.availability() for b in backends.all_backends()]; "
             "bad = {'torch', 'tensorflow', 'paddle', 'deepspeed', 'horovod'} & set(sys.modules); print(sorted(bad))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

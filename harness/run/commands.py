@@ -68,7 +68,7 @@ def cmd_collect(args) -> int:
         if not Path(other).is_dir():
             raise UsageError(f"{other}: no such directory")
         shutil.copytree(other, run_dir, dirs_exist_ok=True,
-                        ignore=lambda d, names: ["config.json"] if Path(d) == Path(other) else [])
+                        ignore=lambda d, names, top=Path(other): ["config.json"] if Path(d) == top else [])
     cfg = RunConfig.from_dict(json.loads((run_dir / "config.json").read_text()))
     out_dir = run_dir.parent.parent
     record = write_record(get_backend(cfg.backend), cfg, out_dir, run_dir.name, wait=False)
