@@ -58,7 +58,13 @@ def load_record(path: Path) -> dict:
     version = record["schema_version"]
     if not isinstance(version, int) or not 1 <= version <= SCHEMA_VERSION:
         raise RecordError(f"{path}: schema_version {version}, this harness reads 1 to {SCHEMA_VERSION}")
-    return migrate(record)
+    try:
+        record = migrate(record)
+        if not isinstance(record["config"].get("world_size"), int):
+            raise KeyError("world_size")
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise RecordError(f"{path}: not a distbench run record (config: {exc})") from None
+    return record
 
 
 def migrate(record: dict) -> dict:
@@ -123,13 +129,8 @@ def workload_name(cfg: dict) -> str:
 
 
 def device_name(record: dict) -> str | None:
-    """The device a rank ran on; on CPU with its thread count, since N workers share one machine's cores
-    and a different thread count is different hardware."""
-    cfg, env = record["config"], record.get("environment") or {}
-    kind = env.get("device_kind")
-    if kind and cfg["device"] == "cpu":
-        return f"{kind}, {cfg['threads_per_worker']} thread(s)/worker"
-    return kind
+    """The device the ranks ran on (its kind: a GPU model, or the CPU model); None if no rank said."""
+    return (record.get("environment") or {}).get("device_kind")
 
 
 def batch_name(cfg: dict) -> str:
@@ -140,7 +141,8 @@ def batch_name(cfg: dict) -> str:
 
 
 def settings_name(cfg: dict) -> str:
-    """What else changes the work of a step or how it is measured: nodes, checkpointing, the data, and the
+    """What else changes the work of a step or how it is measured: nodes, checkpointing, the data, threads
+    per CPU worker (N workers share one machine's cores: another thread count is other hardware), and the
     number of warm-up and measured steps."""
     parts = [f"{cfg.get('nodes', 1)} node(s)"] if cfg.get("nodes", 1) > 1 else []
     parts += ["activation checkpointing"] if cfg.get("activation_checkpointing") else []

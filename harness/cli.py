@@ -25,7 +25,9 @@ def make_parser() -> Parser:
 
 def main(argv=None) -> int:
     try:
+        argv = sys.argv[1:] if argv is None else list(argv)
         args = make_parser().parse_args(argv)
+        args.argv = argv
         return args.func(args)
     except UsageError as exc:
         print(f"harness: error: {exc}", file=sys.stderr)

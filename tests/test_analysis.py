@@ -4,7 +4,8 @@ import pytest
 from record_factory import make_record, tokens_per_step
 
 from harness.analyze.analysis import aggregate, runs_table
-from workloads.spec import PRESETS
+
+pytestmark = pytest.mark.unit
 
 MiB = 1 << 20
 
@@ -30,8 +31,11 @@ def test_speedup_efficiency_memory_and_comm_from_known_step_times():
     assert one["speedup"] == pytest.approx(1.0) and one["exposed_comm_ratio"] == 0.0
     assert two["memory_ratio"] == pytest.approx(500 / 400)
     assert two["exposed_comm_ratio"] == pytest.approx(0.2)
-    volume = 2 * (2 - 1) / 2 * PRESETS["tiny"].n_params * 4
+    volume = 2 * (2 - 1) / 2 * 1_071_872 * 4  # ring all-reduce of the tiny preset's fp32 gradients
     assert two["busbw_bytes_per_s"] == pytest.approx(volume / 0.025)
+    # The factory's measured state is the hand-counted 16 B x 1,071,872 tiny parameters, not the formula's.
+    assert two["model_state_bytes"] == 17_149_952
+    assert two["model_state_analytic"] == pytest.approx(17_149_952)
     assert two["model_state_vs_analytic"] == pytest.approx(1.0)
     assert two["runs"] == 2 and two["failed"] == 0
     assert two["throughput_cv"] == pytest.approx(0.0) and not two["noisy"]
@@ -39,11 +43,28 @@ def test_speedup_efficiency_memory_and_comm_from_known_step_times():
 
 
 def test_sharded_backend_holds_half_the_model_state_at_two_ranks():
-    records = [make_record(label, n) for label in ("torch-ddp", "torch-fsdp") for n in (1, 2)]
+    # Measured per-rank state, by hand: 16 B x 1,071,872 params unsharded; FSDP shards all of it over 2 ranks.
+    measured = {("torch-ddp", 1): 17_149_952, ("torch-ddp", 2): 17_149_952,
+                ("torch-fsdp", 1): 17_149_952, ("torch-fsdp", 2): 8_574_976}
+    records = [make_record(label, n, state_total=state) for (label, n), state in measured.items()]
     agg = aggregate(runs_table(records))
     ddp, fsdp = row(agg, "torch-ddp", 2), row(agg, "torch-fsdp", 2)
     assert fsdp["model_state_bytes"] / ddp["model_state_bytes"] == pytest.approx(0.5)
-    assert fsdp["model_state_analytic"] == pytest.approx(PRESETS["tiny"].model_state_bytes("fp32", None, "parameters", 2)["total"])
+    assert ddp["model_state_analytic"] == pytest.approx(17_149_952)
+    assert fsdp["model_state_analytic"] == pytest.approx(8_574_976)
+    # One rank: nothing to shard.
+    assert row(agg, "torch-fsdp", 1)["model_state_analytic"] == pytest.approx(17_149_952)
+    assert ddp["model_state_vs_analytic"] == pytest.approx(1.0)
+    assert fsdp["model_state_vs_analytic"] == pytest.approx(1.0)
+
+
+def test_measured_model_state_is_reported_against_the_analytic_value():
+    # A stack that holds 25% more than the analytic model (17,149,952 B) is reported as such.
+    agg = aggregate(runs_table([make_record("torch-ddp", 1, state_total=21_437_440),
+                                make_record("deepspeed-zero3", 2, state_total=8_574_976)]))
+    assert row(agg, "torch-ddp", 1)["model_state_vs_analytic"] == pytest.approx(1.25)
+    # ZeRO-3 shards all of it: 17,149,952 / 2.
+    assert row(agg, "deepspeed-zero3", 2)["model_state_analytic"] == pytest.approx(8_574_976)
 
 
 def test_spread_over_repeats_is_flagged_noisy_not_averaged_away():

@@ -7,14 +7,15 @@ import uuid
 
 import numpy as np
 import pytest
+import record_factory as factory
 
+from core.records import write_json_atomic
 from harness.analyze.baseline import BASELINE_FILE
-from harness.cli import main
 from harness.analyze.compare import min_attainable_p, significance
-from core.config import RunConfig
-from harness.analyze.metrics import summarize
-from core.records import SCHEMA_VERSION, write_json_atomic
+from harness.cli import main
 from workloads.spec import PRESETS
+
+pytestmark = pytest.mark.unit
 
 MiB = 2 ** 20
 CPU = "cpu: Test CPU"
@@ -23,29 +24,22 @@ CPU = "cpu: Test CPU"
 def make_record(step_times, *, backend="torch-ddp", gpus=1, precision="fp32", device_kind=CPU, status="ok",
                 rss=400 * MiB, state=17_150_160, versions=None, commit="a" * 40, start="2026-01-01T00:00:00+00:00",
                 spec=None):
-    """A run record as harness.run.runner writes it, every rank with the same step-time series."""
-    spec = spec or PRESETS["tiny"]
-    cfg = RunConfig(backend=backend, workload="tiny", spec=spec, world_size=gpus, device="cpu", precision=precision,
-                    steps=len(step_times))
-    n = len(step_times)
-    ranks = [] if status != "ok" else [
-        {"rank": r, "status": "ok", "device": device_kind, "host": "h", "step_times": list(map(float, step_times)),
-         "data_wait": [0.0] * n, "losses": [5.0] * n, "compute_only_step_times": [],
-         "memory": {"peak_rss": rss}, "model_state_bytes": {"total": state}} for r in range(gpus)]
-    record = {
-        "schema_version": SCHEMA_VERSION, "run_id": f"run-{uuid.uuid4().hex[:8]}", "status": status,
-        "error": None if status == "ok" else {"rank": 0, "message": "RuntimeError: boom"},
-        "config": cfg.to_dict(),
-        "backend_info": {"label": backend, "sharding": "none", "precision_scheme": None,
-                         "comm_pattern": {"kind": "allreduce", "dtype_bytes": 4}},
-        "comm": {"t_compute_method": "none"}, "ranks": ranks, "isolated_ranks": [],
-        "environment": {"device_type": "cpu", "device_kind": device_kind if status == "ok" else None,
-                        "python": "3.11.7", "cpu_count": 2, "threads_per_worker": 1,
-                        "versions": versions or {"python": "3.11.7", "torch": "2.13.0+cpu"},
-                        "git": {"commit": commit, "dirty": False}, "start_time": start},
-    }
-    record["summary"] = summarize(record)
-    return record
+    """A run record as harness.run.runner.assemble_record builds it, every rank with the same step-time series
+    (`state`: the measured model state per rank, an arbitrary fixed figure)."""
+    versions = versions or {"python": "3.11.7", "torch": "2.13.0+cpu"}
+    cfg = factory.config(backend, gpus, spec=spec, precision=precision, steps=len(step_times),
+                         threads_per_worker=1)
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    if status == "ok":
+        ranks = [factory.rank_record(r, step_times, device=device_kind, losses=[5.0] * len(step_times),
+                                     peak_rss=rss, state_total=state, versions=versions) for r in range(gpus)]
+        error = None
+    else:
+        ranks = [factory.failed_rank(0, status, "RuntimeError: boom")]
+        error = {"rank": 0, "message": "RuntimeError: boom", "log_tail": []}
+    env = factory.environment(device_kind if status == "ok" else None, gpus, start_time=start,
+                              versions=versions, commit=commit)
+    return factory.assemble(cfg, run_id, ranks, status=status, error=error, environment=env)
 
 
 def write(directory, records):
@@ -172,7 +166,7 @@ def test_runs_match_on_configuration_and_the_rest_is_listed(tmp_path, capsys):
     assert [k.split(" · 8 seq/rank")[0] for k in sorted(result["only_in_baseline"])] == [
         "torch-ddp · tiny · N=2 · fp32 · weak", "torch-ddp · tiny(n_layers=2) · N=1 · fp32 · weak"]
     assert [k.split(" · 8 seq/rank")[0] for k in result["only_in_candidate"]] == ["torch-ddp · tiny · N=1 · bf16 · weak"]
-    assert all(k.endswith(CPU + ", 1 thread(s)/worker") for k in result["only_in_baseline"])
+    assert all(k.endswith("1 thread(s)/worker, 3+5 steps · " + CPU) for k in result["only_in_baseline"])
     assert "Only in the candidate (not compared):" in capsys.readouterr().out
 
 
@@ -241,6 +235,7 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys, case):
 
 # ---- baselines ------------------------------------------------------------------------------------------
 
+@pytest.mark.subprocess  # baseline save asks git for the commit
 def test_baseline_save_then_compare(tmp_path, capsys):
     records = runs(tmp_path, "results", [1, 1, 1])
     assert main(["baseline", "save", "main", str(records), "--dir", str(tmp_path / "baselines")]) == 0

@@ -4,6 +4,8 @@ import pytest
 
 from workloads.data import Shard, SyntheticTokens, TokenFile, micro_batches
 
+pytestmark = pytest.mark.unit
+
 
 def union_over_ranks(source, world, micro, accum, step):
     rows = []

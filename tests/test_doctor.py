@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import socket
 
+import pytest
+
 from conftest import harness
 
 from core.process import free_port
@@ -44,6 +46,7 @@ def test_a_missing_framework_fails_only_when_its_backend_was_asked_for():
     assert import_check("json", required=True).status == "ok"
 
 
+@pytest.mark.unit
 def test_shard_check_proves_disjoint_cover():
     assert shards_check(3, 2, 2).status == "ok"
     assert "12 samples, 12 distinct" in shards_check(3, 2, 2).got

@@ -1,23 +1,35 @@
 """Derived figures on hand-made records with known answers."""
 import pytest
+import record_factory as factory
 
 from harness.analyze.metrics import comm_bytes_per_rank, device_peak_flops, per_step_max, summarize
-from workloads.spec import PRESETS
+
+pytestmark = pytest.mark.unit
+
+# The tiny preset, by hand (see record_factory): 1,071,872 parameters; AdamW in fp32 holds 16 B of each.
+TINY_PARAMS = 1_071_872
+TINY_STATE = 16 * TINY_PARAMS  # 17,149,952
+# 6 x matmul params + 12 x layers x d_model x seq_len, with matmul params = 4 x (128x384 + 128x128 + 128x512 +
+# 512x128) + 2048x128 (the tied head) = 1,048,576: 6,291,456 + 786,432
+TINY_FLOPS_PER_TOKEN = 7_077_888
 
 
 def record(world=2, step_times=None, compute=None, device="cpu: test", method="no_sync", precision="fp32"):
-    spec = PRESETS["tiny"]
+    """A torch-ddp run record of the tiny preset (4 seq/rank x 2 accum), assembled as the runner does, with
+    `step_times[r]` for rank r and `compute[r]` its compute-only steps (its own with sync off for no_sync,
+    its isolated worker's for isolated)."""
     step_times = step_times or [[0.1, 0.2, 0.3]] * world
-    ranks = [{"rank": r, "status": "ok", "device": device, "step_times": step_times[r],
-              "data_wait": [0.001] * len(step_times[r]), "losses": [5.0 + r, 4.0 + r, 3.0 + r][:len(step_times[r])],
-              "compute_only_step_times": (compute or [[]] * world)[r],
-              "memory": {"peak_rss": 100 + r}, "model_state_bytes": {"total": 16 * spec.n_params}}
+    compute = compute or [[]] * world
+    cfg = factory.config("torch-ddp", world, device="cpu" if device.startswith("cpu") else "cuda",
+                         precision=precision, micro_batch=4, grad_accum=2, steps=len(step_times[0]),
+                         compute_method=method)
+    ranks = [factory.rank_record(r, step_times[r], device=device, data_wait=0.001, peak_rss=100 + r,
+                                 losses=[5.0 + r, 4.0 + r, 3.0 + r][:len(step_times[r])],
+                                 state_total=TINY_STATE, compute_times=compute[r] if method == "no_sync" else ())
              for r in range(world)]
-    return {"config": {"spec": spec.to_dict(), "world_size": world, "micro_batch": 4, "grad_accum": 2,
-                       "precision": precision},
-            "backend_info": {"sharding": "none", "precision_scheme": "autocast",
-                             "comm_pattern": {"kind": "allreduce", "dtype_bytes": 4}},
-            "comm": {"t_compute_method": method if world > 1 else "none"}, "ranks": ranks}
+    isolated = [factory.rank_record(0, c, device=device) for c in compute if c and method == "isolated"]
+    return factory.assemble(cfg, "metrics-test", ranks, isolated_ranks=isolated,
+                            environment=factory.environment(device, world))
 
 
 def test_step_time_is_the_slowest_rank_per_step():
@@ -39,7 +51,7 @@ def test_exposed_comm_ratio_and_bus_bandwidth():
     s = summarize(record(compute=[[0.15, 0.15, 0.15], [0.14, 0.15, 0.16]]))
     assert s["t_compute_s"] == pytest.approx(0.15)
     assert s["exposed_comm_ratio"] == pytest.approx(0.25)  # (0.2 - 0.15) / 0.2
-    volume = 2 * 1 / 2 * PRESETS["tiny"].n_params * 4
+    volume = 2 * 1 / 2 * TINY_PARAMS * 4  # ring all-reduce of fp32 gradients at N=2
     assert s["comm_bytes_per_rank_per_step"] == pytest.approx(volume)
     assert s["implied_busbw_bytes_per_s"] == pytest.approx(volume / 0.05)
     # compute slower than the synced step (noise): clamped at 0, no bandwidth claimed
@@ -61,17 +73,29 @@ def test_mfu_only_with_a_known_peak():
     assert device_peak_flops("NVIDIA H100 80GB HBM3", "bf16") == 989e12
     assert device_peak_flops("NVIDIA H100 PCIe", "bf16") == 756e12
     s = summarize(record(device="NVIDIA H200", precision="bf16"))
-    expected = PRESETS["tiny"].flops_per_token * (4 * 2 * 2 * 128 / 0.2 / 2) / 989e12
+    expected = TINY_FLOPS_PER_TOKEN * (4 * 2 * 2 * 128 / 0.2 / 2) / 989e12
     assert s["mfu"] == pytest.approx(expected)
 
 
 def test_model_state_against_analytic():
     s = summarize(record())
+    assert s["model_state_bytes_per_rank"] == TINY_STATE
+    assert s["model_state_bytes_analytic"] == pytest.approx(TINY_STATE)  # 16 B x 1,071,872 params, by hand
     assert s["model_state_vs_analytic"] == pytest.approx(1.0)
     assert s["peak_rss_bytes"] == 101
+    r = record()
+    r["ranks"][1]["model_state_bytes"]["total"] = 1.5 * TINY_STATE  # the largest rank is reported
+    assert summarize(r)["model_state_vs_analytic"] == pytest.approx(1.5)
 
 
 def test_failed_ranks_are_not_measured():
     r = record()
     r["ranks"][1]["status"] = "failed"
     assert summarize(r)["step_time_s"]["n"] == 3  # only rank 0 counted
+
+
+def test_isolated_counterfactual_gives_t_compute():
+    # The isolated workers' per-step max is [0.16] * 3, the synced step's median 0.2: 20% exposed.
+    s = summarize(record(compute=[[0.15] * 3, [0.16] * 3], method="isolated"))
+    assert s["compute_method"] == "isolated" and s["t_compute_s"] == pytest.approx(0.16)
+    assert s["exposed_comm_ratio"] == pytest.approx(0.2)

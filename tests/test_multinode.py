@@ -37,6 +37,7 @@ def config(*argv):
 
 
 # --------------------------------------------------------------------------------------------- the layout
+@pytest.mark.unit
 def test_layout_from_hosts_and_gpus_per_node():
     cfg = config("--nodes", "2", "--gpus-per-node", "4", "--hosts", "a,b", "--node-rank", "1", "--device", "cpu")
     assert (cfg.world_size, cfg.nodes, cfg.node_rank, cfg.gpus_per_node) == (8, 2, 1, 4)
@@ -47,6 +48,7 @@ def test_layout_from_hosts_and_gpus_per_node():
     assert (one.nodes, one.node_rank, one.master_port) == (1, 0, None)
 
 
+@pytest.mark.unit
 def test_hostfile_in_deepspeed_and_mpi_styles(tmp_path):
     (tmp_path / "ds").write_text("# nodes\nnode-a slots=8\nnode-b slots=8\n")
     (tmp_path / "mpi").write_text("node-a:4\nnode-b:4\n")
@@ -58,6 +60,7 @@ def test_hostfile_in_deepspeed_and_mpi_styles(tmp_path):
     assert (cfg.nodes, cfg.world_size, cfg.gpus_per_node) == (2, 16, 8)
 
 
+@pytest.mark.unit
 def test_node_rank_is_found_from_this_hosts_place():
     me = socket.gethostname()
     assert config("--hosts", f"elsewhere,{me}", "--device", "cpu").node_rank == 1
@@ -72,11 +75,13 @@ def test_node_rank_is_found_from_this_hosts_place():
     (["--nodes", "2", "--hosts", "a,b"], "give --node-rank"),
     (["--master", "a:99999"], "port in 1..65535"),
 ])
+@pytest.mark.unit
 def test_bad_layouts_name_the_problem(argv, message):
     with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
         config(*argv, "--device", "cpu")
 
 
+@pytest.mark.unit
 def test_single_node_adapters_refuse_several_nodes(monkeypatch):
     """Every adapter here is multi-node; an adapter that declares otherwise must be refused up front."""
     monkeypatch.setattr(type(get_backend("torch-ddp")), "multi_node", False)

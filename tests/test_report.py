@@ -14,6 +14,8 @@ from record_factory import BACKENDS, make_record
 from harness.cli import main
 from core.records import write_json_atomic
 
+pytestmark = pytest.mark.unit
+
 MiB = 1 << 20
 # label -> (step time N=1, step time N=2, compute-only time N=2, peak RSS N=1, N=2 in MiB)
 TIMES = {"torch-ddp": (0.10, 0.125, 0.10, 400, 500), "torch-fsdp": (0.11, 0.15, 0.12, 380, 420),
@@ -47,6 +49,7 @@ def test_md_report_lists_every_backends_scaling_figures(results_dir, capsys):
     # torch-ddp at N=2: 16,384 tok/s, speedup 1.6, efficiency 80%, memory ratio 500/400, 20% exposed comm
     ddp = [c.strip() for c in rows["torch-ddp"].split("|")[1:-1]]
     assert ddp[3].startswith("16,384") and ddp[5] == "1.60x" and ddp[6] == "80%" and ddp[8] == "1.25"
+    assert ddp[9] == "16.4 MiB (1.000x analytic)"  # 16 B x 1,071,872 params = 17,149,952 B measured, by hand
     assert ddp[10] == "20.0%"
     assert "2 ok, 1 failed" in rows["horovod"]
     assert "RuntimeError: injected fault at step 1" in md  # the failed run is listed with its error

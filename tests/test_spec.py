@@ -4,6 +4,8 @@ import pytest
 
 from workloads.spec import PRESETS, ModelSpec, resolve
 
+pytestmark = pytest.mark.unit
+
 
 def hand_count(V, S, d, L, f):
     per_layer = 2 * d + (d * 3 * d + 3 * d) + (d * d + d) + 2 * d + (d * f + f) + (f * d + d)

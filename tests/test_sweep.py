@@ -25,6 +25,7 @@ def sweep_args(*argv):
     return make_parser().parse_args(["sweep", "--device", "cpu", *argv])
 
 
+@pytest.mark.unit
 def test_weak_scaling_fixes_the_per_device_batch_and_threads():
     runs, skipped = plan(sweep_args("--backends", "torch-ddp", "--gpus", "1,2,4", "--repeats", "2"))
     assert [(r.cfg.world_size, r.repeat) for r in runs] == [(1, 0), (2, 0), (4, 0), (1, 1), (2, 1), (4, 1)]
@@ -33,6 +34,7 @@ def test_weak_scaling_fixes_the_per_device_batch_and_threads():
     assert skipped == {}
 
 
+@pytest.mark.unit
 def test_strong_scaling_splits_one_global_batch_over_every_n():
     runs, _ = plan(sweep_args("--backends", "torch-ddp", "--gpus", "1,2,3", "--repeats", "1", "--scaling", "strong"))
     assert {r.cfg.global_batch for r in runs} == {8 * 6}  # default micro-batch x lcm(1, 2, 3)
@@ -47,12 +49,14 @@ def test_strong_scaling_splits_one_global_batch_over_every_n():
     (["--gpus", "1,3", "--global-batch", "16", "--scaling", "strong"], "not divisible"),
     (["--gpus", "1,2", "--backends", "torch-ddp,nope"], "valid: torch-ddp"),
 ])
+@pytest.mark.unit
 def test_bad_input_fails_before_anything_runs(argv, message):
     with pytest.raises(UsageError, match=message):
         plan(sweep_args(*argv))
 
 
 @pytest.mark.parametrize("layout", [["--nodes", "2", "--master", "a:1", "--node-rank", "0"], ["--hosts", "a,b"]])
+@pytest.mark.unit
 def test_multi_node_sweep_is_refused_pointing_at_slurm(capsys, layout):
     assert main(["sweep", "--backends", "torch-ddp", "--gpus", "2", "--device", "cpu", *layout]) == 2
     err = capsys.readouterr().err
@@ -60,12 +64,14 @@ def test_multi_node_sweep_is_refused_pointing_at_slurm(capsys, layout):
     assert plan(sweep_args("--backends", "torch-ddp", "--gpus", "2", "--hosts", "a"))[0]  # one host is one node
 
 
+@pytest.mark.unit
 def test_usage_errors_exit_2(capsys):
     assert main(["sweep", "--gpus", "0,2"]) == 2
     assert main(["sweep", "--gpus", "1", "--scaling", "diagonal"]) == 2
     assert "invalid choice" in capsys.readouterr().err
 
 
+@pytest.mark.unit
 def test_unavailable_backend_is_skipped_with_its_reason(monkeypatch):
     monkeypatch.setitem(backends.ADAPTERS, "unavailable-x", "test_sweep:Unavailable")
     runs, skipped = plan(sweep_args("--backends", "all", "--gpus", "1,2", "--repeats", "1"))
@@ -75,6 +81,7 @@ def test_unavailable_backend_is_skipped_with_its_reason(monkeypatch):
         plan(sweep_args("--backends", "unavailable-x", "--gpus", "1"))
 
 
+@pytest.mark.unit
 def test_resume_counts_ok_records_of_the_same_config(tmp_path):
     runs, _ = plan(sweep_args("--backends", "torch-ddp", "--gpus", "1,2", "--repeats", "3"))
     done = [runs[0], runs[2], runs[1]]  # N=1 twice, N=2 once

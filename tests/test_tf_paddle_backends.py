@@ -14,7 +14,7 @@ import pytest
 
 from backends import get_backend
 from conftest import run_record
-from core.config import RunConfig
+from core.config import InvalidConfig, RunConfig
 from workloads.spec import PRESETS
 
 BACKENDS = ("tf-mwms", "paddle-fleet")
@@ -86,24 +86,27 @@ def second_of_two_nodes(**overrides) -> RunConfig:
     return RunConfig(backend="", workload="tiny", spec=PRESETS["tiny"], world_size=4, device="cpu", **{**layout, **overrides})
 
 
+@pytest.mark.unit
 def test_tf_mwms_gives_each_worker_of_this_node_the_whole_cluster_and_its_global_index():
-    processes = get_backend("tf-mwms").launch(second_of_two_nodes(), Path("/run"), 29500)
+    processes = get_backend("tf-mwms").launch(second_of_two_nodes(), Path("/run"), 29500, []).processes
     assert len(processes) == 2
     for i, process in enumerate(processes):
         tf_config = json.loads(process.env["TF_CONFIG"])
         assert tf_config["cluster"]["worker"] == ["10.0.0.1:29500", "10.0.0.1:29501", "10.0.0.2:29502", "10.0.0.2:29503"]
         assert tf_config["task"] == {"type": "worker", "index": 2 + i} and process.env["DISTBENCH_RANK"] == str(2 + i)
-    alone = get_backend("tf-mwms").launch(dataclasses.replace(second_of_two_nodes(), isolated_index=3), Path("/run"), 1)
+    alone = get_backend("tf-mwms").launch(dataclasses.replace(second_of_two_nodes(), isolated_index=3), Path("/run"), 1,
+                                          []).processes
     assert len(alone) == 1 and json.loads(alone[0].env["TF_CONFIG"]) == {} and alone[0].env["DISTBENCH_RANK"] == "0"
-    with pytest.raises(ValueError, match="host of every node"):
-        get_backend("tf-mwms").launch(second_of_two_nodes(hosts=[]), Path("/run"), 29500)
+    with pytest.raises(InvalidConfig, match="host of every node"):
+        get_backend("tf-mwms").validate(second_of_two_nodes(hosts=[]))
 
 
+@pytest.mark.unit
 def test_paddle_fleet_launches_this_node_against_the_master():
-    [launcher] = get_backend("paddle-fleet").launch(second_of_two_nodes(), Path("/run"), 29500)
+    [launcher] = get_backend("paddle-fleet").launch(second_of_two_nodes(), Path("/run"), 29500, []).processes
     assert launcher.argv[1:3] == ["-m", "paddle.distributed.launch"] and launcher.argv[-1] == "/run"
     assert {"--nnodes=2", "--rank=1", "--master=10.0.0.1:29500", "--nproc_per_node=2"} <= set(launcher.argv)
     [alone] = get_backend("paddle-fleet").launch(dataclasses.replace(second_of_two_nodes(), isolated_index=3),
-                                                 Path("/run"), 29600)
+                                                 Path("/run"), 29600, []).processes
     assert {"--nproc_per_node=1", "--ips=127.0.0.1", "--start_port=29600"} <= set(alone.argv)
     assert not any(a.startswith(("--nnodes", "--master")) for a in alone.argv)

@@ -36,9 +36,10 @@ def config(backend: str, *cli: str, gpus=2, precision="fp32", **fields) -> RunCo
     """A RunConfig as `harness run --backend B CLI...` would give the adapter, without launching."""
     adapter = get_backend(backend)
     parser = argparse.ArgumentParser()
-    adapter.add_arguments(parser)
+    adapter.Options.add_arguments(parser, backend)
+    options = adapter.Options.from_args(parser.parse_args(list(cli))).to_dict()
     return RunConfig(backend=backend, workload="tiny", spec=PRESETS["tiny"], world_size=gpus, device="cpu",
-                     precision=precision, backend_options=adapter.options(parser.parse_args(list(cli))), **fields)
+                     precision=precision, backend_options=options, **fields)
 
 
 # ------------------------------------------------------------------------------------------ without launching
@@ -55,6 +56,7 @@ def config(backend: str, *cli: str, gpus=2, precision="fp32", **fields) -> RunCo
     ("horovod", [], "bf16", "horovod", "none", ("allreduce", 4, 0, 2)),
     ("horovod", ["--hvd-compression", "fp16"], "fp32", "horovod-fp16comp", "none", ("allreduce", 2, 0, 2)),
 ])
+@pytest.mark.unit
 def test_adapter_labels_sharding_and_comm_pattern(backend, cli, precision, label, sharding, pattern):
     adapter, cfg = get_backend(backend), config(backend, *cli, precision=precision)
     p = adapter.comm_pattern(cfg)
@@ -62,6 +64,7 @@ def test_adapter_labels_sharding_and_comm_pattern(backend, cli, precision, label
     assert (p.kind, p.dtype_bytes, p.reduce_dtype_bytes, p.param_gathers) == pattern
 
 
+@pytest.mark.unit
 def test_sharded_volume_counts_gathers_and_reduce_dtype_separately():
     # bf16 all-gathers forward + backward, fp32 reduce-scatter: (N-1)/N x P x (2 + 2 + 4)
     assert comm_bytes_per_rank("sharded", 1000, 2, 4, reduce_dtype_bytes=4) == pytest.approx(0.75 * 1000 * 8)
@@ -69,6 +72,7 @@ def test_sharded_volume_counts_gathers_and_reduce_dtype_separately():
     assert comm_bytes_per_rank("sharded", 1000, 4, 2, param_gathers=1) == pytest.approx(0.5 * 1000 * 8)
 
 
+@pytest.mark.unit
 def test_deepspeed_config_is_built_from_the_run():
     cfg = config("deepspeed", "--zero-stage", "2", "--offload-optimizer", precision="bf16", micro_batch=4,
                  grad_accum=3)
@@ -79,36 +83,43 @@ def test_deepspeed_config_is_built_from_the_run():
     assert "bf16" not in ds_config(config("deepspeed")) and "fp16" in ds_config(config("deepspeed", precision="fp16"))
 
 
+@pytest.mark.unit
 def test_deepspeed_launches_with_its_own_runner(tmp_path):
-    [proc] = get_backend("deepspeed").launch(config("deepspeed"), tmp_path, 29123)
+    [proc] = get_backend("deepspeed").launch(config("deepspeed"), tmp_path, 29123, []).processes
     assert proc.argv[:4] == [sys.executable, "-u", "-m", "deepspeed.launcher.runner"]
     assert {"--no_local_rank", "--master_port=29123", "--num_gpus=2"} <= set(proc.argv)
     assert proc.argv[-1] == str(tmp_path) and proc.env["DS_ACCELERATOR"] == "cpu"
     # one launcher per node, without ssh: a hostfile gives DeepSpeed the world layout
     node = config("deepspeed", gpus=4, nodes=2, node_rank=1, master_addr="10.0.0.1", hosts=["a", "b"])
-    [proc] = get_backend("deepspeed").launch(node, tmp_path, 29123)
+    plan = get_backend("deepspeed").launch(node, tmp_path, 29123, [])
+    [proc] = plan.processes
     assert {"--no_ssh", "--node_rank=1", "--master_addr=10.0.0.1", f"--hostfile={tmp_path / 'hostfile'}"} <= set(proc.argv)
-    assert (tmp_path / "hostfile").read_text() == "a slots=2\nb slots=2\n"
+    assert plan.files == {tmp_path / "hostfile": "a slots=2\nb slots=2\n"}  # for the runner to write
+    assert not (tmp_path / "hostfile").exists()  # launch() itself writes nothing
 
 
+@pytest.mark.unit
 def test_horovod_launches_horovodrun_with_gloo(tmp_path):
-    [proc] = get_backend("horovod").launch(config("horovod", timeout_s=60), tmp_path, 29123)
+    [proc] = get_backend("horovod").launch(config("horovod", timeout_s=60), tmp_path, 29123, []).processes
     assert proc.argv[0].endswith("horovodrun") and proc.argv[1:6] == ["-np", "2", "-H", "localhost:2", "--gloo"]
     assert proc.argv[-3:] == [sys.executable, str(WORKER_SCRIPT), str(tmp_path)]
     assert "--gloo-timeout-seconds" in proc.argv and proc.argv[proc.argv.index("--gloo-timeout-seconds") + 1] == "60"
 
 
+@pytest.mark.unit
 def test_horovod_multi_node_is_one_horovodrun_on_node_0(tmp_path):
     """horovodrun starts every node's workers itself (-H h1:G,h2:G), so other nodes start nothing."""
     node0 = config("horovod", gpus=4, nodes=2, node_rank=0, hosts=["a", "b"], collective_timeout_s=7)
-    [proc] = get_backend("horovod").launch(node0, tmp_path, 29123)
+    [proc] = get_backend("horovod").launch(node0, tmp_path, 29123, []).processes
     assert proc.argv[1:6] == ["-np", "4", "-H", "a:2,b:2", "--gloo"]
     assert proc.argv[proc.argv.index("--gloo-timeout-seconds") + 1] == "7"
-    assert get_backend("horovod").launch(dataclasses.replace(node0, node_rank=1), tmp_path, 29123) == []
+    assert get_backend("horovod").launch(dataclasses.replace(node0, node_rank=1), tmp_path, 29123, []).processes == []
     isolated = dataclasses.replace(node0, node_rank=1, isolated_index=2)
-    assert get_backend("horovod").launch(isolated, tmp_path, 29123)[0].argv[1:5] == ["-np", "1", "-H", "localhost:1"]
+    [alone] = get_backend("horovod").launch(isolated, tmp_path, 29123, []).processes
+    assert alone.argv[1:5] == ["-np", "1", "-H", "localhost:1"]
 
 
+@pytest.mark.unit
 def test_horovod_reports_a_failed_build_without_importing_it(tmp_path, monkeypatch):
     (tmp_path / "distbench").mkdir()
     (tmp_path / "distbench" / "horovod-unavailable").write_text("cmake ...\nerror: no C++17 compiler\n")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
-import sys
 from pathlib import Path
 
 from backends import get_backend
@@ -33,9 +32,8 @@ def node_command(argv: list[str], node_rank: int, run_id: str) -> list[str]:
     return ["harness", "run", *out, "--node-rank", str(node_rank), "--run-id", run_id]
 
 
-def plan_argv() -> list[str]:
-    """The options given to `harness plan` (from the process's command line)."""
-    argv = sys.argv[1:]
+def plan_argv(argv: list[str]) -> list[str]:
+    """The options given to `harness plan` (from its command line)."""
     return argv[argv.index("plan") + 1:] if "plan" in argv else argv
 
 
@@ -68,7 +66,7 @@ def cmd_plan(args) -> int:
         cfg = dataclasses.replace(base, node_rank=r)
         host = base.hosts[r] if base.hosts else ("this machine" if base.nodes == 1 else f"node {r}")
         print(f"\nnode {r} ({host}): run")
-        print("  " + shlex.join(node_command(plan_argv(), r, run_id)))
+        print("  " + shlex.join(node_command(plan_argv(args.argv), r, run_id)))
         try:
             launch = node_plan(backend, cfg, run_dir, port)
             isolated = isolated_plans(backend, cfg, run_dir) if cfg.compute_method == "isolated" and world > 1 else []
