@@ -126,8 +126,7 @@ class Backend(ABC):
     name: str = ""
     framework: str = ""  # "torch" | "tensorflow" | "paddle"
     launcher: str = ""  # human-readable, for `harness list` and reports
-    requires: tuple[str, ...] = ()  # importable modules needed (checked without importing)
-    worker_module: str = ""  # defines `make_trainer(cfg) -> Trainer`
+    also_requires: tuple[str, ...] = ()  # importable modules needed besides the framework itself
     compute_methods: tuple[str, ...] = ("isolated",)  # first = default for compute_method "auto"
     multi_node: bool = True
     mixed_precision: str = "autocast"  # how bf16/fp16 is implemented: "autocast" | "master"
@@ -135,6 +134,16 @@ class Backend(ABC):
     # nodes then start no ranks, and must not start their isolated workers while node 0's ranks still run.
     starts_remote_ranks: bool = False
     Options: type[Options] = Options
+
+    @property
+    def requires(self) -> tuple[str, ...]:
+        """The modules this backend's workers import (checked without importing them)."""
+        return (self.framework, *self.also_requires)
+
+    @property
+    def worker_module(self) -> str:
+        """The module that defines `make_trainer(cfg) -> Trainer`: `worker` beside the adapter."""
+        return f"{type(self).__module__}.worker"
 
     def availability(self) -> tuple[bool, str]:
         """(usable here, reason if not), decided without importing the framework."""

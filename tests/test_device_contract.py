@@ -200,9 +200,7 @@ def expected_device(mask: list[str] | None, rank: int) -> str:
 @pytest.mark.parametrize("n_nodes", [1, 2])
 @pytest.mark.parametrize("backend", backend_names())
 def test_every_rank_runs_on_its_physical_gpu(backend, n_nodes, mask, tmp_path):
-    model = launcher_model(backend)
-    adapter = get_backend(backend)
-    run_dir = tmp_path / "logs" / "run"
+    model, adapter, run_dir = launcher_model(backend), get_backend(backend), tmp_path / "logs" / "run"
     cfgs = node_configs(backend, n_nodes, "cuda")
     started: dict[int, str | None] = {}
     for cfg in cfgs:
@@ -221,9 +219,7 @@ def test_every_rank_runs_on_its_physical_gpu(backend, n_nodes, mask, tmp_path):
 @pytest.mark.parametrize("n_nodes", [1, 2])
 @pytest.mark.parametrize("backend", backend_names())
 def test_isolated_worker_k_runs_on_rank_ks_gpu(backend, n_nodes, mask, tmp_path):
-    model = launcher_model(backend)
-    adapter = get_backend(backend)
-    run_dir = tmp_path / "logs" / "run"
+    model, adapter, run_dir = launcher_model(backend), get_backend(backend), tmp_path / "logs" / "run"
     seen = []
     for cfg in node_configs(backend, n_nodes, "cuda"):
         plans = isolated_plans(adapter, cfg, run_dir)

@@ -50,15 +50,13 @@ def ds_config(cfg) -> dict:
 
 
 class DeepSpeed(Backend):
-    name = "deepspeed"
-    framework = "torch"
-    launcher = "deepspeed"
-    requires = ("torch", "deepspeed")
-    worker_module = "backends.deepspeed_zero.worker"
-    # engine.no_sync() refuses stages 2 and 3, and at stage 1 the step needs the reduced gradient partitions
-    # and all-gathers the updated ones; so, for every stage alike, the isolated counterfactual.
+    """t_compute: engine.no_sync() refuses stages 2 and 3, and at stage 1 the step needs the reduced gradient
+    partitions and all-gathers the updated ones; so, for every stage alike, the isolated counterfactual.
+    Mixed precision keeps bf16/fp16 parameters and gradients with fp32 master weights."""
+
+    name, framework, launcher, also_requires = "deepspeed", "torch", "deepspeed", ("deepspeed",)
     compute_methods = ("isolated",)
-    mixed_precision = "master"  # bf16/fp16 parameters and gradients, fp32 master weights
+    mixed_precision = "master"
     Options = DeepSpeedOptions
 
     def stage(self, cfg) -> int:

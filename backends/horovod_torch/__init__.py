@@ -26,15 +26,13 @@ class HorovodOptions(Options):
 
 
 class Horovod(Backend):
-    name = "horovod"
-    framework = "torch"
-    launcher = "horovodrun"
-    requires = ("torch", "horovod")
-    worker_module = "backends.horovod_torch.worker"
-    # Horovod has no switch that turns the all-reduce off: its gradient hooks submit every all-reduce
-    # during backward (skip_synchronize() only skips waiting for them in step()).
+    """t_compute: Horovod has no switch that turns the all-reduce off (its gradient hooks submit every
+    all-reduce during backward; skip_synchronize() only skips waiting for them), so the isolated
+    counterfactual. Node 0's horovodrun starts every node's workers."""
+
+    name, framework, launcher, also_requires = "horovod", "torch", "horovodrun", ("horovod",)
     compute_methods = ("isolated",)
-    starts_remote_ranks = True  # node 0's horovodrun starts every node's workers
+    starts_remote_ranks = True
     Options = HorovodOptions
 
     def availability(self):

@@ -38,8 +38,6 @@ class PaddleFleet(Backend):
     name = "paddle-fleet"
     framework = "paddle"
     launcher = "paddle.distributed.launch"
-    requires = ("paddle",)
-    worker_module = "backends.paddle_fleet.worker"
     compute_methods = ("no_sync", "isolated")
     Options = PaddleOptions
 

@@ -48,8 +48,6 @@ class TFMultiWorkerMirrored(Backend):
     name = "tf-mwms"
     framework = "tensorflow"
     launcher = "TF_CONFIG per worker process"
-    requires = ("tensorflow",)
-    worker_module = "backends.tf_mwms.worker"
     compute_methods = ("isolated",)  # MWMS has no switch that turns the gradient all-reduce off
     Options = TFOptions
 

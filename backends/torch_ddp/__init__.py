@@ -7,8 +7,6 @@ class TorchDDP(Backend):
     name = "torch-ddp"
     framework = "torch"
     launcher = "torchrun"
-    requires = ("torch",)
-    worker_module = "backends.torch_ddp.worker"
     compute_methods = ("no_sync", "isolated")
 
     def comm_pattern(self, cfg):

@@ -25,8 +25,6 @@ class TorchFSDP(Backend):
     name = "torch-fsdp"
     framework = "torch"
     launcher = "torchrun"
-    requires = ("torch",)
-    worker_module = "backends.torch_fsdp.worker"
     # With gradient sync off FSDP would still all-gather every parameter, so only the isolated
     # counterfactual measures compute without communication.
     compute_methods = ("isolated",)
