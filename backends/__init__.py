@@ -1,4 +1,5 @@
 """The registry of backend adapters. Adapters import no framework, so listing them is cheap and safe."""
+
 from __future__ import annotations
 
 import importlib

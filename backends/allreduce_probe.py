@@ -1,5 +1,6 @@
 """`harness doctor`'s collective check, started by torchrun with N processes: every rank all-reduces
 (rank + 1) and must get N(N+1)/2, over gloo (CPU) or NCCL (one GPU per rank)."""
+
 import os
 import sys
 from datetime import timedelta

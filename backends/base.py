@@ -32,8 +32,10 @@ CUDA_MASK = "CUDA_VISIBLE_DEVICES"
 def option(default, flag: str, help: str, choices=None, type=None, parse=None):
     """A field of a backend's Options: its default (stated once), CLI flag, help text and accepted values.
     `parse` turns the flag's text into the field's value where that is not `type` (on/off -> bool)."""
-    return field(default=default, metadata={"flag": flag, "help": help, "choices": choices, "type": type,
-                                            "parse": parse})
+    return field(
+        default=default,
+        metadata={"flag": flag, "help": help, "choices": choices, "type": type, "parse": parse},
+    )
 
 
 def on_off(text: str) -> bool:
@@ -62,8 +64,14 @@ class Options:
             if f.type in (bool, "bool") and meta["choices"] is None:
                 group.add_argument(meta["flag"], dest=dest, action="store_true", default=None, help=text)
             else:
-                group.add_argument(meta["flag"], dest=dest, choices=meta["choices"], type=meta["type"],
-                                   default=None, help=f"{text} (default {f.default})")
+                group.add_argument(
+                    meta["flag"],
+                    dest=dest,
+                    choices=meta["choices"],
+                    type=meta["type"],
+                    default=None,
+                    help=f"{text} (default {f.default})",
+                )
 
     @classmethod
     def given(cls, args) -> dict[str, object]:
@@ -180,10 +188,17 @@ class Backend(ABC):
         """What this adapter supports, for the report's feature table. `sharding` lists the sharding of
         every configuration it offers; the default asks sharding() about a run with default options, so an
         adapter whose options change the sharding (ZeRO stages) overrides this."""
-        probe = RunConfig(backend=self.name, workload="tiny", spec=PRESETS["tiny"], world_size=2, device="cpu")
-        return {"framework": self.framework, "launcher": self.launcher, "multi_node": self.multi_node,
-                "mixed_precision": self.mixed_precision, "compute_methods": list(self.compute_methods),
-                "sharding": [self.sharding(probe)]}
+        probe = RunConfig(
+            backend=self.name, workload="tiny", spec=PRESETS["tiny"], world_size=2, device="cpu"
+        )
+        return {
+            "framework": self.framework,
+            "launcher": self.launcher,
+            "multi_node": self.multi_node,
+            "mixed_precision": self.mixed_precision,
+            "compute_methods": list(self.compute_methods),
+            "sharding": [self.sharding(probe)],
+        }
 
     @abstractmethod
     def launch(self, cfg: RunConfig, run_dir: Path, port: int, devices: list[str]) -> LaunchPlan:
@@ -195,8 +210,11 @@ class Backend(ABC):
     def worker_env(self, cfg: RunConfig) -> dict[str, str]:
         """Environment every worker process gets: import path, unbuffered output, and the process
         settings every backend shares (see core.process.process_settings)."""
-        return {"PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                "PYTHONUNBUFFERED": "1", **process_settings(cfg.threads_per_worker)}
+        return {
+            "PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+            "PYTHONUNBUFFERED": "1",
+            **process_settings(cfg.threads_per_worker),
+        }
 
 
 def device_mask(devices: list[str]) -> dict[str, str]:
@@ -208,10 +226,20 @@ def torchrun(backend: Backend, cfg: RunConfig, run_dir: Path, port: int, devices
     """torchrun (torch.distributed.run) for this node: one worker per device, static rendezvous at the
     master on `port` (an isolated-counterfactual worker is a 1-node, 1-process run on localhost). Local
     rank i uses cuda:i inside the mask, which is devices[i]."""
-    nodes, node_rank, master = (1, 0, "127.0.0.1") if cfg.isolated_index is not None else \
-        (cfg.nodes, cfg.node_rank, cfg.master_addr)
-    argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={cfg.local_procs}",
-            f"--nnodes={nodes}", f"--node-rank={node_rank}", f"--master-addr={master}",
-            f"--master-port={port}", "--max-restarts=0", str(WORKER_SCRIPT), str(run_dir)]
+    nodes, node_rank, master = (
+        (1, 0, "127.0.0.1") if cfg.isolated_index is not None else (cfg.nodes, cfg.node_rank, cfg.master_addr)
+    )
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={cfg.local_procs}",
+        f"--nnodes={nodes}",
+        f"--node-rank={node_rank}",
+        f"--master-addr={master}",
+        f"--master-port={port}",
+        "--max-restarts=0",
+        str(WORKER_SCRIPT),
+        str(run_dir),
+    ]
     return LaunchPlan([Process(argv, {**backend.worker_env(cfg), **device_mask(devices)})])
-

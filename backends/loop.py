@@ -29,8 +29,9 @@ RANK_VARS = ("DISTBENCH_RANK", "RANK", "HOROVOD_RANK", "PADDLE_TRAINER_ID", "OMP
 
 class Trainer(ABC):
     """One rank's model, optimizer and step, in one framework. The shared loop below times it."""
+
     framework = ""
-    can_skip_grad_sync = False   # True if step(sync_grads=False) really skips gradient synchronisation
+    can_skip_grad_sync = False  # True if step(sync_grads=False) really skips gradient synchronisation
 
     def __init__(self, cfg: RunConfig):
         self.cfg = cfg
@@ -157,10 +158,15 @@ def run_training(trainer: Trainer, cfg: RunConfig, weights_path: Path | None = N
         if step < cfg.warmup:
             warmup_losses.append(loss)
         else:
-            step_times.append(t); data_wait.append(t_data); losses.append(loss)
+            step_times.append(t)
+            data_wait.append(t_data)
+            losses.append(loss)
         if trainer.rank == 0:
-            print(f"step {step:4d} loss {loss:.4f} time {t * 1e3:8.1f} ms"
-                  f"{' (warm-up)' if step < cfg.warmup else ''}", flush=True)
+            print(
+                f"step {step:4d} loss {loss:.4f} time {t * 1e3:8.1f} ms"
+                f"{' (warm-up)' if step < cfg.warmup else ''}",
+                flush=True,
+            )
     minor_faults_per_step = (minor_page_faults() - faults_at_start) / cfg.steps
     model_state = trainer.model_state_bytes()  # after a full step, so gradients and moments exist
     model_state["total"] = sum(model_state.values())
@@ -169,7 +175,12 @@ def run_training(trainer: Trainer, cfg: RunConfig, weights_path: Path | None = N
         np.savez(weights_path, **weights)
 
     compute_times = []
-    if trainer.can_skip_grad_sync and cfg.compute_method == "no_sync" and cfg.process_group_size > 1 and cfg.compute_steps:
+    if (
+        trainer.can_skip_grad_sync
+        and cfg.compute_method == "no_sync"
+        and cfg.process_group_size > 1
+        and cfg.compute_steps
+    ):
         first = cfg.warmup + cfg.steps
         for step in range(first, first + cfg.compute_steps + 1):
             t, _, _ = timed_step(step, False)
@@ -178,12 +189,22 @@ def run_training(trainer: Trainer, cfg: RunConfig, weights_path: Path | None = N
 
     memory = {"peak_rss": peak_rss_bytes(), **trainer.memory()}
     return {
-        "rank": trainer.rank, "host": socket.gethostname(), "device": trainer.device_name, "pid": os.getpid(),
-        "status": "ok", "step_times": step_times, "data_wait": data_wait, "losses": losses,
-        "warmup_losses": warmup_losses, "compute_only_step_times": compute_times,
-        "memory": memory, "model_state_bytes": model_state, "minor_faults_per_step": minor_faults_per_step,
+        "rank": trainer.rank,
+        "host": socket.gethostname(),
+        "device": trainer.device_name,
+        "pid": os.getpid(),
+        "status": "ok",
+        "step_times": step_times,
+        "data_wait": data_wait,
+        "losses": losses,
+        "warmup_losses": warmup_losses,
+        "compute_only_step_times": compute_times,
+        "memory": memory,
+        "model_state_bytes": model_state,
+        "minor_faults_per_step": minor_faults_per_step,
         "versions": {"python": platform.python_version(), **trainer.versions()},
-        "threads": cfg.threads_per_worker, "process_settings": seen_process_settings(),
+        "threads": cfg.threads_per_worker,
+        "process_settings": seen_process_settings(),
     }
 
 
@@ -196,9 +217,11 @@ def record_termination() -> None:
     """Turn SIGTERM into Terminated, so the rank still writes its record (where it was, and that it was
     stopped) instead of vanishing. Only the first: a second SIGTERM (launcher and harness both send one)
     must not interrupt the writing of that record; SIGKILL still ends a rank that does not finish."""
+
     def handler(signum, frame):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise Terminated("stopped by SIGTERM (from its launcher or the harness)")
+
     signal.signal(signal.SIGTERM, handler)
 
 
@@ -207,8 +230,14 @@ def failure_record(exc: BaseException) -> dict:
     `terminated` marks a rank stopped from outside (see Terminated)."""
     name = type(exc).__name__
     oom = isinstance(exc, MemoryError) or "OutOfMemory" in name or "out of memory" in str(exc).lower()
-    return {"rank": rank_from_env(), "host": socket.gethostname(), "pid": os.getpid(),
-            "status": "oom" if oom else "failed", "error": f"{name}: {exc}", "failed_at": time.time(),
-            "terminated": isinstance(exc, Terminated),
-            "traceback": "".join(traceback.format_exception(exc))[-4000:],
-            "memory": {"peak_rss": peak_rss_bytes()}}
+    return {
+        "rank": rank_from_env(),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "status": "oom" if oom else "failed",
+        "error": f"{name}: {exc}",
+        "failed_at": time.time(),
+        "terminated": isinstance(exc, Terminated),
+        "traceback": "".join(traceback.format_exception(exc))[-4000:],
+        "memory": {"peak_rss": peak_rss_bytes()},
+    }

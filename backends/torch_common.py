@@ -1,4 +1,5 @@
 """Worker-side code shared by the PyTorch-family backends (DDP, FSDP, DeepSpeed, Horovod)."""
+
 from __future__ import annotations
 
 import os
@@ -23,6 +24,7 @@ def tensor_bytes(t) -> int:
 
 class TorchTrainer(Trainer):
     """Device, threads, process group, model construction, autocast/GradScaler, and the probes."""
+
     framework = "torch"
 
     def __init__(self, cfg: RunConfig):
@@ -44,8 +46,10 @@ class TorchTrainer(Trainer):
     def init_process_group(self) -> None:
         """NCCL on GPU, gloo on CPU; with the run's collective timeout, so a dead or hung peer ends the run."""
         if not dist.is_initialized():
-            dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo",
-                                    timeout=timedelta(seconds=self.cfg.collective_timeout))
+            dist.init_process_group(
+                "nccl" if self.device.type == "cuda" else "gloo",
+                timeout=timedelta(seconds=self.cfg.collective_timeout),
+            )
 
     def build_model(self) -> GPT:
         model = GPT(self.cfg.spec, self.cfg.activation_checkpointing).load_spec_weights(self.cfg.seed)
@@ -56,8 +60,10 @@ class TorchTrainer(Trainer):
 
     def inputs(self, x, y) -> tuple[torch.Tensor, torch.Tensor]:
         """A micro-batch's numpy token arrays as tensors on this rank's device."""
-        return (torch.from_numpy(x).to(self.device, non_blocking=True),
-                torch.from_numpy(y).to(self.device, non_blocking=True))
+        return (
+            torch.from_numpy(x).to(self.device, non_blocking=True),
+            torch.from_numpy(y).to(self.device, non_blocking=True),
+        )
 
     def backward(self, model, x, y, n_micro: int) -> torch.Tensor:
         """Forward and backward of one micro-batch; the loss is scaled by 1/n_micro for accumulation."""
@@ -89,8 +95,10 @@ class TorchTrainer(Trainer):
     def memory(self) -> dict:
         if self.device.type != "cuda":
             return {}
-        out = {"allocated_peak": torch.cuda.max_memory_allocated(self.device),
-               "reserved_peak": torch.cuda.max_memory_reserved(self.device)}
+        out = {
+            "allocated_peak": torch.cuda.max_memory_allocated(self.device),
+            "reserved_peak": torch.cuda.max_memory_reserved(self.device),
+        }
         try:  # NVML's view: includes the CUDA context and other allocators
             out["nvml_used"] = torch.cuda.device_memory_used(self.device)
         except Exception:  # noqa: BLE001 - NVML is optional
@@ -100,9 +108,11 @@ class TorchTrainer(Trainer):
     def model_state_bytes(self) -> dict:
         params = list(self.model.parameters())
         state = [v for s in self.optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
-        return {"params": sum(tensor_bytes(p) for p in params),
-                "grads": sum(tensor_bytes(p.grad) for p in params if p.grad is not None),
-                "optimizer": sum(tensor_bytes(v) for v in state)}
+        return {
+            "params": sum(tensor_bytes(p) for p in params),
+            "grads": sum(tensor_bytes(p.grad) for p in params if p.grad is not None),
+            "optimizer": sum(tensor_bytes(v) for v in state),
+        }
 
     def unwrapped(self):
         """The GPT module under the wrapper (DDP/FSDP/engine keep it as .module or in place)."""

@@ -4,6 +4,7 @@ It sends this rank's stdout/stderr (the framework's native logs too) to RUN_DIR/
 backend's Trainer, runs the shared timed loop, and writes RUN_DIR/rank{R}.json atomically — also when the
 rank fails, so the harness can say which rank broke and why.
 """
+
 import importlib
 import json
 import os
@@ -14,15 +15,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backends import get_backend  # noqa: E402
 from backends.loop import failure_record, rank_from_env, record_termination, run_training  # noqa: E402
-from core.process import die_with_parent  # noqa: E402
 from core.config import RunConfig  # noqa: E402
+from core.process import die_with_parent  # noqa: E402
 from core.records import write_json_atomic  # noqa: E402
 
 
 def redirect_output(log_path: Path) -> None:
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    sys.stdout.flush(); sys.stderr.flush()
-    os.dup2(log, 1); os.dup2(log, 2)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(log, 1)
+    os.dup2(log, 2)
 
 
 def main(run_dir: Path) -> int:

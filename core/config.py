@@ -25,39 +25,39 @@ class InvalidConfig(ValueError):
 @dataclass
 class RunConfig:
     backend: str
-    workload: str                 # preset name the spec came from (overrides already applied in `spec`)
+    workload: str  # preset name the spec came from (overrides already applied in `spec`)
     spec: ModelSpec
-    world_size: int               # ranks = devices (or CPU workers), over all nodes (the CLI's --gpus)
-    device: str                   # resolved: "cuda" or "cpu"
+    world_size: int  # ranks = devices (or CPU workers), over all nodes (the CLI's --gpus)
+    device: str  # resolved: "cuda" or "cpu"
     precision: str = "fp32"
-    micro_batch: int = 8          # sequences per rank per micro-step
+    micro_batch: int = 8  # sequences per rank per micro-step
     grad_accum: int = 1
-    steps: int = 20               # measured steps
-    warmup: int = 3               # excluded from every statistic
-    compute_steps: int = 5        # sync-off steps for t_compute (no_sync method), after the measured ones
+    steps: int = 20  # measured steps
+    warmup: int = 3  # excluded from every statistic
+    compute_steps: int = 5  # sync-off steps for t_compute (no_sync method), after the measured ones
     compute_method: str = "auto"  # auto -> the backend's preferred method
     threads_per_worker: int = 1
     seed: int = 0
     data_path: str | None = None
     activation_checkpointing: bool = False
-    scaling: str = "weak"         # how the batch was chosen (recorded for sweeps/compare)
+    scaling: str = "weak"  # how the batch was chosen (recorded for sweeps/compare)
     timeout_s: float = 900.0
-    collective_timeout_s: float | None = None   # a collective's wait for a missing peer; None: timeout_s
+    collective_timeout_s: float | None = None  # a collective's wait for a missing peer; None: timeout_s
     backend_options: dict = field(default_factory=dict)
     # Multi-node: this harness invocation starts the launcher of node `node_rank` of `nodes`, each with
     # gpus / nodes workers; ranks meet at master_addr (port chosen by the harness or given).
     nodes: int = 1
-    gpus_per_node: int = 0        # ranks per node; 0: world_size / nodes
+    gpus_per_node: int = 0  # ranks per node; 0: world_size / nodes
     node_rank: int = 0
     master_addr: str = "127.0.0.1"
     master_port: int | None = None
-    hosts: list = field(default_factory=list)   # one hostname per node, when known
+    hosts: list = field(default_factory=list)  # one hostname per node, when known
     # Set only for the isolated counterfactual: this worker runs alone (world 1) on data shard
     # `isolated_index` of the real N-rank run.
     isolated_index: int | None = None
-    step_delay_s: float = 0.0     # test-only injected per-step slowdown (regression tests); 0 in real use
-    fault: dict | None = None     # test-only fault injection {"rank", "step", "kind"}; see backends.base
-    dump_weights: bool = False    # rank 0 saves its final weights (neutral names) for equivalence tests
+    step_delay_s: float = 0.0  # test-only injected per-step slowdown (regression tests); 0 in real use
+    fault: dict | None = None  # test-only fault injection {"rank", "step", "kind"}; see backends.base
+    dump_weights: bool = False  # rank 0 saves its final weights (neutral names) for equivalence tests
 
     def __post_init__(self):
         if not self.gpus_per_node:

@@ -71,7 +71,12 @@ def migrate(record: dict) -> dict:
     """A record of any earlier schema in today's shape (the stored summary is kept as written; every
     analysis recomputes the summary from the raw rank records)."""
     if record["schema_version"] == 1:
-        record = {**record, "config": migrate_config(record["config"]), "schema_version": 2, "migrated_from": 1}
+        record = {
+            **record,
+            "config": migrate_config(record["config"]),
+            "schema_version": 2,
+            "migrated_from": 1,
+        }
         comm = dict(record.get("comm") or {})
         if "method" in comm:
             comm["t_compute_method"] = comm.pop("method")
@@ -109,9 +114,15 @@ def now_iso() -> str:
 
 def git_commit() -> dict:
     def git(*args):
-        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+        return subprocess.run(
+            ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+
     try:
-        return {"commit": git("rev-parse", "HEAD") or None, "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+        return {
+            "commit": git("rev-parse", "HEAD") or None,
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        }
     except (OSError, subprocess.SubprocessError):
         return {"commit": None, "dirty": None}
 
@@ -168,8 +179,15 @@ class ConfigKey:
     device: str  # device kind (with threads per CPU worker); "*" matches any device
 
     def text(self) -> str:
-        parts = [self.label, self.workload, f"N={self.world_size}", self.precision, self.scaling, self.batch,
-                 self.settings]
+        parts = [
+            self.label,
+            self.workload,
+            f"N={self.world_size}",
+            self.precision,
+            self.scaling,
+            self.batch,
+            self.settings,
+        ]
         return " · ".join(parts + ([self.device] if self.device != "*" else []))
 
     def any_device(self) -> ConfigKey:
@@ -181,6 +199,12 @@ def config_key(record: dict, device: str | None = None) -> ConfigKey:
     be made); `device` overrides the record's own device ("*" to match across devices)."""
     cfg = record["config"]
     return ConfigKey(
-        label=(record.get("backend_info") or {}).get("label") or cfg["backend"], workload=workload_name(cfg),
-        world_size=cfg["world_size"], precision=cfg["precision"], scaling=cfg.get("scaling", "weak"),
-        batch=batch_name(cfg), settings=settings_name(cfg), device=device or str(device_name(record)))
+        label=(record.get("backend_info") or {}).get("label") or cfg["backend"],
+        workload=workload_name(cfg),
+        world_size=cfg["world_size"],
+        precision=cfg["precision"],
+        scaling=cfg.get("scaling", "weak"),
+        batch=batch_name(cfg),
+        settings=settings_name(cfg),
+        device=device or str(device_name(record)),
+    )

@@ -14,6 +14,7 @@ Options this script does not know are passed to `harness run` instead of RUN_ARG
 
 tests/test_regression_ci.py runs one round of the same procedure (`measure_round`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,23 +34,50 @@ from harness.analyze.compare import compare_runs  # noqa: E402
 
 DELAY_FRACTION = 0.3
 # Tiny, short and single-threaded: a round of 3 x 3 runs takes about a minute on 2 cores.
-RUN_ARGS = ["--backend", "torch-ddp", "--gpus", "1", "--workload", "tiny", "--steps", "20", "--warmup", "2",
-            "--threads-per-worker", "1", "--timeout", "180"]
+RUN_ARGS = [
+    "--backend",
+    "torch-ddp",
+    "--gpus",
+    "1",
+    "--workload",
+    "tiny",
+    "--steps",
+    "20",
+    "--warmup",
+    "2",
+    "--threads-per-worker",
+    "1",
+    "--timeout",
+    "180",
+]
 
 
 def launch(out: Path, run_args: list[str], delay: float = 0.0) -> dict:
     """One `harness run` into `out`; returns its (trimmed) record."""
     before = set(out.glob("*.json")) if out.exists() else set()
-    cmd = [sys.executable, "-m", "harness", "run", *run_args, "--out", str(out), "--step-delay", f"{delay:.6f}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "harness",
+        "run",
+        *run_args,
+        "--out",
+        str(out),
+        "--step-delay",
+        f"{delay:.6f}",
+    ]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     new = sorted(set(out.glob("*.json")) - before)
     if proc.returncode != 0 or len(new) != 1:
-        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+        raise RuntimeError(
+            f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+        )
     return load_all(new)[0]
 
 
-def measure_round(workdir: Path, repeats: int = 3, run_args: list[str] = RUN_ARGS,
-                  delay_fraction: float = DELAY_FRACTION) -> tuple[Path, Path, Path, float]:
+def measure_round(
+    workdir: Path, repeats: int = 3, run_args: list[str] = RUN_ARGS, delay_fraction: float = DELAY_FRACTION
+) -> tuple[Path, Path, Path, float]:
     """Launch A, B (same code) and S (slowed) runs interleaved; returns their directories and the delay."""
     a, b, s = (workdir / side for side in "abs")
     first = launch(a, run_args)
@@ -73,50 +101,88 @@ def judge(a: Path, b: Path, s: Path, settings: dict) -> dict:
     aa = compare_runs(load_all([a]), load_all([b]), **settings)
     slow = compare_runs(load_all([a]), load_all([s]), **settings)
     aa_tp, slow_tp = aa["comparisons"][0]["metrics"][0], slow["comparisons"][0]["metrics"][0]
-    return {"aa_flagged": aa["result"] != "ok", "aa_throughput_change": aa_tp["change"],
-            "aa_verdicts": [m["verdict"] for m in aa["comparisons"][0]["metrics"]],
-            "slowdown_detected": slow_tp["verdict"] == "regression", "slowdown_throughput_change": slow_tp["change"]}
+    return {
+        "aa_flagged": aa["result"] != "ok",
+        "aa_throughput_change": aa_tp["change"],
+        "aa_verdicts": [m["verdict"] for m in aa["comparisons"][0]["metrics"]],
+        "slowdown_detected": slow_tp["verdict"] == "regression",
+        "slowdown_throughput_change": slow_tp["change"],
+    }
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--k", type=int, default=20, help="rounds (default 20)")
     p.add_argument("--repeats", type=int, default=3, help="runs per side per round (default 3)")
-    p.add_argument("--gate", type=gate, action="append", metavar="STATISTIC:THRESHOLD",
-                   help="compare settings to judge every round with (repeatable; default: median:0.05, the "
-                        "defaults, and min:0.10, the noisy-machine gate of the tests and the workflow)")
+    p.add_argument(
+        "--gate",
+        type=gate,
+        action="append",
+        metavar="STATISTIC:THRESHOLD",
+        help="compare settings to judge every round with (repeatable; default: median:0.05, the "
+        "defaults, and min:0.10, the noisy-machine gate of the tests and the workflow)",
+    )
     p.add_argument("--alpha", type=float, default=0.05, help="compare --alpha (default 0.05)")
-    p.add_argument("--memory-threshold", type=float, default=0.05, help="compare --memory-threshold (default 0.05)")
-    p.add_argument("--delay-fraction", type=float, default=DELAY_FRACTION,
-                   help=f"injected sleep per step as a fraction of A1's median step time (default {DELAY_FRACTION})")
+    p.add_argument(
+        "--memory-threshold", type=float, default=0.05, help="compare --memory-threshold (default 0.05)"
+    )
+    p.add_argument(
+        "--delay-fraction",
+        type=float,
+        default=DELAY_FRACTION,
+        help=f"injected sleep per step as a fraction of A1's median step time (default {DELAY_FRACTION})",
+    )
     p.add_argument("--workdir", type=Path, help="keep the records here (default: a temporary directory)")
     p.add_argument("--json", type=Path, help="write per-round results here")
     args, run_args = p.parse_known_args()
     run_args = run_args or RUN_ARGS
-    gates = [{**g, "alpha": args.alpha, "memory_threshold": args.memory_threshold}
-             for g in args.gate or [gate("median:0.05"), gate("min:0.10")]]
+    gates = [
+        {**g, "alpha": args.alpha, "memory_threshold": args.memory_threshold}
+        for g in args.gate or [gate("median:0.05"), gate("min:0.10")]
+    ]
     names = [f"{g['statistic']}:{g['threshold']}" for g in gates]
     rounds = []
     with tempfile.TemporaryDirectory(prefix="distbench-aa-") as tmp:
         root = args.workdir or Path(tmp)
         for k in range(args.k):
-            a, b, s, delay = measure_round(root / f"round{k:03d}", args.repeats, run_args, args.delay_fraction)
+            a, b, s, delay = measure_round(
+                root / f"round{k:03d}", args.repeats, run_args, args.delay_fraction
+            )
             verdicts = {name: judge(a, b, s, g) for name, g in zip(names, gates)}
             rounds.append({"round": k, "delay_s": delay, "gates": verdicts})
             print(f"round {k + 1}/{args.k}: delay {delay * 1e3:.1f} ms", flush=True)
             for name, r in verdicts.items():
-                print(f"  {name:12s} A/A {'FLAGGED' if r['aa_flagged'] else 'ok'} (throughput "
-                      f"{r['aa_throughput_change']:+.1%}, {r['aa_verdicts']}); slowdown "
-                      f"{'detected' if r['slowdown_detected'] else 'MISSED'} ({r['slowdown_throughput_change']:+.1%})",
-                      flush=True)
-    summary = {name: {"false_positives": sum(r["gates"][name]["aa_flagged"] for r in rounds),
-                      "detected": sum(r["gates"][name]["slowdown_detected"] for r in rounds)} for name in names}
+                print(
+                    f"  {name:12s} A/A {'FLAGGED' if r['aa_flagged'] else 'ok'} (throughput "
+                    f"{r['aa_throughput_change']:+.1%}, {r['aa_verdicts']}); slowdown "
+                    f"{'detected' if r['slowdown_detected'] else 'MISSED'} ({r['slowdown_throughput_change']:+.1%})",
+                    flush=True,
+                )
+    summary = {
+        name: {
+            "false_positives": sum(r["gates"][name]["aa_flagged"] for r in rounds),
+            "detected": sum(r["gates"][name]["slowdown_detected"] for r in rounds),
+        }
+        for name in names
+    }
     for name, c in summary.items():
-        print(f"gate {name}: A/A false positives {c['false_positives']}/{args.k}; injected slowdown "
-              f"({args.delay_fraction:.0%} of a step) detected {c['detected']}/{args.k}; {args.repeats} runs per side")
+        print(
+            f"gate {name}: A/A false positives {c['false_positives']}/{args.k}; injected slowdown "
+            f"({args.delay_fraction:.0%} of a step) detected {c['detected']}/{args.k}; {args.repeats} runs per side"
+        )
     if args.json:
-        args.json.write_text(json.dumps({"gates": dict(zip(names, gates)), "repeats": args.repeats,
-                                         "run_args": run_args, "summary": summary, "rounds": rounds}, indent=1))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "gates": dict(zip(names, gates)),
+                    "repeats": args.repeats,
+                    "run_args": run_args,
+                    "summary": summary,
+                    "rounds": rounds,
+                },
+                indent=1,
+            )
+        )
     return 0
 
 

@@ -6,6 +6,7 @@ long it took from the fault to the harness's exit (record written, every process
 Time to detect = harness exit - the unix time the faulty rank printed just before faulting. Run it on a
 quiet machine: start-up and step times stretch on a busy one, detection does not depend on them much.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,7 +22,10 @@ FAULTS = [  # (label, harness options)
     ("rank raises", ["--inject-fault", "1:2:raise", "--timeout", "120"]),
     ("rank killed (SIGKILL)", ["--inject-fault", "1:2:sigkill", "--timeout", "120"]),
     ("rank out of memory (RLIMIT_AS)", ["--inject-fault", "1:2:oom", "--timeout", "120"]),
-    ("rank hangs, --collective-timeout 5", ["--inject-fault", "1:2:hang", "--collective-timeout", "5", "--timeout", "120"]),
+    (
+        "rank hangs, --collective-timeout 5",
+        ["--inject-fault", "1:2:hang", "--collective-timeout", "5", "--timeout", "120"],
+    ),
     ("rank hangs, --timeout 30", ["--inject-fault", "1:2:hang", "--timeout", "30"]),
 ]
 
@@ -36,16 +40,44 @@ def main() -> int:
     for label, options in FAULTS:
         before = set(args.out.glob("*.json"))
         start = time.time()
-        subprocess.run([sys.executable, "-m", "harness", "run", "--backend", args.backend, "--gpus", "2", "--steps", "5",
-                        "--warmup", "1", "--compute-method", "none", "--threads-per-worker", "1", "--device", "cpu",
-                        "--out", str(args.out), *options], cwd=REPO, capture_output=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "harness",
+                "run",
+                "--backend",
+                args.backend,
+                "--gpus",
+                "2",
+                "--steps",
+                "5",
+                "--warmup",
+                "1",
+                "--compute-method",
+                "none",
+                "--threads-per-worker",
+                "1",
+                "--device",
+                "cpu",
+                "--out",
+                str(args.out),
+                *options,
+            ],
+            cwd=REPO,
+            capture_output=True,
+        )
         done = time.time()
         record = json.loads(sorted(set(args.out.glob("*.json")) - before)[0].read_text())
-        logs = " ".join(f.read_text(errors="replace") for f in Path(record["launch"]["log_dir"]).glob("rank*.log"))
+        logs = " ".join(
+            f.read_text(errors="replace") for f in Path(record["launch"]["log_dir"]).glob("rank*.log")
+        )
         injected = re.findall(r"injecting fault '\w+' at step \d+ \(unix time ([0-9.]+)\)", logs)
         detect = f"{done - float(injected[0]):.1f}" if injected else "fault not reached"
-        print(f"| {label} | {record['status']} | {(record['error'] or {}).get('rank')} | {detect} | {done - start:.1f} |",
-              flush=True)
+        print(
+            f"| {label} | {record['status']} | {(record['error'] or {}).get('rank')} | {detect} | {done - start:.1f} |",
+            flush=True,
+        )
     return 0
 
 

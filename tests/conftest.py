@@ -19,8 +19,13 @@ REPO = Path(__file__).resolve().parent.parent
 
 def harness(*args, timeout=300) -> subprocess.CompletedProcess:
     """Run `python -m harness ARGS` from the repo root."""
-    return subprocess.run([sys.executable, "-m", "harness", *map(str, args)], cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "harness", *map(str, args)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def run_record(out: Path, *args, expect_rc=0, timeout=300) -> dict:
@@ -49,6 +54,10 @@ def pytest_collection_modifyitems(items):
 def unit_tests_start_no_process(request, monkeypatch):
     """The unit tier's rule, checked rather than remembered: no subprocess unless marked `subprocess`."""
     if request.node.get_closest_marker("unit") and not request.node.get_closest_marker("subprocess"):
+
         def refuse(*args, **kwargs):
-            raise AssertionError("a unit test started a process; mark it `subprocess` or make it an integration test")
+            raise AssertionError(
+                "a unit test started a process; mark it `subprocess` or make it an integration test"
+            )
+
         monkeypatch.setattr(subprocess.Popen, "__init__", refuse)

@@ -1,4 +1,5 @@
 """Is anything still running? The fault and multi-node tests assert that no process outlives its run."""
+
 from __future__ import annotations
 
 import time

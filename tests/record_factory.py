@@ -5,6 +5,7 @@ harness.analyze.metrics. Lets analysis/report/compare tests cover every backend 
 
 What a test fixes by hand (step times, memory, the measured model state) is an independent known number;
 nothing here is computed by the code under test, so a broken formula cannot agree with itself."""
+
 from __future__ import annotations
 
 from backends import get_backend
@@ -42,21 +43,51 @@ TINY_PARAMS = 1_071_872
 TINY_MODEL_STATE = 17_149_952  # 16 x TINY_PARAMS
 
 
-def environment(device_kind: str | None = DEVICE, world: int = 1, *, start_time: str = START,
-                versions: dict | None = None, commit: str = "abc123", **overrides) -> dict:
+def environment(
+    device_kind: str | None = DEVICE,
+    world: int = 1,
+    *,
+    start_time: str = START,
+    versions: dict | None = None,
+    commit: str = "abc123",
+    **overrides,
+) -> dict:
     """A fixed environment, as the runner records it on a test machine."""
     versions = versions or VERSIONS
-    return {"device_type": "cpu", "device_kind": device_kind, "device_names": [device_kind] * world,
-            "hostnames": ["testhost"], "world_size": world, "threads_per_worker": 1, "process_settings": None,
-            "harness_host": "testhost", "cpu_count": 2, "platform": "Linux-test",
-            "python": versions["python"], "versions": versions, "git": {"commit": commit, "dirty": False},
-            "command_line": ["harness"], "start_time": start_time, "end_time": start_time, **overrides}
+    return {
+        "device_type": "cpu",
+        "device_kind": device_kind,
+        "device_names": [device_kind] * world,
+        "hostnames": ["testhost"],
+        "world_size": world,
+        "threads_per_worker": 1,
+        "process_settings": None,
+        "harness_host": "testhost",
+        "cpu_count": 2,
+        "platform": "Linux-test",
+        "python": versions["python"],
+        "versions": versions,
+        "git": {"commit": commit, "dirty": False},
+        "command_line": ["harness"],
+        "start_time": start_time,
+        "end_time": start_time,
+        **overrides,
+    }
 
 
-def rank_record(rank: int, step_times: list[float], *, device: str = DEVICE, compute_times: list[float] = (),
-                losses: list[float] | None = None, data_wait: float = 0.0, peak_rss: int = 400 << 20,
-                state_total: float = TINY_MODEL_STATE, allocated: int | None = None,
-                versions: dict | None = None) -> dict:
+def rank_record(
+    rank: int,
+    step_times: list[float],
+    *,
+    device: str = DEVICE,
+    compute_times: list[float] = (),
+    losses: list[float] | None = None,
+    data_wait: float = 0.0,
+    peak_rss: int = 400 << 20,
+    state_total: float = TINY_MODEL_STATE,
+    allocated: int | None = None,
+    versions: dict | None = None,
+) -> dict:
     """A raw rank record of a rank that finished, in the shape backends.loop.run_training returns."""
     n = len(step_times)
     memory = {"peak_rss": peak_rss}
@@ -64,27 +95,59 @@ def rank_record(rank: int, step_times: list[float], *, device: str = DEVICE, com
         memory.update(allocated_peak=allocated, reserved_peak=allocated)
     quarter = state_total / 4  # params : grads : moments = 1 : 1 : 2 (16 bytes per parameter)
     return {
-        "rank": rank, "host": "testhost", "device": device, "pid": 1000 + rank, "status": "ok",
-        "step_times": list(map(float, step_times)), "data_wait": [data_wait] * n,
-        "losses": losses if losses is not None else [7.0 - 0.1 * i for i in range(n)], "warmup_losses": [7.1],
+        "rank": rank,
+        "host": "testhost",
+        "device": device,
+        "pid": 1000 + rank,
+        "status": "ok",
+        "step_times": list(map(float, step_times)),
+        "data_wait": [data_wait] * n,
+        "losses": losses if losses is not None else [7.0 - 0.1 * i for i in range(n)],
+        "warmup_losses": [7.1],
         "compute_only_step_times": list(compute_times),
-        "memory": memory, "model_state_bytes": {"params": quarter, "grads": quarter, "optimizer": 2 * quarter,
-                                                "total": state_total},
-        "minor_faults_per_step": 0.0, "versions": versions or VERSIONS, "threads": 1,
+        "memory": memory,
+        "model_state_bytes": {
+            "params": quarter,
+            "grads": quarter,
+            "optimizer": 2 * quarter,
+            "total": state_total,
+        },
+        "minor_faults_per_step": 0.0,
+        "versions": versions or VERSIONS,
+        "threads": 1,
         "process_settings": None,
     }
 
 
-def failed_rank(rank: int, status: str = "failed", error: str = "RuntimeError: injected fault at step 1",
-                terminated: bool = False, peak_rss: int = 400 << 20) -> dict:
+def failed_rank(
+    rank: int,
+    status: str = "failed",
+    error: str = "RuntimeError: injected fault at step 1",
+    terminated: bool = False,
+    peak_rss: int = 400 << 20,
+) -> dict:
     """A raw rank record of a rank that raised, in the shape backends.loop.failure_record returns."""
-    return {"rank": rank, "host": "testhost", "pid": 1000 + rank, "status": status, "error": error,
-            "failed_at": 1.0e9 + rank, "terminated": terminated, "traceback": error,
-            "memory": {"peak_rss": peak_rss}}
+    return {
+        "rank": rank,
+        "host": "testhost",
+        "pid": 1000 + rank,
+        "status": status,
+        "error": error,
+        "failed_at": 1.0e9 + rank,
+        "terminated": terminated,
+        "traceback": error,
+        "memory": {"peak_rss": peak_rss},
+    }
 
 
-def config(label: str = "torch-ddp", gpus: int = 1, *, workload: str = "tiny", spec: ModelSpec | None = None,
-           **fields) -> RunConfig:
+def config(
+    label: str = "torch-ddp",
+    gpus: int = 1,
+    *,
+    workload: str = "tiny",
+    spec: ModelSpec | None = None,
+    **fields,
+) -> RunConfig:
     """A RunConfig as harness.run.options.build_config resolves it: the adapter's options with their
     defaults filled in, and the t_compute method 'auto' resolved to the adapter's preferred one."""
     name, options = BACKENDS.get(label, (label, {}))
@@ -92,29 +155,60 @@ def config(label: str = "torch-ddp", gpus: int = 1, *, workload: str = "tiny", s
     opts = backend.Options.from_dict(options)
     fields.setdefault("compute_method", backend.compute_methods_for(opts)[0])
     fields.setdefault("device", "cpu")
-    return RunConfig(backend=name, workload=workload, spec=spec or PRESETS[workload], world_size=gpus,
-                     backend_options=opts.to_dict(), **fields)
+    return RunConfig(
+        backend=name,
+        workload=workload,
+        spec=spec or PRESETS[workload],
+        world_size=gpus,
+        backend_options=opts.to_dict(),
+        **fields,
+    )
 
 
-def assemble(cfg: RunConfig, run_id: str, ranks: list[dict], *, compute_time: list[float] | None = None,
-             isolated_ranks: list[dict] = (), status: str = "ok", error: dict | None = None,
-             environment: dict, sweep: dict | None = None) -> dict:
+def assemble(
+    cfg: RunConfig,
+    run_id: str,
+    ranks: list[dict],
+    *,
+    compute_time: list[float] | None = None,
+    isolated_ranks: list[dict] = (),
+    status: str = "ok",
+    error: dict | None = None,
+    environment: dict,
+    sweep: dict | None = None,
+) -> dict:
     """The run record the runner would write for these raw ranks. `compute_time`: the compute-only step
     times of every rank, put where the configuration's method puts them (the ranks' sync-off steps for
     no_sync, the isolated workers' records for isolated); or give the isolated workers' records themselves."""
     isolated = list(isolated_ranks)
     if compute_time and cfg.world_size > 1:
         if cfg.compute_method == "no_sync":
-            ranks = [{**r, "compute_only_step_times": list(compute_time)} if r.get("status") == "ok" else r
-                     for r in ranks]
+            ranks = [
+                {**r, "compute_only_step_times": list(compute_time)} if r.get("status") == "ok" else r
+                for r in ranks
+            ]
         elif cfg.compute_method == "isolated":
-            isolated = [rank_record(0, compute_time, device=environment.get("device_kind") or DEVICE)
-                        for _ in range(cfg.world_size)]
+            isolated = [
+                rank_record(0, compute_time, device=environment.get("device_kind") or DEVICE)
+                for _ in range(cfg.world_size)
+            ]
     return assemble_record(
-        get_backend(cfg.backend), cfg, run_id, ranks, status=status, error=error, isolated_ranks=isolated,
-        launch={"returncodes": [0 if status == "ok" else 1], "elapsed_s": 1.0, "log_dir": f"logs/{run_id}",
-                "nodes": []},
-        environment=environment, sweep=sweep)
+        get_backend(cfg.backend),
+        cfg,
+        run_id,
+        ranks,
+        status=status,
+        error=error,
+        isolated_ranks=isolated,
+        launch={
+            "returncodes": [0 if status == "ok" else 1],
+            "elapsed_s": 1.0,
+            "log_dir": f"logs/{run_id}",
+            "nodes": [],
+        },
+        environment=environment,
+        sweep=sweep,
+    )
 
 
 def default_state(label: str, gpus: int, workload: str) -> float:
@@ -123,33 +217,70 @@ def default_state(label: str, gpus: int, workload: str) -> float:
     return TINY_MODEL_STATE / gpus if label in FULLY_SHARDED else TINY_MODEL_STATE
 
 
-def make_record(label: str = "torch-ddp", gpus: int = 1, step_time: float = 0.1,
-                compute_time: float | None = None, peak_rss: int = 400 << 20,
-                state_total: float | None = None, allocated: int | None = None, status: str = "ok",
-                repeat: int = 0, sweep_id: str = "sweep-test", precision: str = "fp32",
-                workload: str = "tiny", micro_batch: int = 8, scaling: str = "weak",
-                run_id: str | None = None, start_time: str = START) -> dict:
+def make_record(
+    label: str = "torch-ddp",
+    gpus: int = 1,
+    step_time: float = 0.1,
+    compute_time: float | None = None,
+    peak_rss: int = 400 << 20,
+    state_total: float | None = None,
+    allocated: int | None = None,
+    status: str = "ok",
+    repeat: int = 0,
+    sweep_id: str = "sweep-test",
+    precision: str = "fp32",
+    workload: str = "tiny",
+    micro_batch: int = 8,
+    scaling: str = "weak",
+    run_id: str | None = None,
+    start_time: str = START,
+) -> dict:
     """A valid run record whose every rank took `step_time` per step (and `compute_time` per step with sync
     off, or in the isolated counterfactual, whichever the backend uses). `state_total`: the measured model
     state per rank; by default the hand-computed TINY_MODEL_STATE above (/ N where fully sharded), never
     the analytic formula's. A failed run: rank 1 (or 0) raised at step 1, the others were stopped."""
-    cfg = config(label, gpus, workload=workload, precision=precision, micro_batch=micro_batch, steps=STEPS,
-                 warmup=1, threads_per_worker=1, scaling=scaling)
+    cfg = config(
+        label,
+        gpus,
+        workload=workload,
+        precision=precision,
+        micro_batch=micro_batch,
+        steps=STEPS,
+        warmup=1,
+        threads_per_worker=1,
+        scaling=scaling,
+    )
     state_total = default_state(label, gpus, workload) if state_total is None else state_total
     run_id = run_id or f"test-{label}-n{gpus}-r{repeat}-{status}"
     if status == "ok":
-        ranks = [rank_record(r, [step_time] * STEPS, peak_rss=peak_rss, state_total=state_total,
-                             allocated=allocated) for r in range(gpus)]
+        ranks = [
+            rank_record(
+                r, [step_time] * STEPS, peak_rss=peak_rss, state_total=state_total, allocated=allocated
+            )
+            for r in range(gpus)
+        ]
         error = None
     else:
         culprit = min(1, gpus - 1)
         stopped = "Terminated: stopped by SIGTERM (from its launcher or the harness)"
-        ranks = [failed_rank(r, status) if r == culprit else
-                 failed_rank(r, "failed", stopped, terminated=True, peak_rss=peak_rss) for r in range(gpus)]
+        ranks = [
+            failed_rank(r, status)
+            if r == culprit
+            else failed_rank(r, "failed", stopped, terminated=True, peak_rss=peak_rss)
+            for r in range(gpus)
+        ]
         error = {"rank": culprit, "message": ranks[culprit]["error"], "log_tail": []}
     env = environment(DEVICE if status == "ok" else None, gpus, start_time=start_time)
-    return assemble(cfg, run_id, ranks, compute_time=[compute_time] * STEPS if compute_time else None,
-                    status=status, error=error, environment=env, sweep={"id": sweep_id, "repeat": repeat})
+    return assemble(
+        cfg,
+        run_id,
+        ranks,
+        compute_time=[compute_time] * STEPS if compute_time else None,
+        status=status,
+        error=error,
+        environment=env,
+        sweep={"id": sweep_id, "repeat": repeat},
+    )
 
 
 def tokens_per_step(gpus: int, micro_batch: int = 8, workload: str = "tiny") -> int:

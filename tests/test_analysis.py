@@ -1,4 +1,5 @@
 """Cross-run figures on hand-made records with known answers (harness.analyze.analysis)."""
+
 import numpy as np
 import pytest
 from record_factory import make_record, tokens_per_step
@@ -19,9 +20,12 @@ def row(agg, label, gpus, **context):
 
 
 def test_speedup_efficiency_memory_and_comm_from_known_step_times():
-    records = [make_record("torch-ddp", 1, 0.1, repeat=0), make_record("torch-ddp", 1, 0.1, repeat=1),
-               make_record("torch-ddp", 2, 0.125, compute_time=0.1, peak_rss=500 * MiB, repeat=0),
-               make_record("torch-ddp", 2, 0.125, compute_time=0.1, peak_rss=500 * MiB, repeat=1)]
+    records = [
+        make_record("torch-ddp", 1, 0.1, repeat=0),
+        make_record("torch-ddp", 1, 0.1, repeat=1),
+        make_record("torch-ddp", 2, 0.125, compute_time=0.1, peak_rss=500 * MiB, repeat=0),
+        make_record("torch-ddp", 2, 0.125, compute_time=0.1, peak_rss=500 * MiB, repeat=1),
+    ]
     agg = aggregate(runs_table(records))
     one, two = row(agg, "torch-ddp", 1), row(agg, "torch-ddp", 2)
     assert one["throughput"] == pytest.approx(tokens_per_step(1) / 0.1)  # 10,240 tok/s
@@ -44,8 +48,12 @@ def test_speedup_efficiency_memory_and_comm_from_known_step_times():
 
 def test_sharded_backend_holds_half_the_model_state_at_two_ranks():
     # Measured per-rank state, by hand: 16 B x 1,071,872 params unsharded; FSDP shards all of it over 2 ranks.
-    measured = {("torch-ddp", 1): 17_149_952, ("torch-ddp", 2): 17_149_952,
-                ("torch-fsdp", 1): 17_149_952, ("torch-fsdp", 2): 8_574_976}
+    measured = {
+        ("torch-ddp", 1): 17_149_952,
+        ("torch-ddp", 2): 17_149_952,
+        ("torch-fsdp", 1): 17_149_952,
+        ("torch-fsdp", 2): 8_574_976,
+    }
     records = [make_record(label, n, state_total=state) for (label, n), state in measured.items()]
     agg = aggregate(runs_table(records))
     ddp, fsdp = row(agg, "torch-ddp", 2), row(agg, "torch-fsdp", 2)
@@ -60,16 +68,26 @@ def test_sharded_backend_holds_half_the_model_state_at_two_ranks():
 
 def test_measured_model_state_is_reported_against_the_analytic_value():
     # A stack that holds 25% more than the analytic model (17,149,952 B) is reported as such.
-    agg = aggregate(runs_table([make_record("torch-ddp", 1, state_total=21_437_440),
-                                make_record("deepspeed-zero3", 2, state_total=8_574_976)]))
+    agg = aggregate(
+        runs_table(
+            [
+                make_record("torch-ddp", 1, state_total=21_437_440),
+                make_record("deepspeed-zero3", 2, state_total=8_574_976),
+            ]
+        )
+    )
     assert row(agg, "torch-ddp", 1)["model_state_vs_analytic"] == pytest.approx(1.25)
     # ZeRO-3 shards all of it: 17,149,952 / 2.
     assert row(agg, "deepspeed-zero3", 2)["model_state_analytic"] == pytest.approx(8_574_976)
 
 
 def test_spread_over_repeats_is_flagged_noisy_not_averaged_away():
-    records = [make_record("horovod", 1, 0.1, repeat=0), make_record("horovod", 1, 0.1, repeat=1),
-               make_record("horovod", 2, 0.1, repeat=0), make_record("horovod", 2, 0.125, repeat=1)]
+    records = [
+        make_record("horovod", 1, 0.1, repeat=0),
+        make_record("horovod", 1, 0.1, repeat=1),
+        make_record("horovod", 2, 0.1, repeat=0),
+        make_record("horovod", 2, 0.125, repeat=1),
+    ]
     runs = runs_table(records)
     two = row(aggregate(runs, noise_cv=0.10), "horovod", 2)
     tputs = np.array([tokens_per_step(2) / 0.1, tokens_per_step(2) / 0.125])
@@ -81,8 +99,12 @@ def test_spread_over_repeats_is_flagged_noisy_not_averaged_away():
 
 
 def test_noisy_baseline_makes_every_speedup_from_it_noisy():
-    records = [make_record("tf-mwms", 1, 0.1, repeat=0), make_record("tf-mwms", 1, 0.13, repeat=1),
-               make_record("tf-mwms", 2, 0.2, repeat=0), make_record("tf-mwms", 2, 0.2, repeat=1)]
+    records = [
+        make_record("tf-mwms", 1, 0.1, repeat=0),
+        make_record("tf-mwms", 1, 0.13, repeat=1),
+        make_record("tf-mwms", 2, 0.2, repeat=0),
+        make_record("tf-mwms", 2, 0.2, repeat=1),
+    ]
     two = row(aggregate(runs_table(records)), "tf-mwms", 2)
     assert not two["noisy"] and two["speedup_noisy"]
 
@@ -93,8 +115,11 @@ def test_single_repeat_has_unknown_spread():
 
 
 def test_failed_repeat_is_counted_in_its_group_and_left_out_of_the_figures():
-    records = [make_record("deepspeed-zero3", 1, 0.1), make_record("deepspeed-zero3", 2, 0.125, repeat=0),
-               make_record("deepspeed-zero3", 2, status="failed", repeat=1)]
+    records = [
+        make_record("deepspeed-zero3", 1, 0.1),
+        make_record("deepspeed-zero3", 2, 0.125, repeat=0),
+        make_record("deepspeed-zero3", 2, status="failed", repeat=1),
+    ]
     runs = runs_table(records)
     assert runs["device"].nunique() == 1  # the failed run reported no device; it joins its host's group
     two = row(aggregate(runs), "deepspeed-zero3", 2)
@@ -103,14 +128,20 @@ def test_failed_repeat_is_counted_in_its_group_and_left_out_of_the_figures():
 
 
 def test_only_comparable_runs_are_grouped_and_speedup_needs_n1():
-    records = [make_record("torch-ddp", 1, 0.1), make_record("torch-ddp", 2, 0.125),
-               make_record("torch-ddp", 1, 0.05, precision="bf16"), make_record("torch-ddp", 2, 0.1, precision="bf16"),
-               make_record("torch-ddp", 2, 0.2, micro_batch=16),
-               make_record("torch-ddp", 2, 0.1, scaling="strong")]
+    records = [
+        make_record("torch-ddp", 1, 0.1),
+        make_record("torch-ddp", 2, 0.125),
+        make_record("torch-ddp", 1, 0.05, precision="bf16"),
+        make_record("torch-ddp", 2, 0.1, precision="bf16"),
+        make_record("torch-ddp", 2, 0.2, micro_batch=16),
+        make_record("torch-ddp", 2, 0.1, scaling="strong"),
+    ]
     agg = aggregate(runs_table(records))
     assert len(agg) == 6
     assert row(agg, "torch-ddp", 2, precision="bf16")["speedup"] == pytest.approx(1.0)
-    assert np.isnan(row(agg, "torch-ddp", 2, batch="16 seq/rank x 1 accum")["speedup"])  # no N=1 at that batch
+    assert np.isnan(
+        row(agg, "torch-ddp", 2, batch="16 seq/rank x 1 accum")["speedup"]
+    )  # no N=1 at that batch
     assert set(agg["scaling"]) == {"weak", "strong"}
     assert row(agg, "torch-ddp", 2, scaling="strong")["batch"] == "16 seq global, 1 accum"
 

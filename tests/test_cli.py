@@ -5,30 +5,64 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO
+
 from harness.cli import main
 
 pytestmark = pytest.mark.unit
 
 
-@pytest.mark.parametrize("args,expected", [
-    (["run", "--backend", "nope"], "unknown backend 'nope'; valid: torch-ddp"),
-    (["run", "--backend", "torch-ddp", "--workload", "huge"], "unknown workload 'huge'; valid: tiny, small, 350m, 1b"),
-    (["run", "--backend", "torch-ddp", "--precision", "fp8"], "unknown precision 'fp8'; valid: fp32, bf16, fp16"),
-    (["run", "--backend", "torch-ddp", "--device", "tpu"], "unknown device 'tpu'; valid: auto, cuda, cpu"),
-    (["run", "--backend", "torch-ddp", "--gpus", "0"], "expected a positive integer"),
-    (["run", "--backend", "torch-ddp", "--heads", "3"], "divisible"),
-    (["run", "--backend", "torch-ddp", "--gpus", "2", "--global-batch", "3"], "not divisible"),
-    (["run", "--backend", "torch-ddp", "--data", "/no/such/file"], "no such file"),
-    (["run", "--backend", "torch-ddp", "--inject-fault", "1:2:boom"], "unknown fault kind"),
-    (["run", "--backend", "torch-fsdp", "--zero-stage", "1"], "--zero-stage is an option of backend deepspeed"),
-    (["run", "--backend", "torch-ddp", "--hvd-compression", "fp16"], "--hvd-compression is an option of backend horovod"),
-    (["run", "--backend", "tf-mwms", "--nodes", "2", "--gpus-per-node", "1", "--master", "a:1", "--node-rank", "0",
-      "--run-id", "x"], "tf-mwms on 2 nodes needs the host of every node"),
-    (["run", "--backend", "torch-ddp", "--device", "cuda", "--gpus", "64"], "GPU(s) visible"),
-    (["frobnicate"], "invalid choice"),
-])
+@pytest.mark.parametrize(
+    "args,expected",
+    [
+        (["run", "--backend", "nope"], "unknown backend 'nope'; valid: torch-ddp"),
+        (
+            ["run", "--backend", "torch-ddp", "--workload", "huge"],
+            "unknown workload 'huge'; valid: tiny, small, 350m, 1b",
+        ),
+        (
+            ["run", "--backend", "torch-ddp", "--precision", "fp8"],
+            "unknown precision 'fp8'; valid: fp32, bf16, fp16",
+        ),
+        (
+            ["run", "--backend", "torch-ddp", "--device", "tpu"],
+            "unknown device 'tpu'; valid: auto, cuda, cpu",
+        ),
+        (["run", "--backend", "torch-ddp", "--gpus", "0"], "expected a positive integer"),
+        (["run", "--backend", "torch-ddp", "--heads", "3"], "divisible"),
+        (["run", "--backend", "torch-ddp", "--gpus", "2", "--global-batch", "3"], "not divisible"),
+        (["run", "--backend", "torch-ddp", "--data", "/no/such/file"], "no such file"),
+        (["run", "--backend", "torch-ddp", "--inject-fault", "1:2:boom"], "unknown fault kind"),
+        (
+            ["run", "--backend", "torch-fsdp", "--zero-stage", "1"],
+            "--zero-stage is an option of backend deepspeed",
+        ),
+        (
+            ["run", "--backend", "torch-ddp", "--hvd-compression", "fp16"],
+            "--hvd-compression is an option of backend horovod",
+        ),
+        (
+            [
+                "run",
+                "--backend",
+                "tf-mwms",
+                "--nodes",
+                "2",
+                "--gpus-per-node",
+                "1",
+                "--master",
+                "a:1",
+                "--node-rank",
+                "0",
+                "--run-id",
+                "x",
+            ],
+            "tf-mwms on 2 nodes needs the host of every node",
+        ),
+        (["run", "--backend", "torch-ddp", "--device", "cuda", "--gpus", "64"], "GPU(s) visible"),
+        (["frobnicate"], "invalid choice"),
+    ],
+)
 def test_usage_errors_are_one_line_and_exit_2(args, expected, out, capsys):
     code = main([*args, "--out", str(out)] if args[0] == "run" else args)
     err = capsys.readouterr().err
@@ -46,9 +80,11 @@ def test_list_shows_backends_and_workload_parameter_counts(capsys):
 
 @pytest.mark.subprocess
 def test_harness_imports_no_framework():
-    code = ("import sys; from harness.cli import make_parser; import harness.run.runner, harness.analyze.metrics; "
-            "make_parser(); import backends; [b.availability() for b in backends.all_backends()]; "
-            "bad = {'torch', 'tensorflow', 'paddle', 'deepspeed', 'horovod'} & set(sys.modules); print(sorted(bad))")
+    code = (
+        "import sys; from harness.cli import make_parser; import harness.run.runner, harness.analyze.metrics; "
+        "make_parser(); import backends; [b.availability() for b in backends.all_backends()]; "
+        "bad = {'torch', 'tensorflow', 'paddle', 'deepspeed', 'horovod'} & set(sys.modules); print(sorted(bad))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"

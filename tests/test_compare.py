@@ -1,5 +1,6 @@
 """`harness compare`, baselines and history on hand-made records (summarised by harness.analyze.metrics), so every
 expected verdict follows from samples with a known distribution."""
+
 from __future__ import annotations
 
 import json
@@ -17,28 +18,52 @@ from workloads.spec import PRESETS
 
 pytestmark = pytest.mark.unit
 
-MiB = 2 ** 20
+MiB = 2**20
 CPU = "cpu: Test CPU"
 
 
-def make_record(step_times, *, backend="torch-ddp", gpus=1, precision="fp32", device_kind=CPU, status="ok",
-                rss=400 * MiB, state=17_150_160, versions=None, commit="a" * 40, start="2026-01-01T00:00:00+00:00",
-                spec=None):
+def make_record(
+    step_times,
+    *,
+    backend="torch-ddp",
+    gpus=1,
+    precision="fp32",
+    device_kind=CPU,
+    status="ok",
+    rss=400 * MiB,
+    state=17_150_160,
+    versions=None,
+    commit="a" * 40,
+    start="2026-01-01T00:00:00+00:00",
+    spec=None,
+):
     """A run record as harness.run.runner.assemble_record builds it, every rank with the same step-time series
     (`state`: the measured model state per rank, an arbitrary fixed figure)."""
     versions = versions or {"python": "3.11.7", "torch": "2.13.0+cpu"}
-    cfg = factory.config(backend, gpus, spec=spec, precision=precision, steps=len(step_times),
-                         threads_per_worker=1)
+    cfg = factory.config(
+        backend, gpus, spec=spec, precision=precision, steps=len(step_times), threads_per_worker=1
+    )
     run_id = f"run-{uuid.uuid4().hex[:8]}"
     if status == "ok":
-        ranks = [factory.rank_record(r, step_times, device=device_kind, losses=[5.0] * len(step_times),
-                                     peak_rss=rss, state_total=state, versions=versions) for r in range(gpus)]
+        ranks = [
+            factory.rank_record(
+                r,
+                step_times,
+                device=device_kind,
+                losses=[5.0] * len(step_times),
+                peak_rss=rss,
+                state_total=state,
+                versions=versions,
+            )
+            for r in range(gpus)
+        ]
         error = None
     else:
         ranks = [factory.failed_rank(0, status, "RuntimeError: boom")]
         error = {"rank": 0, "message": "RuntimeError: boom", "log_tail": []}
-    env = factory.environment(device_kind if status == "ok" else None, gpus, start_time=start,
-                              versions=versions, commit=commit)
+    env = factory.environment(
+        device_kind if status == "ok" else None, gpus, start_time=start, versions=versions, commit=commit
+    )
     return factory.assemble(cfg, run_id, ranks, status=status, error=error, environment=env)
 
 
@@ -51,7 +76,9 @@ def write(directory, records):
 def runs(tmp_path, name, scales, *, steps=20, seed=0, **kw):
     """One record per scale: lognormal step times around 100 ms x scale (a known distribution)."""
     rng = np.random.default_rng(seed)
-    return write(tmp_path / name, [make_record(0.1 * s * rng.lognormal(0, 0.05, steps), **kw) for s in scales])
+    return write(
+        tmp_path / name, [make_record(0.1 * s * rng.lognormal(0, 0.05, steps), **kw) for s in scales]
+    )
 
 
 def compare(tmp_path, base, cand, *args):
@@ -66,6 +93,7 @@ def throughput(result, i=0):
 
 # ---- statistics on known distributions ----------------------------------------------------------------
 
+
 def test_u_test_finds_a_known_shift_and_not_a_null_one():
     rng = np.random.default_rng(1)
     base = rng.lognormal(0, 0.05, 60)
@@ -77,7 +105,7 @@ def test_u_test_finds_a_known_shift_and_not_a_null_one():
 
 
 def test_too_few_samples_fall_back_to_range_overlap():
-    assert min_attainable_p(3, 3) == pytest.approx(0.1)   # U can never reach 0.05 with 3 vs 3
+    assert min_attainable_p(3, 3) == pytest.approx(0.1)  # U can never reach 0.05 with 3 vs 3
     assert min_attainable_p(4, 4) == pytest.approx(2 / 70)
     assert significance([1.0, 1.1, 1.2], [1.3, 1.4, 1.5], 0.05).test == "range-overlap"
     assert significance([1.0, 1.1, 1.2], [1.3, 1.4, 1.5], 0.05).significant
@@ -87,8 +115,11 @@ def test_too_few_samples_fall_back_to_range_overlap():
 
 # ---- verdicts and exit codes --------------------------------------------------------------------------
 
+
 def test_same_distribution_is_no_regression(tmp_path, capsys):
-    code, result = compare(tmp_path, runs(tmp_path, "a", [1, 1, 1], seed=1), runs(tmp_path, "b", [1, 1, 1], seed=2))
+    code, result = compare(
+        tmp_path, runs(tmp_path, "a", [1, 1, 1], seed=1), runs(tmp_path, "b", [1, 1, 1], seed=2)
+    )
     assert code == 0 and result["result"] == "ok" and result["regressions"] == 0
     m = throughput(result)
     assert m["samples"] == "per-run median" and m["n_baseline"] == m["n_candidate"] == 3
@@ -97,7 +128,9 @@ def test_same_distribution_is_no_regression(tmp_path, capsys):
 
 
 def test_thirty_percent_slowdown_is_a_regression(tmp_path, capsys):
-    code, result = compare(tmp_path, runs(tmp_path, "a", [1, 1, 1, 1, 1]), runs(tmp_path, "b", [1.3] * 5, seed=3))
+    code, result = compare(
+        tmp_path, runs(tmp_path, "a", [1, 1, 1, 1, 1]), runs(tmp_path, "b", [1.3] * 5, seed=3)
+    )
     assert code == 1 and result["result"] == "regression"
     m = throughput(result)
     assert m["verdict"] == "regression" and m["test"] == "mann-whitney-u" and m["p_value"] < 0.05
@@ -108,13 +141,17 @@ def test_thirty_percent_slowdown_is_a_regression(tmp_path, capsys):
 
 
 def test_improvement_is_reported_and_passes(tmp_path):
-    code, result = compare(tmp_path, runs(tmp_path, "a", [1, 1, 1]), runs(tmp_path, "b", [0.7, 0.7, 0.7], seed=4))
+    code, result = compare(
+        tmp_path, runs(tmp_path, "a", [1, 1, 1]), runs(tmp_path, "b", [0.7, 0.7, 0.7], seed=4)
+    )
     assert code == 0 and throughput(result)["verdict"] == "improvement" and result["improvements"] == 1
 
 
 def test_significant_change_below_threshold_is_ok(tmp_path):
     # 3% slower in every step of 200: the U test sees it, the 5% threshold says it does not matter.
-    code, result = compare(tmp_path, runs(tmp_path, "a", [1], steps=200), runs(tmp_path, "b", [1.03], steps=200, seed=5))
+    code, result = compare(
+        tmp_path, runs(tmp_path, "a", [1], steps=200), runs(tmp_path, "b", [1.03], steps=200, seed=5)
+    )
     m = throughput(result)
     assert m["samples"] == "steps" and m["significant"] and m["verdict"] == "ok" and code == 0
     code, result = compare(tmp_path, tmp_path / "a", tmp_path / "b", "--threshold", "2%")
@@ -134,7 +171,9 @@ def test_large_change_without_significance_is_ok(tmp_path):
 def test_statistic_min_ignores_contended_steps(tmp_path):
     # Same undisturbed cost (100 ms); the candidate's runs had a noisy neighbour for half their steps.
     base = write(tmp_path / "a", [make_record([0.1 + 0.001 * i for i in range(10)]) for _ in range(3)])
-    cand = write(tmp_path / "b", [make_record([0.1 + 0.001 * i for i in range(5)] + [0.3] * 5) for _ in range(3)])
+    cand = write(
+        tmp_path / "b", [make_record([0.1 + 0.001 * i for i in range(5)] + [0.3] * 5) for _ in range(3)]
+    )
     assert compare(tmp_path, base, cand)[0] == 1
     code, result = compare(tmp_path, base, cand, "--statistic", "min")
     assert code == 0 and throughput(result)["samples"] == "per-run min" and throughput(result)["change"] == 0
@@ -156,16 +195,29 @@ def test_memory_growth_beyond_threshold_is_a_regression(tmp_path):
 
 # ---- matching ------------------------------------------------------------------------------------------
 
+
 def test_runs_match_on_configuration_and_the_rest_is_listed(tmp_path, capsys):
-    base = write(tmp_path / "a", [make_record([0.1] * 5), make_record([0.2] * 5, gpus=2),
-                                  make_record([0.1] * 5, spec=PRESETS["tiny"].__class__(**{**PRESETS["tiny"].to_dict(), "n_layers": 2}))])
+    base = write(
+        tmp_path / "a",
+        [
+            make_record([0.1] * 5),
+            make_record([0.2] * 5, gpus=2),
+            make_record(
+                [0.1] * 5, spec=PRESETS["tiny"].__class__(**{**PRESETS["tiny"].to_dict(), "n_layers": 2})
+            ),
+        ],
+    )
     cand = write(tmp_path / "b", [make_record([0.1] * 5), make_record([0.1] * 5, precision="bf16")])
     code, result = compare(tmp_path, base, cand)
     assert code == 0 and [c["match"]["world_size"] for c in result["comparisons"]] == [1]
     assert result["comparisons"][0]["match"]["workload"] == "tiny"
     assert [k.split(" · 8 seq/rank")[0] for k in sorted(result["only_in_baseline"])] == [
-        "torch-ddp · tiny · N=2 · fp32 · weak", "torch-ddp · tiny(n_layers=2) · N=1 · fp32 · weak"]
-    assert [k.split(" · 8 seq/rank")[0] for k in result["only_in_candidate"]] == ["torch-ddp · tiny · N=1 · bf16 · weak"]
+        "torch-ddp · tiny · N=2 · fp32 · weak",
+        "torch-ddp · tiny(n_layers=2) · N=1 · fp32 · weak",
+    ]
+    assert [k.split(" · 8 seq/rank")[0] for k in result["only_in_candidate"]] == [
+        "torch-ddp · tiny · N=1 · bf16 · weak"
+    ]
     assert all(k.endswith("1 thread(s)/worker, 3+5 steps · " + CPU) for k in result["only_in_baseline"])
     assert "Only in the candidate (not compared):" in capsys.readouterr().out
 
@@ -176,7 +228,9 @@ def test_failed_runs_are_reported_not_compared(tmp_path, capsys):
     code, result = compare(tmp_path, base, cand)
     assert code == 0 and len(result["comparisons"]) == 1
     assert {(n["side"], n["status"], n["newly_failing"]) for n in result["not_compared"]} == {
-        ("baseline", "failed", False), ("candidate", "crashed", False)}
+        ("baseline", "failed", False),
+        ("candidate", "crashed", False),
+    }
     # A candidate that fails where the baseline ran is the worst regression of all.
     write(tmp_path / "a", [make_record([0.1] * 5, gpus=2)])
     code, result = compare(tmp_path, base, cand)
@@ -186,14 +240,22 @@ def test_failed_runs_are_reported_not_compared(tmp_path, capsys):
 
 def test_different_device_kinds_are_refused_unless_forced(tmp_path, capsys):
     base = runs(tmp_path, "a", [1, 1, 1])
-    cand = runs(tmp_path, "b", [1, 1, 1], seed=1, device_kind="cpu: Other CPU",
-                versions={"python": "3.11.7", "torch": "2.14.0+cpu"})
+    cand = runs(
+        tmp_path,
+        "b",
+        [1, 1, 1],
+        seed=1,
+        device_kind="cpu: Other CPU",
+        versions={"python": "3.11.7", "torch": "2.14.0+cpu"},
+    )
     code, result = compare(tmp_path, base, cand)
     err = capsys.readouterr().err.strip()
     assert code == 2 and result is None and len(err.splitlines()) == 1
     assert "Test CPU" in err and "Other CPU" in err and "--force" in err
     code, result = compare(tmp_path, base, cand, "--force")
-    assert code == 0 and result["comparisons"][0]["key"].startswith("torch-ddp · tiny · N=1 · fp32 · weak · 8 seq/rank")
+    assert code == 0 and result["comparisons"][0]["key"].startswith(
+        "torch-ddp · tiny · N=1 · fp32 · weak · 8 seq/rank"
+    )
     diffs = result["comparisons"][0]["environment_differences"]
     assert f"device_kind: {CPU} -> cpu: Other CPU" in diffs and "torch: 2.13.0+cpu -> 2.14.0+cpu" in diffs
     assert "† Environment or settings differ" in capsys.readouterr().out
@@ -206,7 +268,9 @@ def test_help_is_printed(command, capsys):
     assert exc.value.code == 0 and "usage: harness" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("case", ["missing", "schema", "foreign", "nothing-matched", "empty-dir", "bad-threshold"])
+@pytest.mark.parametrize(
+    "case", ["missing", "schema", "foreign", "nothing-matched", "empty-dir", "bad-threshold"]
+)
 def test_bad_input_exits_2_with_one_line(tmp_path, capsys, case):
     base = runs(tmp_path, "a", [1])
     cand = tmp_path / "cand.json"
@@ -227,13 +291,19 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys, case):
     code, _ = compare(tmp_path, base, cand, *args)
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("harness: error: ") and len(err.strip().splitlines()) == 1
-    expected = {"missing": "no such file", "schema": "schema_version 99", "foreign": "not a distbench run record",
-                "nothing-matched": "nothing matched", "empty-dir": "no distbench run records",
-                "bad-threshold": "expected a fraction"}[case]
+    expected = {
+        "missing": "no such file",
+        "schema": "schema_version 99",
+        "foreign": "not a distbench run record",
+        "nothing-matched": "nothing matched",
+        "empty-dir": "no distbench run records",
+        "bad-threshold": "expected a fraction",
+    }[case]
     assert expected in err
 
 
 # ---- baselines ------------------------------------------------------------------------------------------
+
 
 @pytest.mark.subprocess  # baseline save asks git for the commit
 def test_baseline_save_then_compare(tmp_path, capsys):
@@ -267,16 +337,31 @@ def test_baseline_name_must_be_a_plain_name(tmp_path, capsys):
 
 # ---- history ---------------------------------------------------------------------------------------------
 
+
 def test_history_orders_commits_by_first_run_and_plots(tmp_path, capsys):
-    records = [make_record([0.1] * 5, commit="b" * 40, start="2026-01-02T00:00:00+00:00"),
-               make_record([0.1] * 5, commit="b" * 40, start="2026-01-02T01:00:00+00:00"),
-               make_record([0.2] * 5, commit="a" * 40, start="2026-01-01T00:00:00+00:00"),
-               make_record([0.1] * 5, commit="c" * 40, start="2026-01-03T00:00:00+00:00", status="failed"),
-               make_record([0.1] * 5, gpus=2, commit="c" * 40, start="2026-01-03T00:00:00+00:00")]
+    records = [
+        make_record([0.1] * 5, commit="b" * 40, start="2026-01-02T00:00:00+00:00"),
+        make_record([0.1] * 5, commit="b" * 40, start="2026-01-02T01:00:00+00:00"),
+        make_record([0.2] * 5, commit="a" * 40, start="2026-01-01T00:00:00+00:00"),
+        make_record([0.1] * 5, commit="c" * 40, start="2026-01-03T00:00:00+00:00", status="failed"),
+        make_record([0.1] * 5, gpus=2, commit="c" * 40, start="2026-01-03T00:00:00+00:00"),
+    ]
     write(tmp_path / "r", records)
     plot = tmp_path / "plot.png"
-    code = main(["history", str(tmp_path / "r"), "--backend", "torch-ddp", "--workload", "tiny", "--gpus", "1",
-                 "--output", str(plot)])
+    code = main(
+        [
+            "history",
+            str(tmp_path / "r"),
+            "--backend",
+            "torch-ddp",
+            "--workload",
+            "tiny",
+            "--gpus",
+            "1",
+            "--output",
+            str(plot),
+        ]
+    )
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| ") and "commit" not in line]
     assert code == 0 and plot.stat().st_size > 0
@@ -285,10 +370,13 @@ def test_history_orders_commits_by_first_run_and_plots(tmp_path, capsys):
     assert "| 1 (1) | n/a |" in rows[2]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--metric", "nope"], "unknown metric 'nope'; valid:"),
-    (["--workload", "small"], "no records for backend"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--metric", "nope"], "unknown metric 'nope'; valid:"),
+        (["--workload", "small"], "no records for backend"),
+    ],
+)
 def test_history_bad_input(tmp_path, capsys, args, message):
     write(tmp_path / "r", [make_record([0.1] * 5), make_record([0.1] * 5, precision="bf16")])
     base = ["history", str(tmp_path / "r"), "--backend", "torch-ddp", "--workload", "tiny", "--gpus", "1"]

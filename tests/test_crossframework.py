@@ -6,6 +6,7 @@ process imports none), once per session; the tests compare the saved arrays.
 Parameter counts of the large presets come from models built without allocating weights (torch's meta
 device, a Keras StatelessScope, paddle.LazyGuard): the same construction code, no 5 GB per framework.
 """
+
 from __future__ import annotations
 
 import os
@@ -39,8 +40,14 @@ def probes(tmp_path_factory) -> dict[str, dict[str, np.ndarray]]:
     out_dir = tmp_path_factory.mktemp("xf")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
     for fw in FRAMEWORKS:  # one after another: on 2 cores, running them at once is no faster
-        done = subprocess.run([sys.executable, str(PROBE), fw, str(out_dir / f"{fw}.npz"), "--preset", PRESET],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+        done = subprocess.run(
+            [sys.executable, str(PROBE), fw, str(out_dir / f"{fw}.npz"), "--preset", PRESET],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=300,
+        )
         assert done.returncode == 0, f"xf_probe.py {fw} failed:\n{done.stdout[-4000:]}"
     return {fw: dict(np.load(out_dir / f"{fw}.npz")) for fw in FRAMEWORKS}
 
@@ -60,8 +67,9 @@ def test_built_model_counts_spec_params(probes, framework):
 @pytest.mark.parametrize("framework", ["tf", "paddle"])
 def test_initial_logits_and_loss_match_torch(probes, framework):
     ours, ref = probes[framework], probes["torch"]
-    np.testing.assert_allclose(ours["logits"], ref["logits"], rtol=LOGIT_RTOL,
-                               atol=LOGIT_RTOL * np.abs(ref["logits"]).max())
+    np.testing.assert_allclose(
+        ours["logits"], ref["logits"], rtol=LOGIT_RTOL, atol=LOGIT_RTOL * np.abs(ref["logits"]).max()
+    )
     np.testing.assert_allclose(ours["loss"], ref["loss"], rtol=LOSS_RTOL)
 
 
@@ -87,5 +95,6 @@ def test_weight_decay_only_on_2d_tensors(probes, framework):
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_activation_checkpointing_changes_no_loss(probes, framework):
     ours = probes[framework]
-    np.testing.assert_allclose(ours["checkpointed_losses"], ours["losses"][:len(ours["checkpointed_losses"])],
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        ours["checkpointed_losses"], ours["losses"][: len(ours["checkpointed_losses"])], rtol=1e-6
+    )

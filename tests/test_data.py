@@ -1,4 +1,5 @@
 """Sharding: ranks read disjoint samples whose union is the single-process stream, for synthetic and file data."""
+
 import numpy as np
 import pytest
 
@@ -48,7 +49,7 @@ def test_token_file_windows_shard_the_same_way(tmp_path):
     src = TokenFile(path, vocab_size=300, seq_len=8, global_batch=4)
     single = union_over_ranks(src, 1, 4, 1, step=2)
     assert np.array_equal(single, union_over_ranks(src, 2, 2, 1, step=2))
-    assert np.array_equal(single[0], tokens[2 * 4 * 9: 2 * 4 * 9 + 9])  # step 2, sample 0: window 8
+    assert np.array_equal(single[0], tokens[2 * 4 * 9 : 2 * 4 * 9 + 9])  # step 2, sample 0: window 8
 
 
 def test_token_file_rejects_out_of_vocab_tokens(tmp_path):

@@ -1,10 +1,10 @@
 """torch-ddp end to end through `harness run`: the record, learning, DDP correctness, comm ratio, failures."""
+
 import json
 
 import numpy as np
 import psutil
 import pytest
-
 from conftest import run_record
 
 pytestmark = pytest.mark.slow
@@ -12,8 +12,19 @@ FAST = ["--steps", "6", "--warmup", "1", "--timeout", "180"]
 
 
 def test_two_worker_record_has_every_field_and_loss_decreases(out):
-    rec = run_record(out, "--backend", "torch-ddp", "--gpus", "2", "--workload", "tiny", "--steps", "20",
-                     "--timeout", "180")
+    rec = run_record(
+        out,
+        "--backend",
+        "torch-ddp",
+        "--gpus",
+        "2",
+        "--workload",
+        "tiny",
+        "--steps",
+        "20",
+        "--timeout",
+        "180",
+    )
     assert rec["status"] == "ok" and rec["error"] is None and rec["schema_version"] == 2
     assert [r["rank"] for r in rec["ranks"]] == [0, 1]
     for r in rec["ranks"]:
@@ -26,8 +37,15 @@ def test_two_worker_record_has_every_field_and_loss_decreases(out):
         assert settings["OMP_NUM_THREADS"] == str(rec["config"]["threads_per_worker"])
         assert int(settings["MALLOC_TRIM_THRESHOLD_"]) > 0 and r["minor_faults_per_step"] >= 0
     s = rec["summary"]
-    for key in ("throughput_tokens_per_s", "throughput_samples_per_s", "per_device_tokens_per_s",
-                "exposed_comm_ratio", "comm_bytes_per_rank_per_step", "model_flops_per_step", "t_compute_s"):
+    for key in (
+        "throughput_tokens_per_s",
+        "throughput_samples_per_s",
+        "per_device_tokens_per_s",
+        "exposed_comm_ratio",
+        "comm_bytes_per_rank_per_step",
+        "model_flops_per_step",
+        "t_compute_s",
+    ):
         assert s[key] is not None and s[key] >= 0, key
     assert s["step_time_s"]["p10"] <= s["step_time_s"]["median"] <= s["step_time_s"]["p90"]
     assert s["mfu"] is None  # CPU: peak unknown, never guessed
@@ -79,8 +97,9 @@ def test_isolated_counterfactual_cross_check(out):
 
 
 def test_failing_rank_is_recorded_with_its_log_and_nothing_is_left_behind(out):
-    rec = run_record(out, "--backend", "torch-ddp", "--gpus", "2", "--inject-fault", "1:2:raise", *FAST,
-                     expect_rc=1)
+    rec = run_record(
+        out, "--backend", "torch-ddp", "--gpus", "2", "--inject-fault", "1:2:raise", *FAST, expect_rc=1
+    )
     assert rec["status"] == "failed"
     assert rec["error"]["rank"] == 1 and "injected fault at step 2" in rec["error"]["message"]
     assert any("injected fault" in line for line in rec["error"]["log_tail"])
@@ -95,8 +114,20 @@ def test_token_file_data_and_activation_checkpointing(out, tmp_path):
     tokens = (np.arange(200_000) * 7919 % 2048).astype(np.uint16)
     data = tmp_path / "train.bin"
     tokens.tofile(data)
-    common = ["--backend", "torch-ddp", "--gpus", "1", "--steps", "3", "--warmup", "0", "--data", data,
-              "--timeout", "120"]
+    common = [
+        "--backend",
+        "torch-ddp",
+        "--gpus",
+        "1",
+        "--steps",
+        "3",
+        "--warmup",
+        "0",
+        "--data",
+        data,
+        "--timeout",
+        "120",
+    ]
     plain = run_record(out, *common)
     ckpt = run_record(out, *common, "--activation-checkpointing")
     assert plain["config"]["data_path"] == str(data) and ckpt["config"]["activation_checkpointing"]

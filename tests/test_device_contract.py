@@ -6,6 +6,7 @@ Nothing is launched: the runner's launch plans are read by a small model of each
 flags and environment into a worker's device), written from the launchers' sources. The isolated worker k
 must share rank k's device, or the counterfactual measures a different machine than the run it explains.
 """
+
 from __future__ import annotations
 
 import os
@@ -156,14 +157,23 @@ def paddle_launch(plan: LaunchPlan) -> dict[int, str | None]:
     labels = visible(env)
     n, node = int(f["--nproc_per_node"]), int(f.get("--rank", 0))
     # list.index raises ValueError for a device that is not in the mask, as the launcher does
-    selected = ([labels.index(d.strip()) for d in f["--devices"].split(",")] if "--devices" in f
-                else list(range(len(labels))))
+    selected = (
+        [labels.index(d.strip()) for d in f["--devices"].split(",")]
+        if "--devices" in f
+        else list(range(len(labels)))
+    )
     assert len(selected) >= n, f"{n} workers but devices {selected}"
     return {node * n + i: gpu(env, selected[i]) for i in range(n)}
 
 
-LAUNCHERS = {"torch-ddp": torchrun, "torch-fsdp": torchrun, "horovod": horovodrun,
-             "deepspeed": deepspeed_runner, "tf-mwms": tf_workers, "paddle-fleet": paddle_launch}
+LAUNCHERS = {
+    "torch-ddp": torchrun,
+    "torch-fsdp": torchrun,
+    "horovod": horovodrun,
+    "deepspeed": deepspeed_runner,
+    "tf-mwms": tf_workers,
+    "paddle-fleet": paddle_launch,
+}
 
 
 def launcher_model(backend: str):
@@ -174,12 +184,18 @@ def launcher_model(backend: str):
 # ------------------------------------------------------------------------------------------- the configs
 def node_configs(backend: str, n_nodes: int, device: str, *extra: str) -> list:
     """The RunConfig every node's harness builds, as `harness run` on that node would."""
-    layout = (["--nodes", "2", "--hosts", ",".join(HOSTS), "--master", f"{HOSTS[0]}:{MASTER_PORT}"]
-              if n_nodes > 1 else [])
-    args = make_parser().parse_args(["run", "--backend", backend, "--gpus-per-node", str(PER_NODE), *layout,
-                                     "--device", device, *extra])
-    return [build_config(args, backend, requested_world(args), check_devices=False, node_rank=r)
-            for r in range(n_nodes)]
+    layout = (
+        ["--nodes", "2", "--hosts", ",".join(HOSTS), "--master", f"{HOSTS[0]}:{MASTER_PORT}"]
+        if n_nodes > 1
+        else []
+    )
+    args = make_parser().parse_args(
+        ["run", "--backend", backend, "--gpus-per-node", str(PER_NODE), *layout, "--device", device, *extra]
+    )
+    return [
+        build_config(args, backend, requested_world(args), check_devices=False, node_rank=r)
+        for r in range(n_nodes)
+    ]
 
 
 @pytest.fixture(params=[None, "4,6"], ids=["no-mask", "mask-4,6"])
@@ -242,8 +258,10 @@ def test_cpu_plans_set_no_gpu_mask(backend, n_nodes, mask, tmp_path):
     adapter = get_backend(backend)
     run_dir = tmp_path / "logs" / "run"
     for cfg in node_configs(backend, n_nodes, "cpu"):
-        plans = [node_plan(adapter, cfg, run_dir, cfg.master_port or MASTER_PORT),
-                 *isolated_plans(adapter, cfg, run_dir)]
+        plans = [
+            node_plan(adapter, cfg, run_dir, cfg.master_port or MASTER_PORT),
+            *isolated_plans(adapter, cfg, run_dir),
+        ]
         for plan in plans:
             for proc in plan.processes:
                 if backend == "tf-mwms":
@@ -306,7 +324,8 @@ def test_horovod_node1_isolated_workers_wait_for_node0s_launcher(tmp_path, monke
     node0_launch_end, node1_isolated_start = by_log["launcher.log"][2], by_log["isolated.node1.log"][1]
     assert node1_isolated_start >= node0_launch_end, (
         f"node 1's isolated workers started {node0_launch_end - node1_isolated_start:.2f} s before node 0's "
-        "launcher (running node 1's ranks) exited")
+        "launcher (running node 1's ranks) exited"
+    )
 
 
 def test_no_framework_was_imported():

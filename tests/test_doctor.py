@@ -1,11 +1,11 @@
 """`harness doctor`: every check says what it ran, what it expected and what it got; a failed check (an
 unreachable host, a busy master port, a missing framework) makes it exit 1."""
+
 from __future__ import annotations
 
 import socket
 
 import pytest
-
 from conftest import harness
 
 from core.process import free_port
@@ -17,15 +17,39 @@ def test_doctor_runs_every_check_and_fails_on_an_unreachable_host_and_a_busy_por
         busy.bind(("", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        proc = harness("doctor", "--backends", "torch-ddp", "--nodes", "2", "--gpus-per-node", "1", "--device", "cpu",
-                       "--hosts", "127.0.0.1,no-such-host.invalid", "--master", f"127.0.0.1:{port}",
-                       "--out", tmp_path / "results", timeout=240)
+        proc = harness(
+            "doctor",
+            "--backends",
+            "torch-ddp",
+            "--nodes",
+            "2",
+            "--gpus-per-node",
+            "1",
+            "--device",
+            "cpu",
+            "--hosts",
+            "127.0.0.1,no-such-host.invalid",
+            "--master",
+            f"127.0.0.1:{port}",
+            "--out",
+            tmp_path / "results",
+            timeout=240,
+        )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
-    checks = {line[7:].split("  ran:")[0].strip(): line[1:5].strip() for line in lines if line.startswith("[")}
-    assert checks == {"framework torch": "ok", "devices": "ok", "collective (gloo)": "ok", "ports": "FAIL",
-                      "host 127.0.0.1": "ok", "host no-such-host.invalid": "FAIL", "data shards": "ok",
-                      "disk for results": "ok"}, proc.stdout
+    checks = {
+        line[7:].split("  ran:")[0].strip(): line[1:5].strip() for line in lines if line.startswith("[")
+    }
+    assert checks == {
+        "framework torch": "ok",
+        "devices": "ok",
+        "collective (gloo)": "ok",
+        "ports": "FAIL",
+        "host 127.0.0.1": "ok",
+        "host no-such-host.invalid": "FAIL",
+        "data shards": "ok",
+        "disk for results": "ok",
+    }, proc.stdout
     assert all("ran:" in line for line in lines if line.startswith("["))
     assert sum("expected:" in line and "got:" in line for line in lines) == len(checks)
     assert "every rank gets the sum 3; got: all_reduce sum 3 on 2 rank(s)" in proc.stdout
@@ -34,8 +58,20 @@ def test_doctor_runs_every_check_and_fails_on_an_unreachable_host_and_a_busy_por
 
 
 def test_doctor_passes_on_a_sound_plan(tmp_path):
-    proc = harness("doctor", "--backends", "torch-ddp", "--gpus", "2", "--device", "cpu",
-                   "--master", f"127.0.0.1:{free_port()}", "--out", tmp_path, timeout=240)
+    proc = harness(
+        "doctor",
+        "--backends",
+        "torch-ddp",
+        "--gpus",
+        "2",
+        "--device",
+        "cpu",
+        "--master",
+        f"127.0.0.1:{free_port()}",
+        "--out",
+        tmp_path,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.splitlines()[-1] == "doctor: 6 checks, 0 failed"
 

@@ -2,6 +2,7 @@
 at once; a sweep killed with SIGKILL and resumed; corrupt files among the records. Each fault test checks
 the recorded status and culprit rank, that no process outlives the run, and that no earlier record in the
 shared results dir was lost or changed."""
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,22 @@ from processes import leftovers
 
 from core.records import load_record, load_records
 
-RUN = ["--backend", "torch-ddp", "--gpus", "2", "--steps", "4", "--warmup", "1", "--compute-method", "none",
-       "--threads-per-worker", "1", "--device", "cpu"]
+RUN = [
+    "--backend",
+    "torch-ddp",
+    "--gpus",
+    "2",
+    "--steps",
+    "4",
+    "--warmup",
+    "1",
+    "--compute-method",
+    "none",
+    "--threads-per-worker",
+    "1",
+    "--device",
+    "cpu",
+]
 
 
 @pytest.fixture(scope="module")
@@ -40,10 +55,16 @@ def kept(results):
 
 def faulty_run(results, *args, timeout_s: float = 60) -> tuple[dict, float | None]:
     """A run expected to fail, and the seconds from its injected fault to the harness's exit."""
-    record = run_record(results, *RUN, "--timeout", str(timeout_s), *args, expect_rc=1, timeout=timeout_s + 120)
+    record = run_record(
+        results, *RUN, "--timeout", str(timeout_s), *args, expect_rc=1, timeout=timeout_s + 120
+    )
     done = time.time()
-    logs = " ".join(p.read_text(errors="replace") for p in Path(record["launch"]["log_dir"]).glob("rank*.log"))
-    injected = [float(t) for t in re.findall(r"injecting fault '\w+' at step \d+ \(unix time ([0-9.]+)\)", logs)]
+    logs = " ".join(
+        p.read_text(errors="replace") for p in Path(record["launch"]["log_dir"]).glob("rank*.log")
+    )
+    injected = [
+        float(t) for t in re.findall(r"injecting fault '\w+' at step \d+ \(unix time ([0-9.]+)\)", logs)
+    ]
     assert not leftovers(record["launch"]["log_dir"], wait_s=5), "a process outlived its run"
     return record, (done - injected[0]) if injected else None
 
@@ -67,7 +88,9 @@ def test_rank_out_of_memory_is_recorded_as_oom_naming_it(results, kept):
 @pytest.mark.slow
 def test_hung_rank_ends_the_run_at_the_collective_timeout(results, kept):
     """The other rank gives up in its collective after --collective-timeout, long before --timeout."""
-    record, detect_s = faulty_run(results, "--inject-fault", "1:2:hang", "--collective-timeout", "5", timeout_s=150)
+    record, detect_s = faulty_run(
+        results, "--inject-fault", "1:2:hang", "--collective-timeout", "5", timeout_s=150
+    )
     assert record["status"] == "timeout" and record["error"]["rank"] == 1
     assert "gave up waiting in a collective for rank(s) [1]" in record["error"]["message"]
     assert record["error"]["unfinished_ranks"] == [0, 1]
@@ -88,8 +111,10 @@ def test_two_runs_at_once_on_one_machine_both_succeed(results, kept):
     """Each run picks its own free rendezvous port, so two at once do not collide."""
     before = set(results.glob("*.json"))
     argv = [sys.executable, "-m", "harness", "run", *RUN, "--timeout", "150", "--out", str(results)]
-    procs = [subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for _ in range(2)]
+    procs = [
+        subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for _ in range(2)
+    ]
     outputs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-2000:] for o in outputs)
     new = sorted(set(results.glob("*.json")) - before)
@@ -100,10 +125,33 @@ def test_two_runs_at_once_on_one_machine_both_succeed(results, kept):
 @pytest.mark.slow
 def test_sweep_killed_with_sigkill_loses_nothing_and_resume_completes_it(tmp_path):
     out = tmp_path / "results"
-    argv = ["sweep", "--backends", "torch-ddp", "--gpus", "1,2", "--repeats", "1", "--steps", "3", "--warmup", "1",
-            "--compute-method", "none", "--device", "cpu", "--timeout", "150", "--out", str(out)]
-    sweep = subprocess.Popen([sys.executable, "-m", "harness", *argv], cwd=REPO, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+    argv = [
+        "sweep",
+        "--backends",
+        "torch-ddp",
+        "--gpus",
+        "1,2",
+        "--repeats",
+        "1",
+        "--steps",
+        "3",
+        "--warmup",
+        "1",
+        "--compute-method",
+        "none",
+        "--device",
+        "cpu",
+        "--timeout",
+        "150",
+        "--out",
+        str(out),
+    ]
+    sweep = subprocess.Popen(
+        [sys.executable, "-m", "harness", *argv],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 180
     while not list(out.glob("*.json")) and sweep.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -120,7 +168,9 @@ def test_sweep_killed_with_sigkill_loses_nothing_and_resume_completes_it(tmp_pat
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "1 run(s) already recorded ok" in proc.stdout
     records = load_records([out])
-    assert sorted(r["config"]["world_size"] for r in records) == [1, 2] and {r["status"] for r in records} == {"ok"}
+    assert sorted(r["config"]["world_size"] for r in records) == [1, 2] and {
+        r["status"] for r in records
+    } == {"ok"}
     assert first[0].read_bytes() == recorded and load_record(first[0])["config"]["world_size"] == 1
 
 
@@ -128,13 +178,18 @@ def test_a_launcher_that_ignores_sigterm_is_killed_when_the_harness_dies(tmp_pat
     """The harness is SIGKILLed; its launcher ignores the kernel's SIGTERM (as one caught mid-start can):
     the reaper must SIGKILL it after the grace period instead of leaving it running."""
     from harness.run.launch import KILL_GRACE_S
+
     ready = tmp_path / "launcher-ready"
-    launcher = (f"import pathlib, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-                f"pathlib.Path({str(ready)!r}).touch(); time.sleep(600)")
-    harness_side = (f"import sys; from pathlib import Path; from core.process import Process; "
-                    f"from harness.run.launch import run_processes; "
-                    f"run_processes([Process([sys.executable, '-c', {launcher!r}, {str(tmp_path)!r}])], "
-                    f"Path({str(tmp_path / 'launch.log')!r}), 600)")
+    launcher = (
+        f"import pathlib, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        f"pathlib.Path({str(ready)!r}).touch(); time.sleep(600)"
+    )
+    harness_side = (
+        f"import sys; from pathlib import Path; from core.process import Process; "
+        f"from harness.run.launch import run_processes; "
+        f"run_processes([Process([sys.executable, '-c', {launcher!r}, {str(tmp_path)!r}])], "
+        f"Path({str(tmp_path / 'launch.log')!r}), 600)"
+    )
     proc = subprocess.Popen([sys.executable, "-c", harness_side], cwd=REPO)
     deadline = time.monotonic() + 60
     while not ready.exists() and time.monotonic() < deadline:
@@ -147,9 +202,13 @@ def test_a_launcher_that_ignores_sigterm_is_killed_when_the_harness_dies(tmp_pat
 
 def test_corrupt_and_foreign_files_are_named_and_skipped(tmp_path, capsys):
     from record_factory import make_record
+
     from core.records import write_json_atomic
+
     for gpus in (1, 2):
-        write_json_atomic(tmp_path / f"good-{gpus}.json", make_record("torch-ddp", gpus=gpus, run_id=f"good-{gpus}"))
+        write_json_atomic(
+            tmp_path / f"good-{gpus}.json", make_record("torch-ddp", gpus=gpus, run_id=f"good-{gpus}")
+        )
     (tmp_path / "torn.json").write_text('{"schema_version": 1, "run_id": "torn", "sta')
     (tmp_path / "foreign.json").write_text(json.dumps({"name": "someone else's file"}))
     (tmp_path / "future.json").write_text(json.dumps({**make_record(), "schema_version": 99}))

@@ -1,4 +1,5 @@
 """Derived figures on hand-made records with known answers."""
+
 import pytest
 import record_factory as factory
 
@@ -20,16 +21,33 @@ def record(world=2, step_times=None, compute=None, device="cpu: test", method="n
     its isolated worker's for isolated)."""
     step_times = step_times or [[0.1, 0.2, 0.3]] * world
     compute = compute or [[]] * world
-    cfg = factory.config("torch-ddp", world, device="cpu" if device.startswith("cpu") else "cuda",
-                         precision=precision, micro_batch=4, grad_accum=2, steps=len(step_times[0]),
-                         compute_method=method)
-    ranks = [factory.rank_record(r, step_times[r], device=device, data_wait=0.001, peak_rss=100 + r,
-                                 losses=[5.0 + r, 4.0 + r, 3.0 + r][:len(step_times[r])],
-                                 state_total=TINY_STATE, compute_times=compute[r] if method == "no_sync" else ())
-             for r in range(world)]
+    cfg = factory.config(
+        "torch-ddp",
+        world,
+        device="cpu" if device.startswith("cpu") else "cuda",
+        precision=precision,
+        micro_batch=4,
+        grad_accum=2,
+        steps=len(step_times[0]),
+        compute_method=method,
+    )
+    ranks = [
+        factory.rank_record(
+            r,
+            step_times[r],
+            device=device,
+            data_wait=0.001,
+            peak_rss=100 + r,
+            losses=[5.0 + r, 4.0 + r, 3.0 + r][: len(step_times[r])],
+            state_total=TINY_STATE,
+            compute_times=compute[r] if method == "no_sync" else (),
+        )
+        for r in range(world)
+    ]
     isolated = [factory.rank_record(0, c, device=device) for c in compute if c and method == "isolated"]
-    return factory.assemble(cfg, "metrics-test", ranks, isolated_ranks=isolated,
-                            environment=factory.environment(device, world))
+    return factory.assemble(
+        cfg, "metrics-test", ranks, isolated_ranks=isolated, environment=factory.environment(device, world)
+    )
 
 
 def test_step_time_is_the_slowest_rank_per_step():

@@ -2,6 +2,7 @@
 with distinct node ranks, each starting its own launcher) for every registered backend, whose record must
 equal a one-node 2-process run's in world size, ranks, hosts and losses. Without a shared filesystem,
 `harness collect` completes the record."""
+
 from __future__ import annotations
 
 import argparse
@@ -19,12 +20,24 @@ from processes import leftovers
 from backends import backend_names, get_backend
 from core.process import free_port
 from harness.cli import make_parser
+from harness.run.nodes import check_run_id, read_hosts, requested_world
 from harness.run.options import build_config
 from harness.usage import UsageError
-from harness.run.nodes import check_run_id, read_hosts, requested_world
 
-TINY = ["--steps", "3", "--warmup", "1", "--compute-method", "none", "--threads-per-worker", "1",
-        "--device", "cpu", "--timeout", "150"]
+TINY = [
+    "--steps",
+    "3",
+    "--warmup",
+    "1",
+    "--compute-method",
+    "none",
+    "--threads-per-worker",
+    "1",
+    "--device",
+    "cpu",
+    "--timeout",
+    "150",
+]
 
 
 def run_args(*argv) -> argparse.Namespace:
@@ -39,10 +52,14 @@ def config(*argv):
 # --------------------------------------------------------------------------------------------- the layout
 @pytest.mark.unit
 def test_layout_from_hosts_and_gpus_per_node():
-    cfg = config("--nodes", "2", "--gpus-per-node", "4", "--hosts", "a,b", "--node-rank", "1", "--device", "cpu")
+    cfg = config(
+        "--nodes", "2", "--gpus-per-node", "4", "--hosts", "a,b", "--node-rank", "1", "--device", "cpu"
+    )
     assert (cfg.world_size, cfg.nodes, cfg.node_rank, cfg.gpus_per_node) == (8, 2, 1, 4)
     assert (cfg.hosts, cfg.master_addr, cfg.master_port) == (["a", "b"], "a", 29500)
-    cfg = config("--gpus", "4", "--nodes", "2", "--master", "10.0.0.1:1234", "--node-rank", "0", "--device", "cpu")
+    cfg = config(
+        "--gpus", "4", "--nodes", "2", "--master", "10.0.0.1:1234", "--node-rank", "0", "--device", "cpu"
+    )
     assert (cfg.gpus_per_node, cfg.master_addr, cfg.master_port, cfg.hosts) == (2, "10.0.0.1", 1234, [])
     one = config("--gpus", "2", "--device", "cpu")  # one node: a free port is picked per run
     assert (one.nodes, one.node_rank, one.master_port) == (1, 0, None)
@@ -66,15 +83,21 @@ def test_node_rank_is_found_from_this_hosts_place():
     assert config("--hosts", f"elsewhere,{me}", "--device", "cpu").node_rank == 1
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--nodes", "2", "--hosts", "a,b,c", "--node-rank", "0"], "3 host"),
-    (["--gpus", "3", "--nodes", "2", "--hosts", "a,b", "--node-rank", "0"], "do not split evenly"),
-    (["--gpus", "4", "--nodes", "2", "--gpus-per-node", "4", "--hosts", "a,b", "--node-rank", "0"], "2 node(s) x 4"),
-    (["--nodes", "2", "--hosts", "a,b", "--node-rank", "2"], "expected 0..1"),
-    (["--nodes", "2", "--node-rank", "0"], "give --master"),
-    (["--nodes", "2", "--hosts", "a,b"], "give --node-rank"),
-    (["--master", "a:99999"], "port in 1..65535"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--nodes", "2", "--hosts", "a,b,c", "--node-rank", "0"], "3 host"),
+        (["--gpus", "3", "--nodes", "2", "--hosts", "a,b", "--node-rank", "0"], "do not split evenly"),
+        (
+            ["--gpus", "4", "--nodes", "2", "--gpus-per-node", "4", "--hosts", "a,b", "--node-rank", "0"],
+            "2 node(s) x 4",
+        ),
+        (["--nodes", "2", "--hosts", "a,b", "--node-rank", "2"], "expected 0..1"),
+        (["--nodes", "2", "--node-rank", "0"], "give --master"),
+        (["--nodes", "2", "--hosts", "a,b"], "give --node-rank"),
+        (["--master", "a:99999"], "port in 1..65535"),
+    ],
+)
 @pytest.mark.unit
 def test_bad_layouts_name_the_problem(argv, message):
     with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -86,7 +109,9 @@ def test_single_node_adapters_refuse_several_nodes(monkeypatch):
     """Every adapter here is multi-node; an adapter that declares otherwise must be refused up front."""
     monkeypatch.setattr(type(get_backend("torch-ddp")), "multi_node", False)
     with pytest.raises(UsageError, match="backend torch-ddp runs on one node only"):
-        config("--backend", "torch-ddp", "--nodes", "2", "--hosts", "a,b", "--node-rank", "0", "--device", "cpu")
+        config(
+            "--backend", "torch-ddp", "--nodes", "2", "--hosts", "a,b", "--node-rank", "0", "--device", "cpu"
+        )
 
 
 def test_run_ids_are_required_across_nodes_and_never_reused(tmp_path):
@@ -99,15 +124,44 @@ def test_run_ids_are_required_across_nodes_and_never_reused(tmp_path):
     (tmp_path / "job-17.json").write_text("{}")
     with pytest.raises(UsageError, match="used before"):
         check_run_id("job-17", two, tmp_path)
-    proc = harness("run", "--backend", "torch-ddp", "--nodes", "2", "--hosts", "a,b", "--node-rank", "1",
-                   "--device", "cpu", "--out", tmp_path)
+    proc = harness(
+        "run",
+        "--backend",
+        "torch-ddp",
+        "--nodes",
+        "2",
+        "--hosts",
+        "a,b",
+        "--node-rank",
+        "1",
+        "--device",
+        "cpu",
+        "--out",
+        tmp_path,
+    )
     assert proc.returncode == 2 and "give --run-id" in proc.stderr
 
 
 # ---------------------------------------------------------------------------------------------- plan
 def test_plan_prints_what_each_node_runs_from_the_adapters_launch(tmp_path):
-    argv = ["--backend", "torch-ddp", "--nodes", "2", "--gpus-per-node", "2", "--hosts", "host-a,host-b",
-            "--master", "host-a:29400", "--device", "cpu", "--run-id", "plan-1", "--out", str(tmp_path)]
+    argv = [
+        "--backend",
+        "torch-ddp",
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "2",
+        "--hosts",
+        "host-a,host-b",
+        "--master",
+        "host-a:29400",
+        "--device",
+        "cpu",
+        "--run-id",
+        "plan-1",
+        "--out",
+        str(tmp_path),
+    ]
     proc = harness("plan", *argv)
     assert proc.returncode == 0, proc.stderr
     backend = get_backend("torch-ddp")
@@ -125,18 +179,41 @@ def two_nodes(out0, out1, backend, run_id, extra=()):
     """Node 1's harness in the background, node 0's in the foreground, as on two machines (named apart,
     as launchers such as DeepSpeed's refuse one host listed twice)."""
     port = free_port()
-    common = ["--backend", backend, "--nodes", "2", "--gpus-per-node", "1", "--hosts", "127.0.0.1,localhost",
-              "--master", f"127.0.0.1:{port}", "--run-id", run_id, *TINY, *extra]
-    node1 = subprocess.Popen([sys.executable, "-m", "harness", "run", *common, "--node-rank", "1", "--out", str(out1)],
-                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    common = [
+        "--backend",
+        backend,
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "1",
+        "--hosts",
+        "127.0.0.1,localhost",
+        "--master",
+        f"127.0.0.1:{port}",
+        "--run-id",
+        run_id,
+        *TINY,
+        *extra,
+    ]
+    node1 = subprocess.Popen(
+        [sys.executable, "-m", "harness", "run", *common, "--node-rank", "1", "--out", str(out1)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     node0 = harness("run", *common, "--node-rank", "0", "--out", out0, timeout=240)
     log1, _ = node1.communicate(timeout=240)
     return node0, node1.returncode, log1
 
 
 def comparable(record: dict) -> dict:
-    return {"world_size": record["environment"]["world_size"], "hosts": record["environment"]["hostnames"],
-            "ranks": [(r["rank"], r["host"], r["status"]) for r in record["ranks"]], "status": record["status"]}
+    return {
+        "world_size": record["environment"]["world_size"],
+        "hosts": record["environment"]["hostnames"],
+        "ranks": [(r["rank"], r["host"], r["status"]) for r in record["ranks"]],
+        "status": record["status"],
+    }
 
 
 @pytest.mark.slow
@@ -151,7 +228,9 @@ def test_two_nodes_on_loopback_equal_one_node_with_two_ranks(tmp_path, backend):
     out = tmp_path / "results"
     single = run_record(out, "--backend", backend, "--gpus", "2", *TINY, timeout=240)
     node0, rc1, log1 = two_nodes(out, out, backend, f"loop-{backend}")
-    assert node0.returncode == 0 and rc1 == 0, f"{node0.stdout[-3000:]}\n{node0.stderr}\nnode 1:\n{log1[-3000:]}"
+    assert node0.returncode == 0 and rc1 == 0, (
+        f"{node0.stdout[-3000:]}\n{node0.stderr}\nnode 1:\n{log1[-3000:]}"
+    )
     multi = json.loads((out / f"loop-{backend}.json").read_text())
     assert comparable(multi) == comparable(single) and multi["status"] == "ok"
     assert (multi["config"]["nodes"], multi["config"]["node_rank"]) == (2, 0)

@@ -1,5 +1,6 @@
 """`harness plan` (a dry run that writes nothing, for every backend, also for GPUs this machine lacks), and a
 backend's option given to a run of another backend (a usage error; a sweep may take every swept backend's)."""
+
 from __future__ import annotations
 
 import sys
@@ -18,10 +19,34 @@ pytestmark = pytest.mark.unit
 
 LAYOUTS = {
     "1node-cpu": ["--gpus", "2", "--device", "cpu"],
-    "2nodes-cpu": ["--nodes", "2", "--gpus-per-node", "1", "--hosts", "a,b", "--master", "a:29500",
-                   "--run-id", "plan-x", "--device", "cpu"],
-    "2nodes-cuda8": ["--nodes", "2", "--gpus-per-node", "8", "--hosts", "a,b", "--master", "a:29500",
-                     "--run-id", "plan-x", "--device", "cuda"],
+    "2nodes-cpu": [
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "1",
+        "--hosts",
+        "a,b",
+        "--master",
+        "a:29500",
+        "--run-id",
+        "plan-x",
+        "--device",
+        "cpu",
+    ],
+    "2nodes-cuda8": [
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "8",
+        "--hosts",
+        "a,b",
+        "--master",
+        "a:29500",
+        "--run-id",
+        "plan-x",
+        "--device",
+        "cuda",
+    ],
 }
 
 
@@ -57,12 +82,16 @@ def test_plan_exits_0_and_writes_nothing(backend, layout, tmp_path, monkeypatch,
             assert "which starts no process(es)" in out and "after node 0's launcher has exited" in out
 
 
-@pytest.mark.parametrize("layout, slots, include", [
-    ("2nodes-cpu", 1, None),
-    ("2nodes-cuda8", 8, "--include=a:0,1,2,3,4,5,6,7@b:0,1,2,3,4,5,6,7"),
-])
-def test_deepspeed_plan_shows_its_hostfile_instead_of_writing_it(layout, slots, include, tmp_path,
-                                                                 monkeypatch, capsys):
+@pytest.mark.parametrize(
+    "layout, slots, include",
+    [
+        ("2nodes-cpu", 1, None),
+        ("2nodes-cuda8", 8, "--include=a:0,1,2,3,4,5,6,7@b:0,1,2,3,4,5,6,7"),
+    ],
+)
+def test_deepspeed_plan_shows_its_hostfile_instead_of_writing_it(
+    layout, slots, include, tmp_path, monkeypatch, capsys
+):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     results = tmp_path / "results"
     argv = ["--backend", "deepspeed", *LAYOUTS[layout], "--out", str(results)]
@@ -76,14 +105,18 @@ def test_deepspeed_plan_shows_its_hostfile_instead_of_writing_it(layout, slots, 
     assert not hostfile.exists() and not results.exists()
 
 
-@pytest.mark.parametrize("argv, owner", [
-    (["run", "--backend", "torch-fsdp", "--zero-stage", "1"], "deepspeed"),
-    (["run", "--backend", "torch-ddp", "--hvd-compression", "fp16"], "horovod"),
-    (["plan", "--backend", "paddle-fleet", "--xla"], "tf-mwms"),
-])
+@pytest.mark.parametrize(
+    "argv, owner",
+    [
+        (["run", "--backend", "torch-fsdp", "--zero-stage", "1"], "deepspeed"),
+        (["run", "--backend", "torch-ddp", "--hvd-compression", "fp16"], "horovod"),
+        (["plan", "--backend", "paddle-fleet", "--xla"], "tf-mwms"),
+    ],
+)
 def test_an_option_of_another_backend_is_a_usage_error(argv, owner, tmp_path, monkeypatch, capsys):
     def refuse(*args, **kwargs):
         raise AssertionError("a run was started")
+
     monkeypatch.setattr(commands, "execute", refuse)  # should the check ever let it through
     monkeypatch.setattr(commands, "run_node", refuse)
     assert main([*argv, "--out", str(tmp_path / "results")]) == 2
@@ -95,8 +128,21 @@ def test_an_option_of_another_backend_is_a_usage_error(argv, owner, tmp_path, mo
 def test_a_sweep_takes_the_options_of_every_backend_it_sweeps(monkeypatch):
     for name in ("torch-ddp", "deepspeed"):  # plannable whatever is installed here
         monkeypatch.setattr(type(get_backend(name)), "availability", lambda self: (True, ""))
-    args = make_parser().parse_args(["sweep", "--backends", "torch-ddp,deepspeed", "--zero-stage", "1",
-                                     "--gpus", "1", "--repeats", "1", "--device", "cpu"])
+    args = make_parser().parse_args(
+        [
+            "sweep",
+            "--backends",
+            "torch-ddp,deepspeed",
+            "--zero-stage",
+            "1",
+            "--gpus",
+            "1",
+            "--repeats",
+            "1",
+            "--device",
+            "cpu",
+        ]
+    )
     runs, skipped = sweep_plan(args)
     assert skipped == {}
     options = {r.backend.name: r.cfg.backend_options for r in runs}
@@ -106,7 +152,8 @@ def test_a_sweep_takes_the_options_of_every_backend_it_sweeps(monkeypatch):
 
 
 def test_a_sweep_refuses_an_option_of_a_backend_it_does_not_sweep():
-    args = make_parser().parse_args(["sweep", "--backends", "torch-ddp", "--zero-stage", "1", "--gpus", "1",
-                                     "--device", "cpu"])
+    args = make_parser().parse_args(
+        ["sweep", "--backends", "torch-ddp", "--zero-stage", "1", "--gpus", "1", "--device", "cpu"]
+    )
     with pytest.raises(UsageError, match="--zero-stage is an option of backend deepspeed, not of torch-ddp"):
         sweep_plan(args)

@@ -1,6 +1,7 @@
 """Records and baselines of an older schema keep working: tests/data/schema1 holds REAL files written by the
 schema-1 harness (commit aaaa457: two torch-ddp tiny runs on CPU at N=1 and N=2, 1+4 steps, and
 `harness baseline save v1main` over them), read here with today's code, in process."""
+
 import json
 import shutil
 from pathlib import Path
@@ -56,14 +57,26 @@ def test_load_record_migrates_to_today_s_schema(n, method):
     assert record["comm"]["t_compute_method"] == method and "method" not in record["comm"]
     # Today's metrics read the migrated record as the schema-1 harness did when it wrote its summary.
     stored, now = record["summary"], summarize(record)
-    for key in ("tokens_per_step", "throughput_tokens_per_s", "exposed_comm_ratio", "t_compute_s",
-                "comm_bytes_per_rank_per_step", "model_state_bytes_analytic", "peak_rss_bytes"):
+    for key in (
+        "tokens_per_step",
+        "throughput_tokens_per_s",
+        "exposed_comm_ratio",
+        "t_compute_s",
+        "comm_bytes_per_rank_per_step",
+        "model_state_bytes_analytic",
+        "peak_rss_bytes",
+    ):
         assert now[key] == pytest.approx(stored[key]), key
     # Today's RunConfig takes the migrated config, and a record today's runner assembles from the same run is
     # the same configuration.
-    again = assemble_record(get_backend(cfg["backend"]), RunConfig.from_dict(cfg), record["run_id"],
-                            record["ranks"], isolated_ranks=record["isolated_ranks"],
-                            environment=record["environment"])
+    again = assemble_record(
+        get_backend(cfg["backend"]),
+        RunConfig.from_dict(cfg),
+        record["run_id"],
+        record["ranks"],
+        isolated_ranks=record["isolated_ranks"],
+        environment=record["environment"],
+    )
     assert config_key(again) == config_key(record)
 
 
@@ -74,8 +87,9 @@ def test_report_over_schema_1_records(v1, capsys):
     assert "skipping" not in err
     assert "2 run record(s): 2 ok, 0 failed" in out
     for n in (1, 2):
-        row = next((line for line in out.splitlines() if line.startswith(f"| torch-ddp | {n} | 1 ok |")),
-                   None)
+        row = next(
+            (line for line in out.splitlines() if line.startswith(f"| torch-ddp | {n} | 1 ok |")), None
+        )
         assert row is not None, out
         assert THROUGHPUT[n] in row and f"| {EXPOSED[n]} |" in row  # the t_compute method survived migration
 
@@ -98,9 +112,16 @@ def test_compare_schema_1_baseline_with_runs_recorded_today(v1, tmp_path, capsys
     today = tmp_path / "today"
     for path in RECORDS.values():
         old = load_record(path)
-        record = assemble_record(get_backend("torch-ddp"), RunConfig.from_dict(old["config"]),
-                                 old["run_id"] + "-v2", old["ranks"], isolated_ranks=old["isolated_ranks"],
-                                 launch=old["launch"], environment=old["environment"], sweep=old["sweep"])
+        record = assemble_record(
+            get_backend("torch-ddp"),
+            RunConfig.from_dict(old["config"]),
+            old["run_id"] + "-v2",
+            old["ranks"],
+            isolated_ranks=old["isolated_ranks"],
+            launch=old["launch"],
+            environment=old["environment"],
+            sweep=old["sweep"],
+        )
         assert record["schema_version"] == 2 and "migrated_from" not in record
         write_json_atomic(today / f"{record['run_id']}.json", record)
     out = tmp_path / "compare.json"

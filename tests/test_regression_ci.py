@@ -8,6 +8,7 @@ time) and a 10% threshold; the slowdown costs ~23% of throughput, A/A difference
 here with 7 busy processes on 2 cores), a missed detection is reported as a skip with the numbers, not as
 a failure of the gate.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -21,8 +22,22 @@ from harness.cli import main
 pytestmark = pytest.mark.slow
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "aa_false_positive.py"
-RUN_ARGS = ["--backend", "torch-ddp", "--gpus", "1", "--workload", "tiny", "--steps", "12", "--warmup", "2",
-            "--threads-per-worker", "1", "--timeout", "120"]
+RUN_ARGS = [
+    "--backend",
+    "torch-ddp",
+    "--gpus",
+    "1",
+    "--workload",
+    "tiny",
+    "--steps",
+    "12",
+    "--warmup",
+    "2",
+    "--threads-per-worker",
+    "1",
+    "--timeout",
+    "120",
+]
 GATE = ["--statistic", "min", "--threshold", "0.10"]
 DELAY_FRACTION = 0.3
 
@@ -62,9 +77,17 @@ def test_injected_slowdown_is_a_regression(measured, tmp_path):
     base = throughput["baseline_samples"]
     spread = max(base) / min(base) - 1
     if code == 0 and spread > DELAY_FRACTION:
-        pytest.skip(f"identical runs spread {spread:.0%} here (fastest steps {[round(t * 1e3) for t in base]} ms): "
-                    f"the machine is too busy to detect a {DELAY_FRACTION:.0%} slowdown")
-    assert (throughput["n_baseline"], throughput["n_candidate"], throughput["test"]) == (6, 3, "mann-whitney-u")
+        pytest.skip(
+            f"identical runs spread {spread:.0%} here (fastest steps {[round(t * 1e3) for t in base]} ms): "
+            f"the machine is too busy to detect a {DELAY_FRACTION:.0%} slowdown"
+        )
+    assert (throughput["n_baseline"], throughput["n_candidate"], throughput["test"]) == (
+        6,
+        3,
+        "mann-whitney-u",
+    )
     assert code == 1 and throughput["verdict"] == "regression", throughput
     assert throughput["candidate_step_time_s"] - throughput["baseline_step_time_s"] > 0.5 * delay
-    assert any(d.startswith("step_delay_s: 0.0 -> ") for d in result["comparisons"][0]["environment_differences"])
+    assert any(
+        d.startswith("step_delay_s: 0.0 -> ") for d in result["comparisons"][0]["environment_differences"]
+    )

@@ -1,4 +1,5 @@
 """`harness report` and `harness results` on hand-made records of all six stacks."""
+
 import base64
 import io
 import json
@@ -11,16 +12,21 @@ import pytest
 from PIL import Image
 from record_factory import BACKENDS, make_record
 
-from harness.cli import main
 from core.records import write_json_atomic
+from harness.cli import main
 
 pytestmark = pytest.mark.unit
 
 MiB = 1 << 20
 # label -> (step time N=1, step time N=2, compute-only time N=2, peak RSS N=1, N=2 in MiB)
-TIMES = {"torch-ddp": (0.10, 0.125, 0.10, 400, 500), "torch-fsdp": (0.11, 0.15, 0.12, 380, 420),
-         "deepspeed-zero3": (0.12, 0.16, 0.13, 390, 410), "horovod": (0.10, 0.13, 0.11, 400, 480),
-         "tf-mwms": (0.13, 0.17, 0.14, 600, 650), "paddle-fleet": (0.12, 0.14, 0.125, 500, 560)}
+TIMES = {
+    "torch-ddp": (0.10, 0.125, 0.10, 400, 500),
+    "torch-fsdp": (0.11, 0.15, 0.12, 380, 420),
+    "deepspeed-zero3": (0.12, 0.16, 0.13, 390, 410),
+    "horovod": (0.10, 0.13, 0.11, 400, 480),
+    "tf-mwms": (0.13, 0.17, 0.14, 600, 650),
+    "paddle-fleet": (0.12, 0.14, 0.125, 500, 560),
+}
 
 
 @pytest.fixture
@@ -42,8 +48,11 @@ def report_md(capsys, *argv) -> str:
 
 def test_md_report_lists_every_backends_scaling_figures(results_dir, capsys):
     md = report_md(capsys, results_dir)
-    rows = {line.split("|")[1].strip(): line for line in md.splitlines()
-            if line.startswith("| ") and line.split("|")[2].strip() == "2" and "tok/s" not in line}
+    rows = {
+        line.split("|")[1].strip(): line
+        for line in md.splitlines()
+        if line.startswith("| ") and line.split("|")[2].strip() == "2" and "tok/s" not in line
+    }
     for label in BACKENDS:
         assert label in rows, label
     # torch-ddp at N=2: 16,384 tok/s, speedup 1.6, efficiency 80%, memory ratio 500/400, 20% exposed comm
@@ -109,8 +118,13 @@ def test_html_report_is_self_contained_with_every_plot(results_dir, tmp_path, ca
     parser.feed(out.read_text())
     assert parser.open == []
     titles = [img["alt"] for img in parser.images]
-    assert titles == ["Speedup vs N", "Scaling efficiency", "Per-rank peak memory", "Exposed-communication ratio",
-                      "Throughput by backend"]
+    assert titles == [
+        "Speedup vs N",
+        "Scaling efficiency",
+        "Per-rank peak memory",
+        "Exposed-communication ratio",
+        "Throughput by backend",
+    ]
     for img in parser.images:
         assert img["src"].startswith("data:image/png;base64,")  # embedded: opens offline
         png = Image.open(io.BytesIO(base64.b64decode(img["src"].split(",", 1)[1])))

@@ -1,6 +1,7 @@
 """`harness slurm` and `harness k8s`: the sbatch script is valid bash and, run under stand-ins for srun and
 scontrol that start one task per "node" on this machine, produces one record from two nodes; every Kubeflow
 manifest has the fields its kind requires and a pod command that is valid bash."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,22 @@ from processes import leftovers
 
 from harness.run.schedulers import JOB_KINDS, manifest
 
-RUN = ["--backend", "torch-ddp", "--steps", "3", "--warmup", "1", "--compute-method", "none",
-       "--threads-per-worker", "1", "--device", "cpu", "--timeout", "150"]
+RUN = [
+    "--backend",
+    "torch-ddp",
+    "--steps",
+    "3",
+    "--warmup",
+    "1",
+    "--compute-method",
+    "none",
+    "--threads-per-worker",
+    "1",
+    "--device",
+    "cpu",
+    "--timeout",
+    "150",
+]
 
 # Stand-ins with Slurm's semantics: scontrol expands the node list (one name per line); srun starts one task
 # per node at once, each with its SLURM_NODEID, and waits for all.
@@ -38,14 +53,34 @@ def bash_syntax_ok(script: str) -> None:
 @pytest.mark.slow
 def test_sbatch_script_runs_one_harness_per_node_and_node_0_writes_the_record(tmp_path):
     out = tmp_path / "results"
-    proc = harness("slurm", "--nodes", "2", "--gpus-per-node", "1", "--partition", "cpu", "--workdir", REPO,
-                   "--harness", f"{sys.executable} -m harness", "run", *RUN, "--out", out)
+    proc = harness(
+        "slurm",
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "1",
+        "--partition",
+        "cpu",
+        "--workdir",
+        REPO,
+        "--harness",
+        f"{sys.executable} -m harness",
+        "run",
+        *RUN,
+        "--out",
+        out,
+    )
     assert proc.returncode == 0, proc.stderr
     script = proc.stdout
     bash_syntax_ok(script)
-    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --partition=cpu",
-                 'scontrol show hostnames "$SLURM_JOB_NODELIST"', "srun --nodes=2 --ntasks-per-node=1",
-                 '--node-rank "$SLURM_NODEID"'):
+    for line in (
+        "#SBATCH --nodes=2",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --partition=cpu",
+        'scontrol show hostnames "$SLURM_JOB_NODELIST"',
+        "srun --nodes=2 --ntasks-per-node=1",
+        '--node-rank "$SLURM_NODEID"',
+    ):
         assert line in script
     assert "--gpus-per-node=" not in script  # a CPU run asks Slurm for no GPUs
 
@@ -55,9 +90,15 @@ def test_sbatch_script_runs_one_harness_per_node_and_node_0_writes_the_record(tm
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(stat.S_IRWXU)
     (tmp_path / "job.sbatch").write_text(script)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node[0-1]",
-           "SLURM_JOB_ID": "4242"}
-    job = subprocess.run(["bash", str(tmp_path / "job.sbatch")], env=env, capture_output=True, text=True, timeout=300)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "SLURM_JOB_NODELIST": "node[0-1]",
+        "SLURM_JOB_ID": "4242",
+    }
+    job = subprocess.run(
+        ["bash", str(tmp_path / "job.sbatch")], env=env, capture_output=True, text=True, timeout=300
+    )
     assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
     record = json.loads((out / "slurm-4242.json").read_text())
     assert record["status"] == "ok" and record["config"]["nodes"] == 2
@@ -68,41 +109,73 @@ def test_sbatch_script_runs_one_harness_per_node_and_node_0_writes_the_record(tm
 
 
 def test_sbatch_script_for_a_sweep_on_one_node():
-    proc = harness("slurm", "--gpus-per-node", "8", "--time", "04:00:00", "sweep", "--gpus", "1,2,4,8",
-                   "--repeats", "3", "--device", "cuda")
+    proc = harness(
+        "slurm",
+        "--gpus-per-node",
+        "8",
+        "--time",
+        "04:00:00",
+        "sweep",
+        "--gpus",
+        "1,2,4,8",
+        "--repeats",
+        "3",
+        "--device",
+        "cuda",
+    )
     assert proc.returncode == 0, proc.stderr
     bash_syntax_ok(proc.stdout)
     assert "#SBATCH --gpus-per-node=8" in proc.stdout and "#SBATCH --time=04:00:00" in proc.stdout
     assert "srun --nodes=1 --ntasks=1 .venv/bin/harness sweep --gpus 1,2,4,8 --repeats 3" in proc.stdout
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["slurm", "--nodes", "2", "sweep", "--gpus", "1,2"], "a sweep runs within one node"),
-    (["slurm", "--nodes", "2", "run", "--backend", "torch-ddp", "--node-rank", "1"], "--node-rank is set by the job"),
-    (["slurm", "--gpus-per-node", "4", "sweep", "--gpus", "1,8"], "exceeds --gpus-per-node 4"),
-    (["slurm", "run", "--backend", "nope"], "unknown backend 'nope'"),
-    (["k8s", "--image", "img", "run", "--backend", "torch-ddp", "--master", "a:1"], "--master is set by the job"),
-    (["k8s", "run", "--backend", "torch-ddp"], "--image"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["slurm", "--nodes", "2", "sweep", "--gpus", "1,2"], "a sweep runs within one node"),
+        (
+            ["slurm", "--nodes", "2", "run", "--backend", "torch-ddp", "--node-rank", "1"],
+            "--node-rank is set by the job",
+        ),
+        (["slurm", "--gpus-per-node", "4", "sweep", "--gpus", "1,8"], "exceeds --gpus-per-node 4"),
+        (["slurm", "run", "--backend", "nope"], "unknown backend 'nope'"),
+        (
+            ["k8s", "--image", "img", "run", "--backend", "torch-ddp", "--master", "a:1"],
+            "--master is set by the job",
+        ),
+        (["k8s", "run", "--backend", "torch-ddp"], "--image"),
+    ],
+)
 def test_bad_scheduler_input_is_one_line_and_exit_2(argv, message):
     proc = harness(*argv)
-    assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, (
+        proc.stderr
+    )
 
 
 # The fields each training-operator kind requires, and the container name its operator looks for.
-REPLICAS = {"PyTorchJob": ("pytorchReplicaSpecs", {"Master": 1, "Worker": 2}, "pytorch"),
-            "TFJob": ("tfReplicaSpecs", {"Worker": 3}, "tensorflow"),
-            "PaddleJob": ("paddleReplicaSpecs", {"Worker": 3}, "paddle"),
-            "MPIJob": ("mpiReplicaSpecs", {"Launcher": 1, "Worker": 3}, None)}
-NODE_RANK_SOURCE = {"PyTorchJob": "NODE_RANK=$RANK", "TFJob": "TF_CONFIG", "PaddleJob": '"$NODE_RANK"',
-                    "MPIJob": "--hostfile /etc/mpi/hostfile"}
+REPLICAS = {
+    "PyTorchJob": ("pytorchReplicaSpecs", {"Master": 1, "Worker": 2}, "pytorch"),
+    "TFJob": ("tfReplicaSpecs", {"Worker": 3}, "tensorflow"),
+    "PaddleJob": ("paddleReplicaSpecs", {"Worker": 3}, "paddle"),
+    "MPIJob": ("mpiReplicaSpecs", {"Launcher": 1, "Worker": 3}, None),
+}
+NODE_RANK_SOURCE = {
+    "PyTorchJob": "NODE_RANK=$RANK",
+    "TFJob": "TF_CONFIG",
+    "PaddleJob": '"$NODE_RANK"',
+    "MPIJob": "--hostfile /etc/mpi/hostfile",
+}
 
 
 @pytest.mark.parametrize("backend", list(JOB_KINDS))
 def test_kubeflow_manifest_has_the_required_fields_of_its_kind(backend):
     kind = JOB_KINDS[backend]
-    job = yaml.safe_load(yaml.safe_dump(manifest(backend, "bench-1", "reg/distbench:1", 3, 8, ["--workload", "small"],
-                                                 "shared-results")))
+    job = yaml.safe_load(
+        yaml.safe_dump(
+            manifest(backend, "bench-1", "reg/distbench:1", 3, 8, ["--workload", "small"], "shared-results")
+        )
+    )
     assert job["apiVersion"] == ("kubeflow.org/v2beta1" if kind == "MPIJob" else "kubeflow.org/v1")
     assert job["kind"] == kind and job["metadata"]["name"] == "bench-1"
     key, replicas, container_name = REPLICAS[kind]
@@ -122,20 +195,47 @@ def test_kubeflow_manifest_has_the_required_fields_of_its_kind(backend):
         bash_syntax_ok(c["command"][2])
         commands.append(c["command"][2])
     run = next(cmd for cmd in commands if "harness run" in cmd)
-    for part in (f"--backend {backend}", "--workload small", "--nodes 3", "--gpus-per-node 8", "--run-id bench-1",
-                 "--out /results", NODE_RANK_SOURCE[kind]):
+    for part in (
+        f"--backend {backend}",
+        "--workload small",
+        "--nodes 3",
+        "--gpus-per-node 8",
+        "--run-id bench-1",
+        "--out /results",
+        NODE_RANK_SOURCE[kind],
+    ):
         assert part in run
     if kind == "MPIJob":
         assert job["spec"]["slotsPerWorker"] == 8 and "sshd" in commands[1]
     if kind == "PaddleJob":
         env = specs["Worker"]["template"]["spec"]["containers"][0]["env"]
-        assert env[0]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['training.kubeflow.org/replica-index']"
+        assert (
+            env[0]["valueFrom"]["fieldRef"]["fieldPath"]
+            == "metadata.labels['training.kubeflow.org/replica-index']"
+        )
 
 
 def test_k8s_command_writes_the_manifest_for_a_registered_backend(tmp_path):
-    proc = harness("k8s", "--nodes", "2", "--gpus-per-node", "4", "--image", "img:1", "--name", "ddp-2x4",
-                   "-o", tmp_path / "job.yaml", "run", "--backend", "torch-ddp", "--workload", "small",
-                   "--device", "cuda")
+    proc = harness(
+        "k8s",
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "4",
+        "--image",
+        "img:1",
+        "--name",
+        "ddp-2x4",
+        "-o",
+        tmp_path / "job.yaml",
+        "run",
+        "--backend",
+        "torch-ddp",
+        "--workload",
+        "small",
+        "--device",
+        "cuda",
+    )
     assert proc.returncode == 0, proc.stderr
     job = yaml.safe_load((tmp_path / "job.yaml").read_text())
     assert job["kind"] == "PyTorchJob" and set(job["spec"]["pytorchReplicaSpecs"]) == {"Master", "Worker"}

@@ -1,4 +1,5 @@
 """The spec's analytic figures, checked against independent hand calculations."""
+
 import numpy as np
 import pytest
 

@@ -1,4 +1,5 @@
 """`harness sweep`: the plan (batch per scaling mode, threads, skipped backends), resume, and one real sweep."""
+
 import json
 import os
 
@@ -8,13 +9,15 @@ from record_factory import make_record
 
 import backends
 from backends.torch_ddp import TorchDDP
-from harness.cli import main, make_parser
-from harness.usage import UsageError
 from core.records import load_records, write_json_atomic
+from harness.cli import main, make_parser
 from harness.run.sweep import drop_done, plan
+from harness.usage import UsageError
+
 
 class Unavailable(TorchDDP):
     """A registered backend that cannot run here."""
+
     name = "unavailable-x"
 
     def availability(self):
@@ -36,7 +39,9 @@ def test_weak_scaling_fixes_the_per_device_batch_and_threads():
 
 @pytest.mark.unit
 def test_strong_scaling_splits_one_global_batch_over_every_n():
-    runs, _ = plan(sweep_args("--backends", "torch-ddp", "--gpus", "1,2,3", "--repeats", "1", "--scaling", "strong"))
+    runs, _ = plan(
+        sweep_args("--backends", "torch-ddp", "--gpus", "1,2,3", "--repeats", "1", "--scaling", "strong")
+    )
     assert {r.cfg.global_batch for r in runs} == {8 * 6}  # default micro-batch x lcm(1, 2, 3)
     assert [r.cfg.micro_batch for r in runs] == [48, 24, 16]
     assert {r.cfg.scaling for r in runs} == {"strong"}
@@ -44,24 +49,35 @@ def test_strong_scaling_splits_one_global_batch_over_every_n():
     assert [r.cfg.micro_batch for r in runs][:2] == [12, 6] and runs[0].cfg.scaling == "strong"
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--gpus", "1,2", "--global-batch", "16", "--scaling", "weak"], "--scaling strong"),
-    (["--gpus", "1,3", "--global-batch", "16", "--scaling", "strong"], "not divisible"),
-    (["--gpus", "1,2", "--backends", "torch-ddp,nope"], "valid: torch-ddp"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--gpus", "1,2", "--global-batch", "16", "--scaling", "weak"], "--scaling strong"),
+        (["--gpus", "1,3", "--global-batch", "16", "--scaling", "strong"], "not divisible"),
+        (["--gpus", "1,2", "--backends", "torch-ddp,nope"], "valid: torch-ddp"),
+    ],
+)
 @pytest.mark.unit
 def test_bad_input_fails_before_anything_runs(argv, message):
     with pytest.raises(UsageError, match=message):
         plan(sweep_args(*argv))
 
 
-@pytest.mark.parametrize("layout", [["--nodes", "2", "--master", "a:1", "--node-rank", "0"], ["--hosts", "a,b"]])
+@pytest.mark.parametrize(
+    "layout", [["--nodes", "2", "--master", "a:1", "--node-rank", "0"], ["--hosts", "a,b"]]
+)
 @pytest.mark.unit
 def test_multi_node_sweep_is_refused_pointing_at_slurm(capsys, layout):
     assert main(["sweep", "--backends", "torch-ddp", "--gpus", "2", "--device", "cpu", *layout]) == 2
     err = capsys.readouterr().err
-    assert "sweep runs on one node, not 2" in err and "harness slurm --nodes M" in err and len(err.splitlines()) == 1
-    assert plan(sweep_args("--backends", "torch-ddp", "--gpus", "2", "--hosts", "a"))[0]  # one host is one node
+    assert (
+        "sweep runs on one node, not 2" in err
+        and "harness slurm --nodes M" in err
+        and len(err.splitlines()) == 1
+    )
+    assert plan(sweep_args("--backends", "torch-ddp", "--gpus", "2", "--hosts", "a"))[
+        0
+    ]  # one host is one node
 
 
 @pytest.mark.unit
@@ -75,7 +91,9 @@ def test_usage_errors_exit_2(capsys):
 def test_unavailable_backend_is_skipped_with_its_reason(monkeypatch):
     monkeypatch.setitem(backends.ADAPTERS, "unavailable-x", "test_sweep:Unavailable")
     runs, skipped = plan(sweep_args("--backends", "all", "--gpus", "1,2", "--repeats", "1"))
-    assert "torch-ddp" in {r.backend.name for r in runs} and "unavailable-x" not in {r.backend.name for r in runs}
+    assert "torch-ddp" in {r.backend.name for r in runs} and "unavailable-x" not in {
+        r.backend.name for r in runs
+    }
     assert skipped["unavailable-x"] == "not installed: nothing"
     with pytest.raises(UsageError, match="no available backend.*not installed: nothing"):
         plan(sweep_args("--backends", "unavailable-x", "--gpus", "1"))
@@ -104,9 +122,29 @@ def test_resume_counts_ok_records_of_the_same_config(tmp_path):
 def test_real_sweep_records_a_failure_goes_on_and_resumes(tmp_path):
     """torch-ddp at N=2 (rank 1 raises at step 1) then N=1: the failure is a record and N=1 still runs;
     --resume then skips the ok N=1 run and launches N=2 again."""
-    argv = ["sweep", "--backends", "torch-ddp", "--gpus", "2,1", "--repeats", "1",
-            "--steps", "3", "--warmup", "1", "--compute-steps", "1", "--device", "cpu", "--timeout", "60",
-            "--inject-fault", "1:1:raise", "--out", str(tmp_path)]
+    argv = [
+        "sweep",
+        "--backends",
+        "torch-ddp",
+        "--gpus",
+        "2,1",
+        "--repeats",
+        "1",
+        "--steps",
+        "3",
+        "--warmup",
+        "1",
+        "--compute-steps",
+        "1",
+        "--device",
+        "cpu",
+        "--timeout",
+        "60",
+        "--inject-fault",
+        "1:1:raise",
+        "--out",
+        str(tmp_path),
+    ]
 
     def sweep(*extra):
         return harness(*argv, *extra, timeout=150)
@@ -124,6 +162,10 @@ def test_real_sweep_records_a_failure_goes_on_and_resumes(tmp_path):
     assert second.returncode == 1, second.stdout + second.stderr
     assert "resume: 1 run(s) already recorded ok" in second.stdout and "[1/1] torch-ddp N=2" in second.stdout
     records = load_records([tmp_path])
-    assert sorted((r["config"]["world_size"], r["status"]) for r in records) == [(1, "ok"), (2, "failed"), (2, "failed")]
+    assert sorted((r["config"]["world_size"], r["status"]) for r in records) == [
+        (1, "ok"),
+        (2, "failed"),
+        (2, "failed"),
+    ]
     assert len({r["sweep"]["id"] for r in records}) == 2
     assert json.loads((tmp_path / f"{records[0]['run_id']}.json").read_text())["schema_version"] == 1

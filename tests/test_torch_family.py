@@ -1,18 +1,19 @@
 """torch-fsdp, deepspeed (ZeRO 1-3) and horovod: the same model as torch-ddp, full records, and what each
 really shards. Training runs go through `harness run`; the adapters are also checked without launching."""
+
 import argparse
 import dataclasses
 import sys
 
 import numpy as np
 import pytest
+from conftest import harness, run_record
 
 from backends import get_backend
 from backends.base import WORKER_SCRIPT
 from backends.deepspeed_zero import ds_config
 from core.config import RunConfig
 from harness.analyze.metrics import comm_bytes_per_rank
-from conftest import harness, run_record
 from workloads.spec import PRESETS, ModelSpec
 
 TEN_STEPS = ["--workload", "tiny", "--steps", "10", "--warmup", "0", "--timeout", "180"]
@@ -38,24 +39,54 @@ def config(backend: str, *cli: str, gpus=2, precision="fp32", **fields) -> RunCo
     parser = argparse.ArgumentParser()
     adapter.Options.add_arguments(parser, backend)
     options = adapter.Options.from_args(parser.parse_args(list(cli))).to_dict()
-    return RunConfig(backend=backend, workload="tiny", spec=PRESETS["tiny"], world_size=gpus, device="cpu",
-                     precision=precision, backend_options=options, **fields)
+    return RunConfig(
+        backend=backend,
+        workload="tiny",
+        spec=PRESETS["tiny"],
+        world_size=gpus,
+        device="cpu",
+        precision=precision,
+        backend_options=options,
+        **fields,
+    )
 
 
 # ------------------------------------------------------------------------------------------ without launching
-@pytest.mark.parametrize("backend,cli,precision,label,sharding,pattern", [
-    ("torch-fsdp", [], "fp32", "torch-fsdp", "parameters", ("sharded", 4, 0, 2)),
-    ("torch-fsdp", [], "bf16", "torch-fsdp", "parameters", ("sharded", 2, 0, 2)),
-    ("torch-fsdp", ["--fp32-reduce", "--reshard-after-forward", "off"], "bf16",
-     "torch-fsdp-noreshard-fp32reduce", "parameters", ("sharded", 2, 4, 1)),
-    ("deepspeed", [], "bf16", "deepspeed-zero3", "parameters", ("sharded", 2, 0, 2)),
-    ("deepspeed", ["--zero-stage", "0"], "fp32", "deepspeed-zero0", "none", ("allreduce", 4, 0, 2)),
-    ("deepspeed", ["--zero-stage", "1"], "fp32", "deepspeed-zero1", "optimizer", ("allreduce", 4, 0, 2)),
-    ("deepspeed", ["--zero-stage", "2", "--offload-optimizer"], "fp16", "deepspeed-zero2-offload", "gradients",
-     ("allreduce", 2, 0, 2)),
-    ("horovod", [], "bf16", "horovod", "none", ("allreduce", 4, 0, 2)),
-    ("horovod", ["--hvd-compression", "fp16"], "fp32", "horovod-fp16comp", "none", ("allreduce", 2, 0, 2)),
-])
+@pytest.mark.parametrize(
+    "backend,cli,precision,label,sharding,pattern",
+    [
+        ("torch-fsdp", [], "fp32", "torch-fsdp", "parameters", ("sharded", 4, 0, 2)),
+        ("torch-fsdp", [], "bf16", "torch-fsdp", "parameters", ("sharded", 2, 0, 2)),
+        (
+            "torch-fsdp",
+            ["--fp32-reduce", "--reshard-after-forward", "off"],
+            "bf16",
+            "torch-fsdp-noreshard-fp32reduce",
+            "parameters",
+            ("sharded", 2, 4, 1),
+        ),
+        ("deepspeed", [], "bf16", "deepspeed-zero3", "parameters", ("sharded", 2, 0, 2)),
+        ("deepspeed", ["--zero-stage", "0"], "fp32", "deepspeed-zero0", "none", ("allreduce", 4, 0, 2)),
+        ("deepspeed", ["--zero-stage", "1"], "fp32", "deepspeed-zero1", "optimizer", ("allreduce", 4, 0, 2)),
+        (
+            "deepspeed",
+            ["--zero-stage", "2", "--offload-optimizer"],
+            "fp16",
+            "deepspeed-zero2-offload",
+            "gradients",
+            ("allreduce", 2, 0, 2),
+        ),
+        ("horovod", [], "bf16", "horovod", "none", ("allreduce", 4, 0, 2)),
+        (
+            "horovod",
+            ["--hvd-compression", "fp16"],
+            "fp32",
+            "horovod-fp16comp",
+            "none",
+            ("allreduce", 2, 0, 2),
+        ),
+    ],
+)
 @pytest.mark.unit
 def test_adapter_labels_sharding_and_comm_pattern(backend, cli, precision, label, sharding, pattern):
     adapter, cfg = get_backend(backend), config(backend, *cli, precision=precision)
@@ -74,13 +105,19 @@ def test_sharded_volume_counts_gathers_and_reduce_dtype_separately():
 
 @pytest.mark.unit
 def test_deepspeed_config_is_built_from_the_run():
-    cfg = config("deepspeed", "--zero-stage", "2", "--offload-optimizer", precision="bf16", micro_batch=4,
-                 grad_accum=3)
+    cfg = config(
+        "deepspeed", "--zero-stage", "2", "--offload-optimizer", precision="bf16", micro_batch=4, grad_accum=3
+    )
     assert ds_config(cfg) == {
-        "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 3, "bf16": {"enabled": True},
+        "train_micro_batch_size_per_gpu": 4,
+        "gradient_accumulation_steps": 3,
+        "bf16": {"enabled": True},
         "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
-        "zero_force_ds_cpu_optimizer": False}
-    assert "bf16" not in ds_config(config("deepspeed")) and "fp16" in ds_config(config("deepspeed", precision="fp16"))
+        "zero_force_ds_cpu_optimizer": False,
+    }
+    assert "bf16" not in ds_config(config("deepspeed")) and "fp16" in ds_config(
+        config("deepspeed", precision="fp16")
+    )
 
 
 @pytest.mark.unit
@@ -93,7 +130,12 @@ def test_deepspeed_launches_with_its_own_runner(tmp_path):
     node = config("deepspeed", gpus=4, nodes=2, node_rank=1, master_addr="10.0.0.1", hosts=["a", "b"])
     plan = get_backend("deepspeed").launch(node, tmp_path, 29123, [])
     [proc] = plan.processes
-    assert {"--no_ssh", "--node_rank=1", "--master_addr=10.0.0.1", f"--hostfile={tmp_path / 'hostfile'}"} <= set(proc.argv)
+    assert {
+        "--no_ssh",
+        "--node_rank=1",
+        "--master_addr=10.0.0.1",
+        f"--hostfile={tmp_path / 'hostfile'}",
+    } <= set(proc.argv)
     assert plan.files == {tmp_path / "hostfile": "a slots=2\nb slots=2\n"}  # for the runner to write
     assert not (tmp_path / "hostfile").exists()  # launch() itself writes nothing
 
@@ -101,9 +143,18 @@ def test_deepspeed_launches_with_its_own_runner(tmp_path):
 @pytest.mark.unit
 def test_horovod_launches_horovodrun_with_gloo(tmp_path):
     [proc] = get_backend("horovod").launch(config("horovod", timeout_s=60), tmp_path, 29123, []).processes
-    assert proc.argv[0].endswith("horovodrun") and proc.argv[1:6] == ["-np", "2", "-H", "localhost:2", "--gloo"]
+    assert proc.argv[0].endswith("horovodrun") and proc.argv[1:6] == [
+        "-np",
+        "2",
+        "-H",
+        "localhost:2",
+        "--gloo",
+    ]
     assert proc.argv[-3:] == [sys.executable, str(WORKER_SCRIPT), str(tmp_path)]
-    assert "--gloo-timeout-seconds" in proc.argv and proc.argv[proc.argv.index("--gloo-timeout-seconds") + 1] == "60"
+    assert (
+        "--gloo-timeout-seconds" in proc.argv
+        and proc.argv[proc.argv.index("--gloo-timeout-seconds") + 1] == "60"
+    )
 
 
 @pytest.mark.unit
@@ -113,7 +164,10 @@ def test_horovod_multi_node_is_one_horovodrun_on_node_0(tmp_path):
     [proc] = get_backend("horovod").launch(node0, tmp_path, 29123, []).processes
     assert proc.argv[1:6] == ["-np", "4", "-H", "a:2,b:2", "--gloo"]
     assert proc.argv[proc.argv.index("--gloo-timeout-seconds") + 1] == "7"
-    assert get_backend("horovod").launch(dataclasses.replace(node0, node_rank=1), tmp_path, 29123, []).processes == []
+    assert (
+        get_backend("horovod").launch(dataclasses.replace(node0, node_rank=1), tmp_path, 29123, []).processes
+        == []
+    )
     isolated = dataclasses.replace(node0, node_rank=1, isolated_index=2)
     [alone] = get_backend("horovod").launch(isolated, tmp_path, 29123, []).processes
     assert alone.argv[1:5] == ["-np", "1", "-H", "localhost:1"]
@@ -128,11 +182,14 @@ def test_horovod_reports_a_failed_build_without_importing_it(tmp_path, monkeypat
     assert not {"torch", "horovod", "deepspeed"} & set(sys.modules)
 
 
-@pytest.mark.parametrize("args,expected", [
-    (["--backend", "deepspeed", "--zero-stage", "4"], "invalid choice: 4"),
-    (["--backend", "horovod", "--hvd-compression", "bf16"], "invalid choice: 'bf16'"),
-    (["--backend", "torch-fsdp", "--reshard-after-forward", "maybe"], "invalid choice: 'maybe'"),
-])
+@pytest.mark.parametrize(
+    "args,expected",
+    [
+        (["--backend", "deepspeed", "--zero-stage", "4"], "invalid choice: 4"),
+        (["--backend", "horovod", "--hvd-compression", "bf16"], "invalid choice: 'bf16'"),
+        (["--backend", "torch-fsdp", "--reshard-after-forward", "maybe"], "invalid choice: 'maybe'"),
+    ],
+)
 def test_bad_backend_options_are_usage_errors(args, expected, out):
     proc = harness("run", *args, "--out", out)
     lines = proc.stderr.strip().splitlines()
@@ -142,8 +199,17 @@ def test_bad_backend_options_are_usage_errors(args, expected, out):
 # --------------------------------------------------------------------------------------------------- training
 @pytest.fixture(scope="module")
 def ddp_run(tmp_path_factory):
-    return run_record(tmp_path_factory.mktemp("ddp"), "--backend", "torch-ddp", "--gpus", "2", *TEN_STEPS,
-                      "--compute-method", "none", "--dump-weights")
+    return run_record(
+        tmp_path_factory.mktemp("ddp"),
+        "--backend",
+        "torch-ddp",
+        "--gpus",
+        "2",
+        *TEN_STEPS,
+        "--compute-method",
+        "none",
+        "--dump-weights",
+    )
 
 
 def final_weights(rec):
@@ -159,7 +225,9 @@ ISOLATED = {"torch-fsdp", "deepspeed-zero3", "horovod"}
 @pytest.mark.parametrize("label", FAMILY)
 def test_two_workers_train_the_same_model_as_ddp_with_a_full_record(label, ddp_run, out):
     method = "isolated" if label in ISOLATED else "none"
-    rec = run_record(out, *FAMILY[label], "--gpus", "2", *TEN_STEPS, "--compute-method", method, "--dump-weights")
+    rec = run_record(
+        out, *FAMILY[label], "--gpus", "2", *TEN_STEPS, "--compute-method", method, "--dump-weights"
+    )
     s = rec["summary"]
     assert rec["status"] == "ok" and rec["backend_info"]["label"] == label
     assert len(s["losses"]) == 10 and s["loss_last"] < s["loss_first"] - 0.1
@@ -167,8 +235,14 @@ def test_two_workers_train_the_same_model_as_ddp_with_a_full_record(label, ddp_r
     reference, weights = final_weights(ddp_run), final_weights(rec)  # gathered from the shards where sharded
     for name in reference.files:  # ~1e-6 seen (ZeRO's flat AdamW); one AdamW step moves a weight ~3e-4
         np.testing.assert_allclose(weights[name], reference[name], rtol=0, atol=5e-6, err_msg=name)
-    for key in ("throughput_tokens_per_s", "per_device_tokens_per_s", "comm_bytes_per_rank_per_step",
-                "peak_rss_bytes", "model_state_bytes_per_rank", "model_state_bytes_analytic"):
+    for key in (
+        "throughput_tokens_per_s",
+        "per_device_tokens_per_s",
+        "comm_bytes_per_rank_per_step",
+        "peak_rss_bytes",
+        "model_state_bytes_per_rank",
+        "model_state_bytes_analytic",
+    ):
         assert s[key] is not None and s[key] > 0, key
     for r in rec["ranks"]:
         assert len(r["step_times"]) == len(r["data_wait"]) == 10 and r["versions"]["torch"]
@@ -187,8 +261,26 @@ def test_two_workers_train_the_same_model_as_ddp_with_a_full_record(label, ddp_r
 # bf16, where every backend keeps 16 bytes per parameter unsharded (DDP autocast and FSDP: fp32 parameters,
 # gradients and moments; DeepSpeed: bf16 parameters and gradients, fp32 master and moments). In fp32
 # DeepSpeed still keeps a separate fp32 master copy, 20 bytes per parameter.
-WIDE = ["--workload", "tiny", "--d-model", "384", "--layers", "2", "--micro-batch", "1", "--steps", "1",
-        "--warmup", "0", "--precision", "bf16", "--compute-method", "none", "--timeout", "180"]
+WIDE = [
+    "--workload",
+    "tiny",
+    "--d-model",
+    "384",
+    "--layers",
+    "2",
+    "--micro-batch",
+    "1",
+    "--steps",
+    "1",
+    "--warmup",
+    "0",
+    "--precision",
+    "bf16",
+    "--compute-method",
+    "none",
+    "--timeout",
+    "180",
+]
 WIDE_PARAMS = ModelSpec(**{**PRESETS["tiny"].to_dict(), "d_model": 384, "d_ff": 1536, "n_layers": 2}).n_params
 
 
@@ -213,7 +305,7 @@ def test_zero1_and_zero2_shard_the_optimizer_state_not_the_parameters(stage, out
     rec = run_record(out, *FAMILY[f"deepspeed-zero{stage}"], "--gpus", "2", *WIDE)
     p = WIDE_PARAMS
     for held in (r["model_state_bytes"] for r in rec["ranks"]):
-        assert held["params"] == pytest.approx(2 * p, rel=0.01)         # the whole bf16 model on every rank
+        assert held["params"] == pytest.approx(2 * p, rel=0.01)  # the whole bf16 model on every rank
         assert held["optimizer"] == pytest.approx(12 * p / 2, rel=0.01)  # fp32 master + moments, halved
         # Once reduced, DeepSpeed keeps gradients only for this rank's partition, at stage 1 as at stage 2,
         # in a buffer sized by the whole parameters that overlap the partition: a little over half.

@@ -9,6 +9,7 @@ CHECKPOINTED_STEPS of those steps again with activation checkpointing, which par
 zero gradients decays, and the parameter count of the built model and of every preset built without
 allocating its weights (a 1.3B model would need 5 GB per framework).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,6 +48,7 @@ def probe_torch(spec: ModelSpec) -> dict:
     import torch
 
     from workloads.torch_model import GPT, make_optimizer, n_parameters
+
     torch.set_num_threads(1)
 
     def train(model, n_steps):
@@ -68,8 +70,9 @@ def probe_torch(spec: ModelSpec) -> dict:
     out["losses"] = train(model, STEPS)
     with torch.no_grad():
         out["final_loss"] = model(x, y).item()
-    out["checkpointed_losses"] = train(GPT(spec, activation_checkpointing=True).load_spec_weights(SEED),
-                                       CHECKPOINTED_STEPS)
+    out["checkpointed_losses"] = train(
+        GPT(spec, activation_checkpointing=True).load_spec_weights(SEED), CHECKPOINTED_STEPS
+    )
 
     model = GPT(spec)
     with torch.no_grad():
@@ -82,12 +85,14 @@ def probe_torch(spec: ModelSpec) -> dict:
     def count_without_weights(preset):
         with torch.device("meta"):
             return n_parameters(GPT(preset))
+
     out["preset_n_params"] = [count_without_weights(preset) for preset in PRESETS.values()]
     return out
 
 
 def probe_tf(spec: ModelSpec) -> dict:
     import tensorflow as tf
+
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     import keras
@@ -111,8 +116,9 @@ def probe_tf(spec: ModelSpec) -> dict:
     out["logits"], out["loss"] = model(x).numpy(), float(model(x, y))
     out["losses"] = train(model, STEPS)
     out["final_loss"] = float(model(x, y))
-    out["checkpointed_losses"] = train(GPT(spec, activation_checkpointing=True).load_spec_weights(SEED),
-                                       CHECKPOINTED_STEPS)
+    out["checkpointed_losses"] = train(
+        GPT(spec, activation_checkpointing=True).load_spec_weights(SEED), CHECKPOINTED_STEPS
+    )
 
     model = GPT(spec)
     for v in model.trainable_variables:
@@ -125,6 +131,7 @@ def probe_tf(spec: ModelSpec) -> dict:
         # from allocating them (the default would fill all 1.3B).
         with keras.StatelessScope(initialize_variables=False):
             return n_parameters(GPT(preset))
+
     out["preset_n_params"] = [count_without_weights(preset) for preset in PRESETS.values()]
     return out
 
@@ -133,6 +140,7 @@ def probe_paddle(spec: ModelSpec) -> dict:
     import paddle
 
     from workloads.paddle_model import GPT, make_optimizer, n_parameters
+
     paddle.set_device("cpu")
 
     def train(model, n_steps):
@@ -154,20 +162,24 @@ def probe_paddle(spec: ModelSpec) -> dict:
     out["losses"] = train(model, STEPS)
     with paddle.no_grad():
         out["final_loss"] = float(model(x, y))
-    out["checkpointed_losses"] = train(GPT(spec, activation_checkpointing=True).load_spec_weights(SEED),
-                                       CHECKPOINTED_STEPS)
+    out["checkpointed_losses"] = train(
+        GPT(spec, activation_checkpointing=True).load_spec_weights(SEED), CHECKPOINTED_STEPS
+    )
 
     model = GPT(spec)
     for p in model.parameters():
         p.set_value(np.ones(p.shape, np.float32))
     optimizer = make_optimizer(model)
-    sum((p * 0).sum() for p in model.parameters()).backward()  # Paddle has no setter for .grad: zero gradients
+    sum(
+        (p * 0).sum() for p in model.parameters()
+    ).backward()  # Paddle has no setter for .grad: zero gradients
     optimizer.step()
     out["decayed"] = [neutral_name(n) for n, p in model.named_parameters() if float(p.min()) < 1]
 
     def count_without_weights(preset):
         with paddle.LazyGuard():
             return n_parameters(GPT(preset))
+
     out["preset_n_params"] = [count_without_weights(preset) for preset in PRESETS.values()]
     return out
 
@@ -176,7 +188,9 @@ PROBES = {"torch": probe_torch, "tf": probe_tf, "paddle": probe_paddle}
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("framework", choices=PROBES)
     parser.add_argument("out", type=Path)
     parser.add_argument("--preset", default="tiny", choices=PRESETS)

@@ -7,6 +7,7 @@ So 1 worker with global batch B and 2 workers with B/2 each see exactly the same
 
 Each sample is seq_len + 1 tokens: inputs are [:-1], targets [1:].
 """
+
 from __future__ import annotations
 
 import os
@@ -22,6 +23,7 @@ BRANCHING = 4
 @dataclass(frozen=True)
 class Shard:
     """Which slice of each global batch a rank reads."""
+
     rank: int
     world_size: int
     micro_batch: int
@@ -78,14 +80,18 @@ class TokenFile:
         out = np.empty((len(sample_ids), length), np.int64)
         for row, j in enumerate(sample_ids):
             start = ((step * self.global_batch + j) % self.n_windows) * length
-            out[row] = self.tokens[start:start + length]
+            out[row] = self.tokens[start : start + length]
         if out.max(initial=0) >= self.vocab_size:
             raise ValueError(f"token id {int(out.max())} >= vocab_size {self.vocab_size}")
         return out
 
 
 def make_source(vocab_size: int, seq_len: int, global_batch: int, seed: int = 0, path: str | None = None):
-    return TokenFile(path, vocab_size, seq_len, global_batch) if path else SyntheticTokens(vocab_size, seq_len, seed)
+    return (
+        TokenFile(path, vocab_size, seq_len, global_batch)
+        if path
+        else SyntheticTokens(vocab_size, seq_len, seed)
+    )
 
 
 def micro_batches(source, shard: Shard, step: int) -> list[tuple[np.ndarray, np.ndarray]]:

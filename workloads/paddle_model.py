@@ -1,4 +1,5 @@
 """The spec's GPT in Paddle. Read side by side with torch_model.py and tf_model.py."""
+
 from __future__ import annotations
 
 import math
@@ -22,7 +23,9 @@ class CausalSelfAttention(nn.Layer):
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(3, axis=2)
         q, k, v = (t.reshape([B, T, self.n_heads, C // self.n_heads]) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # Paddle's layout is (B, T, heads, head_dim)
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True
+        )  # Paddle's layout is (B, T, heads, head_dim)
         return self.proj(y.reshape([B, T, C]))
 
 
@@ -68,7 +71,9 @@ class GPT(nn.Layer):
         logits = self.ln_f(x) @ self.tok_emb.weight.T  # tied LM head
         if targets is None:
             return logits
-        return F.cross_entropy(logits.astype("float32").reshape([-1, logits.shape[-1]]), targets.reshape([-1]))
+        return F.cross_entropy(
+            logits.astype("float32").reshape([-1, logits.shape[-1]]), targets.reshape([-1])
+        )
 
     @paddle.no_grad()
     def load_spec_weights(self, seed: int = 0):
@@ -84,9 +89,15 @@ def make_optimizer(model: nn.Layer, opt: OptimizerSpec = OPTIMIZER) -> paddle.op
     """AdamW with weight decay on 2-D parameters only. apply_decay_param_fun is given Paddle's internal
     parameter name (e.g. "linear_3.w_0"), not the structured one, so the set is built from `p.name`."""
     decayed = {p.name for p in model.parameters() if opt.decays(tuple(p.shape))}
-    return paddle.optimizer.AdamW(learning_rate=opt.lr, beta1=opt.beta1, beta2=opt.beta2, epsilon=opt.eps,
-                                  parameters=model.parameters(), weight_decay=opt.weight_decay,
-                                  apply_decay_param_fun=lambda name: name in decayed)
+    return paddle.optimizer.AdamW(
+        learning_rate=opt.lr,
+        beta1=opt.beta1,
+        beta2=opt.beta2,
+        epsilon=opt.eps,
+        parameters=model.parameters(),
+        weight_decay=opt.weight_decay,
+        apply_decay_param_fun=lambda name: name in decayed,
+    )
 
 
 def n_parameters(model: nn.Layer) -> int:

@@ -8,6 +8,7 @@ GPT-2 and nanoGPT. Every Linear and LayerNorm has a bias. No dropout, so runs ar
 Nothing here imports a deep-learning framework: the harness process uses it to count parameters and
 FLOPs, and each worker uses `init_weights` so that every framework starts from the same numbers.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -62,14 +63,22 @@ class ModelSpec:
         shapes = {"tok_emb": (self.vocab_size, d), "pos_emb": (self.seq_len, d)}
         for i in range(self.n_layers):
             p = f"blocks.{i}."
-            shapes.update({
-                p + "ln1.weight": (d,), p + "ln1.bias": (d,),
-                p + "attn.qkv.weight": (d, 3 * d), p + "attn.qkv.bias": (3 * d,),
-                p + "attn.proj.weight": (d, d), p + "attn.proj.bias": (d,),
-                p + "ln2.weight": (d,), p + "ln2.bias": (d,),
-                p + "mlp.fc.weight": (d, f), p + "mlp.fc.bias": (f,),
-                p + "mlp.proj.weight": (f, d), p + "mlp.proj.bias": (d,),
-            })
+            shapes.update(
+                {
+                    p + "ln1.weight": (d,),
+                    p + "ln1.bias": (d,),
+                    p + "attn.qkv.weight": (d, 3 * d),
+                    p + "attn.qkv.bias": (3 * d,),
+                    p + "attn.proj.weight": (d, d),
+                    p + "attn.proj.bias": (d,),
+                    p + "ln2.weight": (d,),
+                    p + "ln2.bias": (d,),
+                    p + "mlp.fc.weight": (d, f),
+                    p + "mlp.fc.bias": (f,),
+                    p + "mlp.proj.weight": (f, d),
+                    p + "mlp.proj.bias": (d,),
+                }
+            )
         shapes.update({"ln_f.weight": (d,), "ln_f.bias": (d,)})
         return shapes
 
@@ -99,8 +108,9 @@ class ModelSpec:
         """
         return 6 * self.n_matmul_params + 12 * self.n_layers * self.d_model * self.seq_len
 
-    def model_state_bytes(self, precision: str = "fp32", scheme: str | None = None,
-                          sharding: str = "none", world_size: int = 1) -> dict[str, float]:
+    def model_state_bytes(
+        self, precision: str = "fp32", scheme: str | None = None, sharding: str = "none", world_size: int = 1
+    ) -> dict[str, float]:
         """Analytic bytes of params + grads + AdamW state held by ONE rank.
 
         `scheme` is how low precision is implemented: "autocast" (fp32 params, low-precision compute) or
@@ -132,7 +142,11 @@ class ModelSpec:
             return np.ones(shape, np.float32)
         if name.endswith("bias"):
             return np.zeros(shape, np.float32)
-        std = 0.02 / np.sqrt(2 * self.n_layers) if name.endswith(("attn.proj.weight", "mlp.proj.weight")) else 0.02
+        std = (
+            0.02 / np.sqrt(2 * self.n_layers)
+            if name.endswith(("attn.proj.weight", "mlp.proj.weight"))
+            else 0.02
+        )
         rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
         return (rng.standard_normal(shape, dtype=np.float32) * np.float32(std)).astype(np.float32)
 
@@ -144,6 +158,7 @@ class ModelSpec:
 class OptimizerSpec:
     """AdamW hyper-parameters every backend uses: constant learning rate, no clipping, and decoupled weight
     decay on 2-D tensors only (Linear weights and embeddings; never biases or LayerNorm), as in nanoGPT."""
+
     lr: float = 3e-4
     beta1: float = 0.9
     beta2: float = 0.95
@@ -169,8 +184,14 @@ PRESETS: dict[str, ModelSpec] = {
 }
 
 # CLI override flag -> ModelSpec field.
-OVERRIDES = {"vocab": "vocab_size", "seq_len": "seq_len", "d_model": "d_model", "layers": "n_layers",
-             "heads": "n_heads", "ffn": "d_ff"}
+OVERRIDES = {
+    "vocab": "vocab_size",
+    "seq_len": "seq_len",
+    "d_model": "d_model",
+    "layers": "n_layers",
+    "heads": "n_heads",
+    "ffn": "d_ff",
+}
 
 
 def resolve(name: str, **overrides) -> ModelSpec:

@@ -3,6 +3,7 @@
 Every layer builds its variables in __init__, so a model created inside a tf.distribute strategy scope is
 mirrored at once and can be counted and loaded before its first call.
 """
+
 from __future__ import annotations
 
 import math
@@ -121,13 +122,23 @@ def make_optimizer(model: GPT, opt: OptimizerSpec = OPTIMIZER) -> keras.optimize
     Paddle to the bias-corrected sqrt(v): Keras's acts 1/sqrt(1 - beta2^t) times larger (4.5x at step 1),
     which matters only where sqrt(v) is as small as eps.
     """
-    optimizer = keras.optimizers.AdamW(learning_rate=opt.lr, weight_decay=opt.weight_decay,
-                                       beta_1=opt.beta1, beta_2=opt.beta2, epsilon=opt.eps)
+    optimizer = keras.optimizers.AdamW(
+        learning_rate=opt.lr,
+        weight_decay=opt.weight_decay,
+        beta_1=opt.beta1,
+        beta_2=opt.beta2,
+        epsilon=opt.eps,
+    )
     optimizer.exclude_from_weight_decay(
-        var_list=[v for v in model.trainable_variables if not opt.decays(tuple(v.shape))])
-    optimizer.build(model.trainable_variables)  # moments now, in the caller's strategy scope, not in a tf.function
+        var_list=[v for v in model.trainable_variables if not opt.decays(tuple(v.shape))]
+    )
+    optimizer.build(
+        model.trainable_variables
+    )  # moments now, in the caller's strategy scope, not in a tf.function
     return optimizer
 
 
 def n_parameters(model: GPT) -> int:
-    return sum(math.prod(v.shape) for v in model.trainable_variables)  # shapes only: works in a StatelessScope
+    return sum(
+        math.prod(v.shape) for v in model.trainable_variables
+    )  # shapes only: works in a StatelessScope

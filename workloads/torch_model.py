@@ -1,4 +1,5 @@
 """The spec's GPT in PyTorch, nanoGPT style. Read side by side with tf_model.py and paddle_model.py."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -86,14 +87,17 @@ def optimizer_groups(model: nn.Module, opt: OptimizerSpec = OPTIMIZER) -> list[d
     """AdamW parameter groups: weight decay on 2-D tensors only. Build them before any wrapper flattens
     or partitions the parameters (ZeRO-3 makes every parameter 1-D)."""
     params = list(model.parameters())
-    return [{"params": [p for p in params if opt.decays(tuple(p.shape))], "weight_decay": opt.weight_decay},
-            {"params": [p for p in params if not opt.decays(tuple(p.shape))], "weight_decay": 0.0}]
+    return [
+        {"params": [p for p in params if opt.decays(tuple(p.shape))], "weight_decay": opt.weight_decay},
+        {"params": [p for p in params if not opt.decays(tuple(p.shape))], "weight_decay": 0.0},
+    ]
 
 
 def make_optimizer(model: nn.Module, opt: OptimizerSpec = OPTIMIZER) -> torch.optim.AdamW:
-    return torch.optim.AdamW(optimizer_groups(model, opt), lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps)
+    return torch.optim.AdamW(
+        optimizer_groups(model, opt), lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps
+    )
 
 
 def n_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
-

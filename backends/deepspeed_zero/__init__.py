@@ -14,6 +14,7 @@ The engine's configuration is built here (`ds_config`), from the RunConfig alone
 gets the same configuration. This package is not called `deepspeed` because the worker script's directory
 (backends/) is on sys.path, where that name would shadow the real library.
 """
+
 import sys
 from dataclasses import dataclass
 
@@ -27,10 +28,16 @@ ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 @dataclass(frozen=True)
 class DeepSpeedOptions(Options):
-    zero_stage: int = option(3, "--zero-stage", type=int, choices=STAGES,
-                             help="ZeRO stage (0 none, 1 optimizer state, 2 +gradients, 3 +parameters)")
-    offload_optimizer: bool = option(False, "--offload-optimizer",
-                                     help="keep the optimizer state and step on the CPU (ZeRO-Offload)")
+    zero_stage: int = option(
+        3,
+        "--zero-stage",
+        type=int,
+        choices=STAGES,
+        help="ZeRO stage (0 none, 1 optimizer state, 2 +gradients, 3 +parameters)",
+    )
+    offload_optimizer: bool = option(
+        False, "--offload-optimizer", help="keep the optimizer state and step on the CPU (ZeRO-Offload)"
+    )
 
 
 def ds_config(cfg) -> dict:
@@ -39,13 +46,18 @@ def ds_config(cfg) -> dict:
     low-precision parameters and gradients plus fp32 master weights; fp16 uses its dynamic loss scaling."""
     opts = DeepSpeedOptions.from_dict(cfg.backend_options)
     zero = {"stage": opts.zero_stage}
-    config = {"train_micro_batch_size_per_gpu": cfg.micro_batch, "gradient_accumulation_steps": cfg.grad_accum,
-              "zero_optimization": zero}
+    config = {
+        "train_micro_batch_size_per_gpu": cfg.micro_batch,
+        "gradient_accumulation_steps": cfg.grad_accum,
+        "zero_optimization": zero,
+    }
     if cfg.precision in ("bf16", "fp16"):
         config[cfg.precision] = {"enabled": True}
     if opts.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu"}
-        config["zero_force_ds_cpu_optimizer"] = False  # keep torch's AdamW: the same optimizer as every backend
+        config["zero_force_ds_cpu_optimizer"] = (
+            False  # keep torch's AdamW: the same optimizer as every backend
+        )
     return config
 
 
@@ -63,7 +75,9 @@ class DeepSpeed(Backend):
         return self.options(cfg).zero_stage
 
     def label(self, cfg):
-        return f"deepspeed-zero{self.stage(cfg)}" + ("-offload" if self.options(cfg).offload_optimizer else "")
+        return f"deepspeed-zero{self.stage(cfg)}" + (
+            "-offload" if self.options(cfg).offload_optimizer else ""
+        )
 
     def sharding(self, cfg):
         return SHARDING[self.stage(cfg)]
@@ -84,15 +98,26 @@ class DeepSpeed(Backend):
         return env
 
     def launch(self, cfg, run_dir, port, devices):
-        argv = [sys.executable, "-u", "-m", "deepspeed.launcher.runner", "--no_local_rank", f"--master_port={port}"]
+        argv = [
+            sys.executable,
+            "-u",
+            "-m",
+            "deepspeed.launcher.runner",
+            "--no_local_rank",
+            f"--master_port={port}",
+        ]
         files = {}
         if cfg.nodes > 1 and cfg.isolated_index is None:
             hostfile = run_dir / "hostfile"
             hosts = cfg.hosts or [f"node{i}" for i in range(cfg.nodes)]
             slots = max(map(int, devices)) + 1 if devices else cfg.local_procs
             files[hostfile] = "".join(f"{h} slots={slots}\n" for h in hosts)
-            argv += [f"--hostfile={hostfile}", "--no_ssh", f"--node_rank={cfg.node_rank}",
-                     f"--master_addr={cfg.master_addr}"]
+            argv += [
+                f"--hostfile={hostfile}",
+                "--no_ssh",
+                f"--node_rank={cfg.node_rank}",
+                f"--master_addr={cfg.master_addr}",
+            ]
             if devices:  # every node is given the same physical ids
                 argv.append("--include=" + "@".join(f"{h}:{','.join(devices)}" for h in hosts))
         elif devices:

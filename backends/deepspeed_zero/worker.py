@@ -12,6 +12,7 @@ gradient partitions are views into flat buffers):
              parameters) and AdamW's moments.
 Buffers that only carry communication (bucket and prefetch buffers) are not model state and not counted.
 """
+
 from datetime import timedelta
 
 import deepspeed
@@ -37,12 +38,15 @@ class DeepSpeedTrainer(TorchTrainer):
     def __init__(self, cfg):
         super().__init__(cfg)
         self.scaler = None  # fp16 loss scaling is the engine's own
-        deepspeed.init_distributed(dist_backend="nccl" if self.device.type == "cuda" else "gloo",
-                                   timeout=timedelta(seconds=cfg.timeout_s))
+        deepspeed.init_distributed(
+            dist_backend="nccl" if self.device.type == "cuda" else "gloo",
+            timeout=timedelta(seconds=cfg.timeout_s),
+        )
         model = self.build_model()
         optimizer = make_optimizer(model)  # parameter groups built before ZeRO-3 partitions the parameters
-        self.model, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
-                                                                config=ds_config(cfg))
+        self.model, self.optimizer, _, _ = deepspeed.initialize(
+            model=model, optimizer=optimizer, config=ds_config(cfg)
+        )
         self.grad_bytes = 0
 
     def step(self, batches, sync_grads=True):
@@ -67,22 +71,29 @@ class DeepSpeedTrainer(TorchTrainer):
     def held_gradients(self) -> list:
         """The module's .grad, ZeRO's reduced partitions (ZeRO-3 keeps them all in one flat buffer), and
         the fp32 masters' .grad where offloading puts them there."""
-        grads = [p.grad for p in [*self.model.module.parameters(), *self.master_weights()] if p.grad is not None]
+        grads = [
+            p.grad for p in [*self.model.module.parameters(), *self.master_weights()] if p.grad is not None
+        ]
         flat = getattr(self.optimizer, "grad_partitions_flat_buffer", None)
         grads += [flat] if flat is not None else []
         partitions = getattr(self.optimizer, "averaged_gradients", None) or {}
-        for group in (partitions.values() if isinstance(partitions, dict) else partitions):
+        for group in partitions.values() if isinstance(partitions, dict) else partitions:
             grads += [g for g in group or () if g is not None]
         return grads
 
     def model_state_bytes(self) -> dict:
         module_params = list(self.model.module.parameters())
-        params = [p.ds_tensor for p in module_params if hasattr(p, "ds_tensor")] + [p.data for p in module_params]
+        params = [p.ds_tensor for p in module_params if hasattr(p, "ds_tensor")] + [
+            p.data for p in module_params
+        ]
         state = self.model.basic_optimizer.state
         moments = [v for s in state.values() for v in s.values() if torch.is_tensor(v)]
         seen = set()
-        return {"params": storage_bytes(params, seen), "grads": self.grad_bytes,
-                "optimizer": storage_bytes(self.master_weights() + moments, seen)}
+        return {
+            "params": storage_bytes(params, seen),
+            "grads": self.grad_bytes,
+            "optimizer": storage_bytes(self.master_weights() + moments, seen),
+        }
 
     def final_weights(self) -> dict:
         with deepspeed.zero.GatheredParameters(list(self.model.module.parameters())):  # ZeRO-3 only

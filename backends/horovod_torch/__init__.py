@@ -7,11 +7,11 @@ Horovod's TensorFlow binding does not work with Keras 3.
 Horovod is built from source by scripts/install_horovod.sh; when that fails, setup.sh leaves the reason in
 <venv>/distbench/horovod-unavailable, and the backend reports it instead of failing at launch.
 """
+
 import importlib.util
 import sys
-from pathlib import Path
-
 from dataclasses import dataclass
+from pathlib import Path
 
 from backends.base import WORKER_SCRIPT, Backend, CommPattern, LaunchPlan, Options, device_mask, option
 from core.process import Process
@@ -21,8 +21,12 @@ COMPRESSIONS = ("none", "fp16")
 
 @dataclass(frozen=True)
 class HorovodOptions(Options):
-    compression: str = option("none", "--hvd-compression", choices=COMPRESSIONS,
-                              help="compress gradients to fp16 for the all-reduce")
+    compression: str = option(
+        "none",
+        "--hvd-compression",
+        choices=COMPRESSIONS,
+        help="compress gradients to fp16 for the all-reduce",
+    )
 
 
 class Horovod(Backend):
@@ -42,7 +46,9 @@ class Horovod(Backend):
         marker = Path(sys.prefix) / "distbench" / "horovod-unavailable"
         if marker.exists():
             lines = marker.read_text(errors="replace").strip().splitlines()
-            return False, "build failed: " + (lines[-1] if lines else "see the install log next to " + str(marker))
+            return False, "build failed: " + (
+                lines[-1] if lines else "see the install log next to " + str(marker)
+            )
         package = Path(importlib.util.find_spec("horovod").origin).parent
         if not list((package / "torch").glob("mpi_lib_v2*.so")):
             return False, f"horovod is installed without its PyTorch extension ({package / 'torch'})"
@@ -72,7 +78,17 @@ class Horovod(Backend):
             return LaunchPlan([])
         n = cfg.local_procs
         hosts = ",".join(f"{h}:{n}" for h in cfg.hosts) if multi else f"localhost:{n}"
-        argv = [str(self.horovodrun()), "-np", str(n * (cfg.nodes if multi else 1)), "-H", hosts, "--gloo",
-                "--gloo-timeout-seconds", str(int(cfg.collective_timeout)), sys.executable, str(WORKER_SCRIPT),
-                str(run_dir)]
+        argv = [
+            str(self.horovodrun()),
+            "-np",
+            str(n * (cfg.nodes if multi else 1)),
+            "-H",
+            hosts,
+            "--gloo",
+            "--gloo-timeout-seconds",
+            str(int(cfg.collective_timeout)),
+            sys.executable,
+            str(WORKER_SCRIPT),
+            str(run_dir),
+        ]
         return LaunchPlan([Process(argv, {**self.worker_env(cfg), **device_mask(devices)})])

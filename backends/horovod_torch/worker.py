@@ -3,6 +3,7 @@
 Gradient accumulation: backward_passes_per_step = grad_accum, so the all-reduce is submitted on the last
 micro-batch's backward only. Weights and optimizer state are broadcast from rank 0 before training.
 """
+
 import os
 
 import horovod
@@ -23,9 +24,11 @@ def init_adamw_state(optimizer) -> None:
     """
     for group in optimizer.param_groups:
         for p in group["params"]:
-            optimizer.state[p] = {"step": torch.tensor(0.0),
-                                  "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
-                                  "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
+            optimizer.state[p] = {
+                "step": torch.tensor(0.0),
+                "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+                "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format),
+            }
 
 
 class HorovodTrainer(TorchTrainer):
@@ -34,9 +37,17 @@ class HorovodTrainer(TorchTrainer):
         super().__init__(cfg)
         hvd.init()
         model = self.build_model()
-        compression = hvd.Compression.fp16 if HorovodOptions.from_dict(cfg.backend_options).compression == "fp16" else hvd.Compression.none
-        self.optimizer = hvd.DistributedOptimizer(make_optimizer(model), named_parameters=model.named_parameters(),
-                                                  compression=compression, backward_passes_per_step=cfg.grad_accum)
+        compression = (
+            hvd.Compression.fp16
+            if HorovodOptions.from_dict(cfg.backend_options).compression == "fp16"
+            else hvd.Compression.none
+        )
+        self.optimizer = hvd.DistributedOptimizer(
+            make_optimizer(model),
+            named_parameters=model.named_parameters(),
+            compression=compression,
+            backward_passes_per_step=cfg.grad_accum,
+        )
         init_adamw_state(self.optimizer)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)

@@ -4,6 +4,7 @@ Data parallel (paddle.DataParallel) by default; `--sharding-stage` selects Paddl
 Fleet's hybrid topology (sharding_degree = world size: DygraphShardingOptimizer), stages 2 and 3 through
 paddle.distributed.sharding.group_sharded_parallel, which Paddle 3.3.1 supports on GPU/XPU only.
 """
+
 import socket
 import sys
 from dataclasses import dataclass
@@ -17,12 +18,21 @@ AMP_LEVELS = ("O1", "O2")
 
 @dataclass(frozen=True)
 class PaddleOptions(Options):
-    sharding_stage: int = option(0, "--sharding-stage", type=int, choices=(1, 2, 3),
-                                 help="shard optimizer state (1), + gradients (2), + parameters (3); 2 and 3 need "
-                                      "a GPU; 0: plain data parallel")
-    amp_level: str = option("O1", "--amp-level", choices=AMP_LEVELS,
-                            help="with bf16/fp16: O1 autocast over fp32 parameters or O2 low-precision parameters "
-                                 "with fp32 master weights")
+    sharding_stage: int = option(
+        0,
+        "--sharding-stage",
+        type=int,
+        choices=(1, 2, 3),
+        help="shard optimizer state (1), + gradients (2), + parameters (3); 2 and 3 need "
+        "a GPU; 0: plain data parallel",
+    )
+    amp_level: str = option(
+        "O1",
+        "--amp-level",
+        choices=AMP_LEVELS,
+        help="with bf16/fp16: O1 autocast over fp32 parameters or O2 low-precision parameters "
+        "with fp32 master weights",
+    )
 
 
 def master_ip(addr: str) -> str:
@@ -73,15 +83,28 @@ class PaddleFleet(Backend):
         makes `port` the rendezvous store's port, so concurrent runs never share one. Several nodes: the
         launchers meet at the master's store (--master ip:port), each with its node rank. Devices: the
         launcher reads --devices as labels of CUDA_VISIBLE_DEVICES, so both are the physical ids."""
-        argv = [sys.executable, "-m", "paddle.distributed.launch", f"--nproc_per_node={cfg.local_procs}",
-                f"--log_dir={run_dir / 'paddle_launch'}", "--max_restart=0"]
+        argv = [
+            sys.executable,
+            "-m",
+            "paddle.distributed.launch",
+            f"--nproc_per_node={cfg.local_procs}",
+            f"--log_dir={run_dir / 'paddle_launch'}",
+            "--max_restart=0",
+        ]
         if cfg.isolated_index is None and cfg.nodes > 1:
-            argv += [f"--nnodes={cfg.nodes}", f"--rank={cfg.node_rank}", f"--master={master_ip(cfg.master_addr)}:{port}"]
+            argv += [
+                f"--nnodes={cfg.nodes}",
+                f"--rank={cfg.node_rank}",
+                f"--master={master_ip(cfg.master_addr)}:{port}",
+            ]
         else:
             argv += ["--ips=127.0.0.1", f"--start_port={port}"]
         if devices:
             argv.append(f"--devices={','.join(devices)}")
         # Paddle's NCCL process groups time out after PADDLE_PG_TIMEOUT ms; its gloo ones (CPU) cannot be told.
-        env = {**self.worker_env(cfg), **device_mask(devices),
-               "PADDLE_PG_TIMEOUT": str(int(cfg.collective_timeout * 1000))}
+        env = {
+            **self.worker_env(cfg),
+            **device_mask(devices),
+            "PADDLE_PG_TIMEOUT": str(int(cfg.collective_timeout * 1000)),
+        }
         return LaunchPlan([Process(argv + [str(WORKER_SCRIPT), str(run_dir)], env)])

@@ -4,6 +4,7 @@ Gradient accumulation: the micro-batch losses are divided by their number and th
 .grad; under DataParallel every micro-step but the last runs in no_sync(), so the all-reduce runs once per
 step (the sharded optimizers reduce inside their step anyway).
 """
+
 from __future__ import annotations
 
 import math
@@ -35,12 +36,16 @@ class FleetTrainer(Trainer):
         options = PaddleOptions.from_dict(cfg.backend_options)
         self.stage = options.sharding_stage
         if self.stage >= 2 and cfg.device != "cuda":
-            raise RuntimeError(f"paddle-fleet sharding stage {self.stage} is unavailable on CPU: Paddle "
-                               f"{paddle.__version__}'s group_sharded_parallel supports only GPU/XPU devices")
+            raise RuntimeError(
+                f"paddle-fleet sharding stage {self.stage} is unavailable on CPU: Paddle "
+                f"{paddle.__version__}'s group_sharded_parallel supports only GPU/XPU devices"
+            )
         if cfg.precision in AMP_DTYPES and cfg.device != "cuda":
-            raise RuntimeError(f"paddle-fleet {cfg.precision} is unavailable on CPU: paddle.amp casts only on "
-                               f"GPU/XPU/custom devices in Paddle {paddle.__version__} (on CPU its autocast "
-                               "'makes no effect'), so the run would silently train in fp32")
+            raise RuntimeError(
+                f"paddle-fleet {cfg.precision} is unavailable on CPU: paddle.amp casts only on "
+                f"GPU/XPU/custom devices in Paddle {paddle.__version__} (on CPU its autocast "
+                "'makes no effect'), so the run would silently train in fp32"
+            )
         if cfg.device == "cuda":
             paddle.set_device(f"gpu:{os.environ.get('FLAGS_selected_gpus', '0')}")
             self.device_name = paddle.device.cuda.get_device_name()
@@ -57,20 +62,26 @@ class FleetTrainer(Trainer):
         self.amp_dtype = AMP_DTYPES.get(cfg.precision)
         self.amp_level = options.get("amp_level", "O1") if self.amp_dtype else None
         if self.amp_level == "O2":  # bf16/fp16 parameters and gradients, fp32 master weights in the optimizer
-            model, optimizer = paddle.amp.decorate(models=model, optimizers=optimizer, level="O2",
-                                                   dtype=self.amp_dtype, master_weight=True)
+            model, optimizer = paddle.amp.decorate(
+                models=model, optimizers=optimizer, level="O2", dtype=self.amp_dtype, master_weight=True
+            )
         self.gpt, self.adamw = model, optimizer  # unwrapped: for weights and state counting
-        scaler = paddle.amp.GradScaler(init_loss_scaling=2.0 ** 15) if cfg.precision == "fp16" else None
+        scaler = paddle.amp.GradScaler(init_loss_scaling=2.0**15) if cfg.precision == "fp16" else None
         if self.stage >= 2:
             from paddle.distributed.sharding import group_sharded_parallel
-            model, optimizer, scaler = group_sharded_parallel(model, optimizer, GROUP_SHARDED_LEVELS[self.stage],
-                                                              scaler=scaler)
+
+            model, optimizer, scaler = group_sharded_parallel(
+                model, optimizer, GROUP_SHARDED_LEVELS[self.stage], scaler=scaler
+            )
         else:
             # Paddle 3.3.1 wraps a 1-process model in NoPipelineParallel, which accepts only a PipelineLayer:
             # alone (world 1, the isolated counterfactual) the model runs unwrapped, with nothing to sync.
             if cfg.process_group_size > 1:
                 model = fleet.distributed_model(model)
-            optimizer, scaler = fleet.distributed_optimizer(optimizer), scaler and fleet.distributed_scaler(scaler)
+            optimizer, scaler = (
+                fleet.distributed_optimizer(optimizer),
+                scaler and fleet.distributed_scaler(scaler),
+            )
         self.model, self.optimizer, self.scaler = model, optimizer, scaler
         # DataParallel's no_sync skips the all-reduce and nothing else: a true compute-only step.
         self.can_skip_grad_sync = isinstance(model, paddle.DataParallel)
@@ -104,8 +115,10 @@ class FleetTrainer(Trainer):
     def memory(self) -> dict:
         if self.cfg.device != "cuda":
             return {}
-        return {"allocated_peak": paddle.device.cuda.max_memory_allocated(),
-                "reserved_peak": paddle.device.cuda.max_memory_reserved()}
+        return {
+            "allocated_peak": paddle.device.cuda.max_memory_allocated(),
+            "reserved_peak": paddle.device.cuda.max_memory_reserved(),
+        }
 
     def model_state_bytes(self) -> dict:
         """Counted from this rank's tensors: parameters and their .grad, and the optimizer's state_dict
@@ -119,14 +132,19 @@ class FleetTrainer(Trainer):
                     yield from state_tensors(value)
                 elif isinstance(value, paddle.Tensor):
                     yield value
-        return {"params": sum(tensor_bytes(p) for p in params),
-                "grads": sum(tensor_bytes(p.grad) for p in params if p.grad is not None),
-                "optimizer": sum(tensor_bytes(t) for t in state_tensors(self.adamw.state_dict()))}
+
+        return {
+            "params": sum(tensor_bytes(p) for p in params),
+            "grads": sum(tensor_bytes(p.grad) for p in params if p.grad is not None),
+            "optimizer": sum(tensor_bytes(t) for t in state_tensors(self.adamw.state_dict())),
+        }
 
     def final_weights(self) -> dict:
         params = dict(self.gpt.named_parameters())
-        return {name: params[name + ".weight" if name.endswith("emb") else name].astype("float32").numpy()
-                for name in self.cfg.spec.parameter_shapes()}
+        return {
+            name: params[name + ".weight" if name.endswith("emb") else name].astype("float32").numpy()
+            for name in self.cfg.spec.parameter_shapes()
+        }
 
     def versions(self) -> dict:
         out = {"paddle": paddle.__version__}

@@ -3,6 +3,7 @@
 TensorFlow has no launcher: the harness starts every worker itself, each with a TF_CONFIG naming all
 workers of the job (every node's) and its own index, and with its rank in DISTBENCH_RANK.
 """
+
 import json
 import sys
 from dataclasses import dataclass
@@ -33,14 +34,21 @@ def worker_addresses(cfg, port: int) -> list[str]:
         return []
     if cfg.nodes == 1:
         return [f"localhost:{p}" for p in local_ports(port, cfg.world_size)]
-    return [f"{host}:{port + n * cfg.gpus_per_node + i}" for n, host in enumerate(cfg.hosts)
-            for i in range(cfg.gpus_per_node)]
+    return [
+        f"{host}:{port + n * cfg.gpus_per_node + i}"
+        for n, host in enumerate(cfg.hosts)
+        for i in range(cfg.gpus_per_node)
+    ]
 
 
 @dataclass(frozen=True)
 class TFOptions(Options):
-    collective: str = option("auto", "--collective", choices=COLLECTIVES,
-                             help="the all-reduce implementation (CommunicationImplementation)")
+    collective: str = option(
+        "auto",
+        "--collective",
+        choices=COLLECTIVES,
+        help="the all-reduce implementation (CommunicationImplementation)",
+    )
     xla: bool = option(False, "--xla", help="compile forward + backward with XLA (jit_compile)")
 
 
@@ -53,13 +61,18 @@ class TFMultiWorkerMirrored(Backend):
 
     def validate(self, cfg):
         if cfg.nodes > 1 and len(cfg.hosts) != cfg.nodes:
-            raise InvalidConfig(f"tf-mwms on {cfg.nodes} nodes needs the host of every node (--hosts or --hostfile; "
-                                f"got {','.join(cfg.hosts) or 'none'}): each worker's TF_CONFIG lists all workers")
+            raise InvalidConfig(
+                f"tf-mwms on {cfg.nodes} nodes needs the host of every node (--hosts or --hostfile; "
+                f"got {','.join(cfg.hosts) or 'none'}): each worker's TF_CONFIG lists all workers"
+            )
 
     def label(self, cfg):
         opts = self.options(cfg)
-        return (self.name + ("" if opts.collective == "auto" else f"-{opts.collective}")
-                + ("-xla" if opts.xla else ""))
+        return (
+            self.name
+            + ("" if opts.collective == "auto" else f"-{opts.collective}")
+            + ("-xla" if opts.xla else "")
+        )
 
     def comm_pattern(self, cfg):
         return CommPattern("allreduce", 4)  # gradients of the fp32 variables, also under a mixed policy
@@ -72,8 +85,16 @@ class TFMultiWorkerMirrored(Backend):
         processes = []
         for i in range(cfg.local_procs):
             index = first + i
-            tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}} if workers else {}
-            env = {**self.worker_env(cfg), "TF_CONFIG": json.dumps(tf_config), "DISTBENCH_RANK": str(index),
-                   CUDA_MASK: devices[i] if devices else ""}
+            tf_config = (
+                {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
+                if workers
+                else {}
+            )
+            env = {
+                **self.worker_env(cfg),
+                "TF_CONFIG": json.dumps(tf_config),
+                "DISTBENCH_RANK": str(index),
+                CUDA_MASK: devices[i] if devices else "",
+            }
             processes.append(Process([sys.executable, str(WORKER_SCRIPT), str(run_dir)], env))
         return LaunchPlan(processes)

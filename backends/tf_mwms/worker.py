@@ -6,6 +6,7 @@ the mean over the global batch, as DDP's averaged gradients do. With gradient ac
 micro-batches add their gradients to per-replica (sync-on-read) buffers and only the final one applies
 them, so the all-reduce runs once per step.
 """
+
 from __future__ import annotations
 
 import os
@@ -23,9 +24,11 @@ from core.config import RunConfig  # noqa: E402
 from workloads.tf_model import GPT, make_optimizer  # noqa: E402
 
 POLICIES = {"bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
-COLLECTIVES = {"auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
-               "ring": tf.distribute.experimental.CommunicationImplementation.RING,
-               "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL}
+COLLECTIVES = {
+    "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
+    "ring": tf.distribute.experimental.CommunicationImplementation.RING,
+    "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
+}
 
 
 def nbytes(variable) -> int:
@@ -44,25 +47,36 @@ class MWMSTrainer(Trainer):
             keras.mixed_precision.set_global_policy(POLICIES[cfg.precision])
         opts = TFOptions.from_dict(cfg.backend_options)
         options = tf.distribute.experimental.CommunicationOptions(
-            implementation=COLLECTIVES[opts.collective],
-            timeout_seconds=cfg.collective_timeout)
+            implementation=COLLECTIVES[opts.collective], timeout_seconds=cfg.collective_timeout
+        )
         self.strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
         if len(self.strategy.extended.worker_devices) != 1:
             raise RuntimeError(f"expected one device per worker, got {self.strategy.extended.worker_devices}")
         gpus = tf.config.list_physical_devices("GPU")
-        self.device_name = tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU") \
-            if gpus else cpu_name()
+        self.device_name = (
+            tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU")
+            if gpus
+            else cpu_name()
+        )
         with self.strategy.scope():
             self.model = GPT(cfg.spec, cfg.activation_checkpointing).load_spec_weights(cfg.seed)
             self.optimizer = make_optimizer(self.model)
             if cfg.precision == "fp16":
                 self.optimizer = keras.optimizers.LossScaleOptimizer(self.optimizer)
                 self.optimizer.build(self.model.trainable_variables)
-            self.grad_buffers = [
-                tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False,
-                            synchronization=tf.VariableSynchronization.ON_READ,
-                            aggregation=tf.VariableAggregation.SUM)
-                for v in self.model.trainable_variables] if cfg.grad_accum > 1 else []
+            self.grad_buffers = (
+                [
+                    tf.Variable(
+                        tf.zeros(v.shape, v.dtype),
+                        trainable=False,
+                        synchronization=tf.VariableSynchronization.ON_READ,
+                        aggregation=tf.VariableAggregation.SUM,
+                    )
+                    for v in self.model.trainable_variables
+                ]
+                if cfg.grad_accum > 1
+                else []
+            )
         self.loss_scale = self.optimizer.scale_loss if cfg.precision == "fp16" else (lambda loss: loss)
         self.gradients = tf.function(self.replica_gradients, jit_compile=opts.xla)
         self.accumulate = tf.function(lambda x, y: self.strategy.run(self.replica_accumulate, args=(x, y)))
@@ -103,8 +117,9 @@ class MWMSTrainer(Trainer):
         all-reduced, so one worker could skip while another applies. Poisoning every replica's gradients
         when any replica overflowed makes all of them take the same branch (one scalar all-reduce)."""
         finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
-        overflows = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM,
-                                                                   1.0 - tf.cast(finite, tf.float32))
+        overflows = tf.distribute.get_replica_context().all_reduce(
+            tf.distribute.ReduceOp.SUM, 1.0 - tf.cast(finite, tf.float32)
+        )
         return tf.cond(overflows == 0, lambda: grads, lambda: [g + np.float32("nan") for g in grads])
 
     # ---------------------------------------------------------------------------------- Trainer interface
@@ -126,9 +141,11 @@ class MWMSTrainer(Trainer):
         loss scale). Gradients are not variables: the accumulation buffers when accumulating, else the
         transient gradients of one step, sized as the trainable variables they are gradients of."""
         trainable = self.model.trainable_variables
-        return {"params": sum(nbytes(v) for v in self.model.variables),
-                "grads": sum(nbytes(v) for v in (self.grad_buffers or trainable)),
-                "optimizer": sum(nbytes(v) for v in self.optimizer.variables)}
+        return {
+            "params": sum(nbytes(v) for v in self.model.variables),
+            "grads": sum(nbytes(v) for v in (self.grad_buffers or trainable)),
+            "optimizer": sum(nbytes(v) for v in self.optimizer.variables),
+        }
 
     def final_weights(self) -> dict:
         return {name: np.asarray(v.numpy(), np.float32) for name, v in self.model.spec_variables().items()}

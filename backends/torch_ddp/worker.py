@@ -1,4 +1,5 @@
 """torch-ddp worker: DDP over the spec's GPT; gradient accumulation skips the all-reduce with no_sync."""
+
 from contextlib import nullcontext
 
 from torch.nn.parallel import DistributedDataParallel as DDP

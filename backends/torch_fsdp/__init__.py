@@ -4,6 +4,7 @@ Parameters, gradients and AdamW state are all sharded (ZeRO-3 in FSDP's terms). 
 MixedPrecisionPolicy: the sharded parameters, gradients and moments stay fp32, and FSDP casts parameters to
 the low precision when it all-gathers them, so the collectives move low-precision elements.
 """
+
 from dataclasses import dataclass
 
 from backends.base import Backend, CommPattern, Options, on_off, option, torchrun
@@ -14,11 +15,16 @@ ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 @dataclass(frozen=True)
 class FSDPOptions(Options):
     reshard_after_forward: bool = option(
-        True, "--reshard-after-forward", choices=("on", "off"), parse=on_off,
+        True,
+        "--reshard-after-forward",
+        choices=("on", "off"),
+        parse=on_off,
         help="free each block's gathered parameters after forward and gather them again for backward (on: "
-             "less memory), or keep them (off)")
-    fp32_reduce: bool = option(False, "--fp32-reduce", help="with bf16/fp16: reduce-scatter gradients in fp32 "
-                               "(reduce_dtype)")
+        "less memory), or keep them (off)",
+    )
+    fp32_reduce: bool = option(
+        False, "--fp32-reduce", help="with bf16/fp16: reduce-scatter gradients in fp32 (reduce_dtype)"
+    )
 
 
 class TorchFSDP(Backend):
@@ -33,8 +39,11 @@ class TorchFSDP(Backend):
 
     def label(self, cfg):
         opts = self.options(cfg)
-        return (self.name + ("" if opts.reshard_after_forward else "-noreshard")
-                + ("-fp32reduce" if opts.fp32_reduce and cfg.precision != "fp32" else ""))
+        return (
+            self.name
+            + ("" if opts.reshard_after_forward else "-noreshard")
+            + ("-fp32reduce" if opts.fp32_reduce and cfg.precision != "fp32" else "")
+        )
 
     def sharding(self, cfg):
         return "parameters"
@@ -46,8 +55,9 @@ class TorchFSDP(Backend):
         opts = self.options(cfg)
         gather = ELEMENT_BYTES[cfg.precision]
         reduce = 4 if opts.fp32_reduce else gather
-        return CommPattern("sharded", gather, reduce if reduce != gather else 0,
-                           2 if opts.reshard_after_forward else 1)
+        return CommPattern(
+            "sharded", gather, reduce if reduce != gather else 0, 2 if opts.reshard_after_forward else 1
+        )
 
     def launch(self, cfg, run_dir, port, devices):
         return torchrun(self, cfg, run_dir, port, devices)

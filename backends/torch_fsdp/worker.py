@@ -4,6 +4,7 @@ The root's own parameters are tok_emb, pos_emb and ln_f. The LM head has no para
 tok_emb.weight (tied), so the root's unit gathers it once and both the embedding lookup and the head use
 that one gathered tensor, and their gradients add up in its single sharded gradient.
 """
+
 from contextlib import nullcontext
 
 import torch
@@ -21,8 +22,9 @@ class FSDPTrainer(TorchTrainer):
         self.init_process_group()
         opts = FSDPOptions.from_dict(cfg.backend_options)
         model = self.build_model()
-        policy = MixedPrecisionPolicy(param_dtype=self.amp_dtype,
-                                      reduce_dtype=torch.float32 if opts.fp32_reduce else self.amp_dtype)
+        policy = MixedPrecisionPolicy(
+            param_dtype=self.amp_dtype, reduce_dtype=torch.float32 if opts.fp32_reduce else self.amp_dtype
+        )
         for block in model.blocks:
             fully_shard(block, reshard_after_forward=opts.reshard_after_forward, mp_policy=policy)
         fully_shard(model, mp_policy=policy)  # the root keeps its parameters gathered until backward anyway

@@ -4,6 +4,7 @@ Per-run figures come from harness.analyze.metrics.summarize (recomputed from the
 uses the current definitions); this module only groups runs and compares them: median and spread over
 repeats, speedup and scaling efficiency against N = 1, memory ratio, and a noise flag.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -31,23 +32,45 @@ def run_row(record: dict) -> dict:
     allocated = s["peak_allocated_bytes"]
     key = config_key(record)
     return {
-        "run_id": record["run_id"], "status": record["status"], "error": error.get("message"),
-        "sweep_id": sweep.get("id"), "repeat": sweep.get("repeat"),
-        "backend": cfg["backend"], "label": key.label, "framework": info.get("framework"),
-        "sharding": info.get("sharding"), "workload": key.workload, "precision": key.precision,
-        "device": device_name(record), "device_type": cfg["device"], "host": env.get("harness_host"),
-        "scaling": key.scaling, "batch": key.batch, "settings": key.settings, "world_size": key.world_size,
-        "threads_per_worker": cfg["threads_per_worker"], "steps": cfg["steps"],
-        "throughput": s["throughput_tokens_per_s"], "per_device_throughput": s["per_device_tokens_per_s"],
-        "t_step_s": s["step_time_s"]["median"], "t_step_p10_s": s["step_time_s"]["p10"],
-        "t_step_p90_s": s["step_time_s"]["p90"], "t_compute_s": s["t_compute_s"],
-        "compute_method": s["compute_method"], "exposed_comm_ratio": s["exposed_comm_ratio"],
-        "comm_bytes_per_rank": s["comm_bytes_per_rank_per_step"], "busbw_bytes_per_s": s["implied_busbw_bytes_per_s"],
+        "run_id": record["run_id"],
+        "status": record["status"],
+        "error": error.get("message"),
+        "sweep_id": sweep.get("id"),
+        "repeat": sweep.get("repeat"),
+        "backend": cfg["backend"],
+        "label": key.label,
+        "framework": info.get("framework"),
+        "sharding": info.get("sharding"),
+        "workload": key.workload,
+        "precision": key.precision,
+        "device": device_name(record),
+        "device_type": cfg["device"],
+        "host": env.get("harness_host"),
+        "scaling": key.scaling,
+        "batch": key.batch,
+        "settings": key.settings,
+        "world_size": key.world_size,
+        "threads_per_worker": cfg["threads_per_worker"],
+        "steps": cfg["steps"],
+        "throughput": s["throughput_tokens_per_s"],
+        "per_device_throughput": s["per_device_tokens_per_s"],
+        "t_step_s": s["step_time_s"]["median"],
+        "t_step_p10_s": s["step_time_s"]["p10"],
+        "t_step_p90_s": s["step_time_s"]["p90"],
+        "t_compute_s": s["t_compute_s"],
+        "compute_method": s["compute_method"],
+        "exposed_comm_ratio": s["exposed_comm_ratio"],
+        "comm_bytes_per_rank": s["comm_bytes_per_rank_per_step"],
+        "busbw_bytes_per_s": s["implied_busbw_bytes_per_s"],
         "peak_memory_bytes": allocated if allocated is not None else s["peak_rss_bytes"],
         "peak_memory_source": "allocator" if allocated is not None else "rss",
-        "model_state_bytes": s["model_state_bytes_per_rank"], "model_state_analytic": s["model_state_bytes_analytic"],
-        "mfu": s["mfu"], "loss_first": s["loss_first"], "loss_last": s["loss_last"],
-        "start_time": env.get("start_time"), "git_commit": (env.get("git") or {}).get("commit"),
+        "model_state_bytes": s["model_state_bytes_per_rank"],
+        "model_state_analytic": s["model_state_bytes_analytic"],
+        "mfu": s["mfu"],
+        "loss_first": s["loss_first"],
+        "loss_last": s["loss_last"],
+        "start_time": env.get("start_time"),
+        "git_commit": (env.get("git") or {}).get("commit"),
     }
 
 
@@ -76,19 +99,28 @@ def group_row(runs: pd.DataFrame) -> pd.Series:
     tput = ok["throughput"].dropna()
     # Sample coefficient of variation over repeats: unknowable from one repeat (NaN, never "quiet").
     cv = float(tput.std(ddof=1) / tput.mean()) if len(tput) > 1 else np.nan
-    return pd.Series({
-        "backend": runs["backend"].iloc[0], "sharding": runs["sharding"].iloc[0],
-        "runs": len(ok), "failed": len(runs) - len(ok),
-        "throughput": median(tput), "throughput_min": tput.min() if len(tput) else np.nan,
-        "throughput_max": tput.max() if len(tput) else np.nan, "throughput_cv": cv,
-        "per_device_throughput": median(ok["per_device_throughput"]), "t_step_s": median(ok["t_step_s"]),
-        "exposed_comm_ratio": median(ok["exposed_comm_ratio"]), "busbw_bytes_per_s": median(ok["busbw_bytes_per_s"]),
-        "comm_bytes_per_rank": median(ok["comm_bytes_per_rank"]),
-        "peak_memory_bytes": median(ok["peak_memory_bytes"]),
-        "peak_memory_source": ok["peak_memory_source"].iloc[0] if len(ok) else None,
-        "model_state_bytes": median(ok["model_state_bytes"]), "model_state_analytic": median(ok["model_state_analytic"]),
-        "mfu": median(ok["mfu"]),
-    })
+    return pd.Series(
+        {
+            "backend": runs["backend"].iloc[0],
+            "sharding": runs["sharding"].iloc[0],
+            "runs": len(ok),
+            "failed": len(runs) - len(ok),
+            "throughput": median(tput),
+            "throughput_min": tput.min() if len(tput) else np.nan,
+            "throughput_max": tput.max() if len(tput) else np.nan,
+            "throughput_cv": cv,
+            "per_device_throughput": median(ok["per_device_throughput"]),
+            "t_step_s": median(ok["t_step_s"]),
+            "exposed_comm_ratio": median(ok["exposed_comm_ratio"]),
+            "busbw_bytes_per_s": median(ok["busbw_bytes_per_s"]),
+            "comm_bytes_per_rank": median(ok["comm_bytes_per_rank"]),
+            "peak_memory_bytes": median(ok["peak_memory_bytes"]),
+            "peak_memory_source": ok["peak_memory_source"].iloc[0] if len(ok) else None,
+            "model_state_bytes": median(ok["model_state_bytes"]),
+            "model_state_analytic": median(ok["model_state_analytic"]),
+            "mfu": median(ok["mfu"]),
+        }
+    )
 
 
 def aggregate(runs: pd.DataFrame, noise_cv: float = DEFAULT_NOISE_CV) -> pd.DataFrame:
@@ -108,7 +140,9 @@ def aggregate(runs: pd.DataFrame, noise_cv: float = DEFAULT_NOISE_CV) -> pd.Data
     base_tput = base["throughput"].reindex(keys).to_numpy(dtype=float)
     agg["speedup"] = agg["throughput"] / base_tput
     agg["efficiency"] = agg["speedup"] / agg["world_size"]
-    agg["memory_ratio"] = agg["peak_memory_bytes"] / base["peak_memory_bytes"].reindex(keys).to_numpy(dtype=float)
+    agg["memory_ratio"] = agg["peak_memory_bytes"] / base["peak_memory_bytes"].reindex(keys).to_numpy(
+        dtype=float
+    )
     base_noisy = base["noisy"].reindex(keys).fillna(False).to_numpy(dtype=bool)
     agg["speedup_noisy"] = agg["noisy"].to_numpy(dtype=bool) | base_noisy
     return agg
@@ -116,5 +150,7 @@ def aggregate(runs: pd.DataFrame, noise_cv: float = DEFAULT_NOISE_CV) -> pd.Data
 
 def contexts(agg: pd.DataFrame) -> list[tuple[dict, pd.DataFrame]]:
     """The comparable slices of an aggregate table: same workload, precision, device, scaling and batch."""
-    return [(dict(zip(CONTEXT_KEYS, key)), g.reset_index(drop=True))
-            for key, g in agg.groupby(CONTEXT_KEYS, sort=True, dropna=False)]
+    return [
+        (dict(zip(CONTEXT_KEYS, key)), g.reset_index(drop=True))
+        for key, g in agg.groupby(CONTEXT_KEYS, sort=True, dropna=False)
+    ]

@@ -25,6 +25,7 @@ Runs are matched on (backend label, workload, N, precision, device kind, scaling
 Exit codes: 0 no regression; 1 a regression, or a candidate run failing where the baseline ran;
 2 bad input (missing files, schema mismatch, nothing matched, different device kinds without --force).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,7 +35,6 @@ from math import comb
 from pathlib import Path
 
 import numpy as np
-
 from scipy.stats import mannwhitneyu
 
 from core.records import ConfigKey, config_key, device_name, write_json_atomic
@@ -50,11 +50,19 @@ STATISTICS = {"median": np.median, "min": np.min}
 # Settings and versions that, when they differ between the sides, are named next to the result: either the
 # environment changed (the comparison may be measuring it) or the work itself did.
 ENV_FIELDS = ("device_kind", "python", "cpu_count", "threads_per_worker")
-CONFIG_FIELDS = ("micro_batch", "grad_accum", "spec", "activation_checkpointing", "backend_options",
-                 "compute_method", "step_delay_s")
+CONFIG_FIELDS = (
+    "micro_batch",
+    "grad_accum",
+    "spec",
+    "activation_checkpointing",
+    "backend_options",
+    "compute_method",
+    "step_delay_s",
+)
 
 
 # ---- matching -----------------------------------------------------------------------------------------
+
 
 def run_key(run: dict, device: str | None = None) -> ConfigKey:
     """The match key; `device` overrides the run's own ("*" to match across devices)."""
@@ -81,6 +89,7 @@ def group(base: list[dict], cand: list[dict], any_device: bool) -> tuple[dict, d
         for r in runs:
             out.setdefault(key(r), []).append(r)
         return out
+
     return by_key(base), by_key(cand)
 
 
@@ -91,12 +100,15 @@ def check_devices(base: list[dict], cand: list[dict]) -> None:
         kinds_b = {device_name(r) for r in b[key]} - {None}
         kinds_c = {device_name(r) for r in c[key]} - {None}
         if kinds_b and kinds_c and not kinds_b & kinds_c:
-            raise InputError(f"{key.text()}: baseline ran on {', '.join(sorted(kinds_b))} but candidate on "
-                             f"{', '.join(sorted(kinds_c))}; timings from different devices are not comparable "
-                             f"(pass --force to compare anyway)")
+            raise InputError(
+                f"{key.text()}: baseline ran on {', '.join(sorted(kinds_b))} but candidate on "
+                f"{', '.join(sorted(kinds_c))}; timings from different devices are not comparable "
+                f"(pass --force to compare anyway)"
+            )
 
 
 # ---- statistics ---------------------------------------------------------------------------------------
+
 
 def min_attainable_p(n1: int, n2: int) -> float:
     """The smallest two-sided p-value the exact Mann-Whitney U test can give for these sample sizes."""
@@ -105,7 +117,7 @@ def min_attainable_p(n1: int, n2: int) -> float:
 
 @dataclass
 class Significance:
-    test: str              # "mann-whitney-u" | "range-overlap"
+    test: str  # "mann-whitney-u" | "range-overlap"
     p_value: float | None  # None for the range fall-back
     significant: bool
 
@@ -124,7 +136,9 @@ def significance(base: list[float], cand: list[float], alpha: float) -> Signific
     return Significance("range-overlap", None, disjoint)
 
 
-def step_samples(base_runs: list[dict], cand_runs: list[dict], statistic: str) -> tuple[list[float], list[float], str]:
+def step_samples(
+    base_runs: list[dict], cand_runs: list[dict], statistic: str
+) -> tuple[list[float], list[float], str]:
     """The step-time samples both sides are tested on, and their unit (see the module docstring)."""
     if min(len(base_runs), len(cand_runs)) >= MIN_REPEATS:
         per_run = lambda runs: [float(STATISTICS[statistic](r["step_times_s"])) for r in runs]  # noqa: E731
@@ -133,7 +147,9 @@ def step_samples(base_runs: list[dict], cand_runs: list[dict], statistic: str) -
     return pool(base_runs), pool(cand_runs), "steps"
 
 
-def verdict(change: float | None, limit: float, significant: bool = True, higher_is_better: bool = False) -> str:
+def verdict(
+    change: float | None, limit: float, significant: bool = True, higher_is_better: bool = False
+) -> str:
     if change is None:
         return "n/a"
     worse = -change if higher_is_better else change
@@ -156,7 +172,10 @@ def median_of(runs: list[dict], field: str) -> float | None:
 
 def memory_field(runs: list[dict]) -> tuple[str, str]:
     """Per-rank peak memory: the allocator's peak on a GPU, the process RSS on a CPU."""
-    if all(r["config"].get("device") == "cuda" for r in runs) and median_of(runs, "peak_allocated_bytes") is not None:
+    if (
+        all(r["config"].get("device") == "cuda" for r in runs)
+        and median_of(runs, "peak_allocated_bytes") is not None
+    ):
         return "peak_allocated_bytes", "peak allocated / rank"
     return "peak_rss_bytes", "peak RSS / rank"
 
@@ -164,8 +183,16 @@ def memory_field(runs: list[dict]) -> tuple[str, str]:
 def compare_throughput(base_runs, cand_runs, threshold, alpha, statistic) -> dict:
     b, c, unit = step_samples(base_runs, cand_runs, statistic)
     if not b or not c:
-        return {"metric": "throughput_tokens_per_s", "label": "throughput", "unit": "tokens/s", "baseline": None,
-                "candidate": None, "change": None, "detail": "no step samples", "verdict": "n/a"}
+        return {
+            "metric": "throughput_tokens_per_s",
+            "label": "throughput",
+            "unit": "tokens/s",
+            "baseline": None,
+            "candidate": None,
+            "change": None,
+            "detail": "no step samples",
+            "verdict": "n/a",
+        }
     sig = significance(b, c, alpha)
     # The step time of a side: the median of its per-run values, or the statistic of its pooled steps.
     center = np.median if unit != "steps" else STATISTICS[statistic]
@@ -173,29 +200,55 @@ def compare_throughput(base_runs, cand_runs, threshold, alpha, statistic) -> dic
     tp_b = base_runs[0]["summary"]["tokens_per_step"] / t_b
     tp_c = cand_runs[0]["summary"]["tokens_per_step"] / t_c
     change = relative(tp_b, tp_c)
-    return {"metric": "throughput_tokens_per_s", "label": "throughput", "unit": "tokens/s",
-            "baseline": tp_b, "candidate": tp_c, "change": change,
-            "baseline_step_time_s": t_b, "candidate_step_time_s": t_c, "step_time_change": relative(t_b, t_c),
-            "samples": unit, "n_baseline": len(b), "n_candidate": len(c), "baseline_samples": b, "candidate_samples": c,
-            "test": sig.test, "p_value": sig.p_value, "significant": sig.significant,
-            "detail": f"{sig.describe()} ({len(b)} vs {len(c)} {unit})",
-            "verdict": verdict(change, threshold, sig.significant, higher_is_better=True)}
+    return {
+        "metric": "throughput_tokens_per_s",
+        "label": "throughput",
+        "unit": "tokens/s",
+        "baseline": tp_b,
+        "candidate": tp_c,
+        "change": change,
+        "baseline_step_time_s": t_b,
+        "candidate_step_time_s": t_c,
+        "step_time_change": relative(t_b, t_c),
+        "samples": unit,
+        "n_baseline": len(b),
+        "n_candidate": len(c),
+        "baseline_samples": b,
+        "candidate_samples": c,
+        "test": sig.test,
+        "p_value": sig.p_value,
+        "significant": sig.significant,
+        "detail": f"{sig.describe()} ({len(b)} vs {len(c)} {unit})",
+        "verdict": verdict(change, threshold, sig.significant, higher_is_better=True),
+    }
 
 
 def compare_memory(base_runs, cand_runs, field, label, limit) -> dict:
     b, c = median_of(base_runs, field), median_of(cand_runs, field)
     change = relative(b, c)
-    return {"metric": field, "label": label, "unit": "bytes", "baseline": b, "candidate": c, "change": change,
-            "detail": "threshold only", "verdict": verdict(change, limit)}
+    return {
+        "metric": field,
+        "label": label,
+        "unit": "bytes",
+        "baseline": b,
+        "candidate": c,
+        "change": change,
+        "detail": "threshold only",
+        "verdict": verdict(change, limit),
+    }
 
 
 def env_differences(base_runs: list[dict], cand_runs: list[dict]) -> list[str]:
     """'name: baseline value(s) -> candidate value(s)' for every environment or work setting that differs."""
+
     def values(runs, get):
         return ", ".join(sorted({str(get(r)) for r in runs}))
+
     getters = [(f, lambda r, f=f: r["environment"].get(f)) for f in ENV_FIELDS]
     names = sorted({k for r in base_runs + cand_runs for k in r["environment"].get("versions", {})})
-    getters += [(n, lambda r, n=n: r["environment"].get("versions", {}).get(n)) for n in names if n != "python"]
+    getters += [
+        (n, lambda r, n=n: r["environment"].get("versions", {}).get(n)) for n in names if n != "python"
+    ]
     getters += [(f, lambda r, f=f: r["config"].get(f)) for f in CONFIG_FIELDS]
     out = []
     for name, get in getters:
@@ -207,22 +260,32 @@ def env_differences(base_runs: list[dict], cand_runs: list[dict]) -> list[str]:
 
 # ---- the comparison -----------------------------------------------------------------------------------
 
+
 def side_info(path: Path, runs: list[dict]) -> dict:
     commits = sorted({(r["environment"].get("git") or {}).get("commit") or "unknown" for r in runs})
     return {"path": str(path), "runs": len(runs), "commits": commits}
 
 
-def compare_runs(base: list[dict], cand: list[dict], threshold: float = DEFAULT_THRESHOLD,
-                 alpha: float = DEFAULT_ALPHA, memory_threshold: float = DEFAULT_MEMORY_THRESHOLD,
-                 statistic: str = "median", force: bool = False, sources: tuple = ("baseline", "candidate")) -> dict:
+def compare_runs(
+    base: list[dict],
+    cand: list[dict],
+    threshold: float = DEFAULT_THRESHOLD,
+    alpha: float = DEFAULT_ALPHA,
+    memory_threshold: float = DEFAULT_MEMORY_THRESHOLD,
+    statistic: str = "median",
+    force: bool = False,
+    sources: tuple = ("baseline", "candidate"),
+) -> dict:
     """The whole comparison as a JSON-able dict; raises InputError when there is nothing to compare."""
     if not force:
         check_devices(base, cand)
     gb, gc = group(base, cand, force)
     shared = sorted(gb.keys() & gc.keys())
     if not shared:
-        raise InputError(f"nothing matched: baseline has {'; '.join(k.text() for k in sorted(gb)) or 'no runs'}, "
-                         f"candidate has {'; '.join(k.text() for k in sorted(gc)) or 'no runs'}")
+        raise InputError(
+            f"nothing matched: baseline has {'; '.join(k.text() for k in sorted(gb)) or 'no runs'}, "
+            f"candidate has {'; '.join(k.text() for k in sorted(gc)) or 'no runs'}"
+        )
     comparisons, not_compared = [], []
     for key in shared:
         ok_b = [r for r in gb[key] if r["status"] == "ok"]
@@ -230,39 +293,62 @@ def compare_runs(base: list[dict], cand: list[dict], threshold: float = DEFAULT_
         for side, runs in (("baseline", gb[key]), ("candidate", gc[key])):
             for r in runs:
                 if r["status"] != "ok":
-                    not_compared.append({
-                        "side": side, "key": key.text(), "run_id": r["run_id"], "status": r["status"],
-                        "error": (r.get("error") or {}).get("message"),
-                        "newly_failing": side == "candidate" and bool(ok_b)})
+                    not_compared.append(
+                        {
+                            "side": side,
+                            "key": key.text(),
+                            "run_id": r["run_id"],
+                            "status": r["status"],
+                            "error": (r.get("error") or {}).get("message"),
+                            "newly_failing": side == "candidate" and bool(ok_b),
+                        }
+                    )
         if not (ok_b and ok_c):
             continue
         field, label = memory_field(ok_b + ok_c)
-        comparisons.append({
-            "key": key.text(), "match": dataclasses.asdict(key),
-            "metrics": [compare_throughput(ok_b, ok_c, threshold, alpha, statistic),
-                        compare_memory(ok_b, ok_c, field, label, memory_threshold),
-                        compare_memory(ok_b, ok_c, "model_state_bytes_per_rank", "model state / rank",
-                                       memory_threshold)],
-            "environment_differences": env_differences(ok_b, ok_c),
-            "baseline_runs": [r["run_id"] for r in ok_b], "candidate_runs": [r["run_id"] for r in ok_c],
-        })
+        comparisons.append(
+            {
+                "key": key.text(),
+                "match": dataclasses.asdict(key),
+                "metrics": [
+                    compare_throughput(ok_b, ok_c, threshold, alpha, statistic),
+                    compare_memory(ok_b, ok_c, field, label, memory_threshold),
+                    compare_memory(
+                        ok_b, ok_c, "model_state_bytes_per_rank", "model state / rank", memory_threshold
+                    ),
+                ],
+                "environment_differences": env_differences(ok_b, ok_c),
+                "baseline_runs": [r["run_id"] for r in ok_b],
+                "candidate_runs": [r["run_id"] for r in ok_c],
+            }
+        )
     verdicts = [m["verdict"] for c in comparisons for m in c["metrics"]]
     regressions = verdicts.count("regression")
     newly_failing = sum(n["newly_failing"] for n in not_compared)
     return {
         "result": "regression" if (regressions or newly_failing) else "ok",
-        "regressions": regressions, "improvements": verdicts.count("improvement"),
+        "regressions": regressions,
+        "improvements": verdicts.count("improvement"),
         "newly_failing": newly_failing,
-        "baseline": side_info(sources[0], base), "candidate": side_info(sources[1], cand),
-        "settings": {"threshold": threshold, "alpha": alpha, "memory_threshold": memory_threshold,
-                     "statistic": statistic, "min_repeats": MIN_REPEATS, "force": force},
-        "comparisons": comparisons, "not_compared": not_compared,
+        "baseline": side_info(sources[0], base),
+        "candidate": side_info(sources[1], cand),
+        "settings": {
+            "threshold": threshold,
+            "alpha": alpha,
+            "memory_threshold": memory_threshold,
+            "statistic": statistic,
+            "min_repeats": MIN_REPEATS,
+            "force": force,
+        },
+        "comparisons": comparisons,
+        "not_compared": not_compared,
         "only_in_baseline": [k.text() for k in sorted(gb.keys() - gc.keys())],
         "only_in_candidate": [k.text() for k in sorted(gc.keys() - gb.keys())],
     }
 
 
 # ---- output -------------------------------------------------------------------------------------------
+
 
 def fmt_value(metric: dict, side: str) -> str:
     value = metric.get(side)
@@ -276,33 +362,46 @@ def fmt_value(metric: dict, side: str) -> str:
 def markdown(result: dict) -> str:
     s = result["settings"]
     headline = {"ok": "no regression", "regression": "REGRESSION"}[result["result"]]
-    counts = (f"{result['regressions']} regression(s), {result['improvements']} improvement(s)"
-              + (f", {result['newly_failing']} newly failing run(s)" if result["newly_failing"] else "")
-              + f" in {len(result['comparisons'])} matched configuration(s)")
+    counts = (
+        f"{result['regressions']} regression(s), {result['improvements']} improvement(s)"
+        + (f", {result['newly_failing']} newly failing run(s)" if result["newly_failing"] else "")
+        + f" in {len(result['comparisons'])} matched configuration(s)"
+    )
     side = lambda d: f"`{d['path']}` ({d['runs']} runs; commit {', '.join(c[:10] for c in d['commits'])})"  # noqa: E731
-    lines = [f"### distbench compare: {headline}", "", counts + ".", "",
-             f"Baseline {side(result['baseline'])} vs candidate {side(result['candidate'])}. "
-             f"A regression is throughput down by more than {s['threshold']:.0%} with significantly different "
-             f"step times (alpha {s['alpha']}; step time of a run: its {s['statistic']}), or peak memory / model state up by more than "
-             f"{s['memory_threshold']:.0%}.", "",
-             "| configuration | metric | baseline | candidate | change | test | verdict |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"### distbench compare: {headline}",
+        "",
+        counts + ".",
+        "",
+        f"Baseline {side(result['baseline'])} vs candidate {side(result['candidate'])}. "
+        f"A regression is throughput down by more than {s['threshold']:.0%} with significantly different "
+        f"step times (alpha {s['alpha']}; step time of a run: its {s['statistic']}), or peak memory / model state up by more than "
+        f"{s['memory_threshold']:.0%}.",
+        "",
+        "| configuration | metric | baseline | candidate | change | test | verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for c in result["comparisons"]:
         note = " †" if c["environment_differences"] else ""
         for i, m in enumerate(c["metrics"]):
             change = "n/a" if m.get("change") is None else f"{m['change']:+.1%}"
             v = f"**{m['verdict']}**" if m["verdict"] == "regression" else m["verdict"]
-            lines.append(f"| {c['key'] + note if i == 0 else ''} | {m['label']} | {fmt_value(m, 'baseline')} | "
-                         f"{fmt_value(m, 'candidate')} | {change} | {m['detail']} | {v} |")
+            lines.append(
+                f"| {c['key'] + note if i == 0 else ''} | {m['label']} | {fmt_value(m, 'baseline')} | "
+                f"{fmt_value(m, 'candidate')} | {change} | {m['detail']} | {v} |"
+            )
     diffs = [c for c in result["comparisons"] if c["environment_differences"]]
     if diffs:
         lines += ["", "† Environment or settings differ (baseline -> candidate):"]
         lines += [f"- {c['key']}: " + "; ".join(c["environment_differences"]) for c in diffs]
     if result["not_compared"]:
         lines += ["", "Runs not compared (status is not ok):"]
-        lines += [f"- {n['side']} `{n['run_id']}` ({n['key']}): {n['status']}"
-                  + (f": {n['error']}" if n["error"] else "") + (" — **newly failing**" if n["newly_failing"] else "")
-                  for n in result["not_compared"]]
+        lines += [
+            f"- {n['side']} `{n['run_id']}` ({n['key']}): {n['status']}"
+            + (f": {n['error']}" if n["error"] else "")
+            + (" — **newly failing**" if n["newly_failing"] else "")
+            for n in result["not_compared"]
+        ]
     for side_name in ("baseline", "candidate"):
         unmatched = result[f"only_in_{side_name}"]
         if unmatched:
@@ -312,11 +411,20 @@ def markdown(result: dict) -> str:
 
 # ---- command line -------------------------------------------------------------------------------------
 
+
 def cmd_compare(args) -> int:
     try:
         base, cand = load_all([args.baseline]), load_all([args.candidate])
-        result = compare_runs(base, cand, args.threshold, args.alpha, args.memory_threshold, args.statistic,
-                              args.force, (args.baseline, args.candidate))
+        result = compare_runs(
+            base,
+            cand,
+            args.threshold,
+            args.alpha,
+            args.memory_threshold,
+            args.statistic,
+            args.force,
+            (args.baseline, args.candidate),
+        )
     except InputError as exc:
         raise UsageError(str(exc)) from None
     print(markdown(result), end="")
@@ -326,18 +434,38 @@ def cmd_compare(args) -> int:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("compare", help="regression gate: compare candidate runs with a baseline",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "compare",
+        help="regression gate: compare candidate runs with a baseline",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("baseline", type=Path, help="run record, directory of records, or saved baseline")
     p.add_argument("candidate", type=Path, help="run record, directory of records, or saved baseline")
-    p.add_argument("--threshold", type=fraction, default=DEFAULT_THRESHOLD,
-                   help=f"relative throughput loss that counts, e.g. 0.05 or 5%% (default {DEFAULT_THRESHOLD:.0%}%)")
-    p.add_argument("--alpha", type=fraction, default=DEFAULT_ALPHA,
-                   help=f"significance level of the Mann-Whitney U test (default {DEFAULT_ALPHA})")
-    p.add_argument("--memory-threshold", type=fraction, default=DEFAULT_MEMORY_THRESHOLD,
-                   help=f"relative growth of peak memory or model state that counts (default {DEFAULT_MEMORY_THRESHOLD:.0%}%)")
-    p.add_argument("--statistic", choices=list(STATISTICS), default="median",
-                   help="step time of a run: its median (default) or its fastest step (steadier on a shared machine)")
+    p.add_argument(
+        "--threshold",
+        type=fraction,
+        default=DEFAULT_THRESHOLD,
+        help=f"relative throughput loss that counts, e.g. 0.05 or 5%% (default {DEFAULT_THRESHOLD:.0%}%)",
+    )
+    p.add_argument(
+        "--alpha",
+        type=fraction,
+        default=DEFAULT_ALPHA,
+        help=f"significance level of the Mann-Whitney U test (default {DEFAULT_ALPHA})",
+    )
+    p.add_argument(
+        "--memory-threshold",
+        type=fraction,
+        default=DEFAULT_MEMORY_THRESHOLD,
+        help=f"relative growth of peak memory or model state that counts (default {DEFAULT_MEMORY_THRESHOLD:.0%}%)",
+    )
+    p.add_argument(
+        "--statistic",
+        choices=list(STATISTICS),
+        default="median",
+        help="step time of a run: its median (default) or its fastest step (steadier on a shared machine)",
+    )
     p.add_argument("--force", action="store_true", help="compare runs from different device kinds")
     p.add_argument("--json", type=Path, help="also write the full comparison as JSON here")
     p.set_defaults(func=cmd_compare)

@@ -4,6 +4,7 @@ Each record knows the commit it ran at (environment.git.commit, with a dirty fla
 runs of one commit are aggregated (median, min, max) and commits are ordered by their first run, so the
 table reads as the project's timeline. A dirty tree is its own row: it is not the commit it sits on.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -39,21 +40,30 @@ def metric_value(summary: dict, name: str):
 
 def select(runs: list[dict], args) -> list[dict]:
     """The runs of exactly one configuration; several left after the filters is a usage error."""
+
     def wanted(r):
         cfg = r["config"]
-        return (args.backend in (r["backend_info"].get("label"), cfg["backend"])
-                and args.workload == workload_name(cfg) and cfg["world_size"] == args.gpus
-                and (args.precision is None or cfg["precision"] == args.precision)
-                and (args.scaling is None or cfg.get("scaling") == args.scaling)
-                and (args.device_kind is None or r["environment"].get("device_kind") == args.device_kind))
+        return (
+            args.backend in (r["backend_info"].get("label"), cfg["backend"])
+            and args.workload == workload_name(cfg)
+            and cfg["world_size"] == args.gpus
+            and (args.precision is None or cfg["precision"] == args.precision)
+            and (args.scaling is None or cfg.get("scaling") == args.scaling)
+            and (args.device_kind is None or r["environment"].get("device_kind") == args.device_kind)
+        )
+
     chosen = [r for r in runs if wanted(r)]
     if not chosen:
-        raise InputError(f"no records for backend {args.backend}, workload {args.workload}, {args.gpus} GPU(s) "
-                         f"with these filters among {len(runs)} record(s)")
+        raise InputError(
+            f"no records for backend {args.backend}, workload {args.workload}, {args.gpus} GPU(s) "
+            f"with these filters among {len(runs)} record(s)"
+        )
     keys = sorted({run_key(r) for r in chosen if device_name(r)})
     if len(keys) > 1:
-        raise InputError(f"several configurations match: {'; '.join(k.text() for k in keys)}; narrow with "
-                         f"--backend LABEL, --precision, --scaling or --device-kind")
+        raise InputError(
+            f"several configurations match: {'; '.join(k.text() for k in keys)}; narrow with "
+            f"--backend LABEL, --precision, --scaling or --device-kind"
+        )
     return chosen
 
 
@@ -73,31 +83,46 @@ def history_rows(runs: list[dict], metric: str) -> list[dict]:
         values = [metric_value(r["summary"], metric) for r in group if r["status"] == "ok"]
         values = [v for v in values if v is not None]
         median = float(np.median(values)) if values else None
-        rows.append({"commit": commit, "first_run": group[0]["environment"]["start_time"], "runs": len(group),
-                     "failed": sum(r["status"] != "ok" for r in group), "median": median,
-                     "min": min(values) if values else None, "max": max(values) if values else None,
-                     "change": median / previous - 1 if (median is not None and previous) else None})
+        rows.append(
+            {
+                "commit": commit,
+                "first_run": group[0]["environment"]["start_time"],
+                "runs": len(group),
+                "failed": sum(r["status"] != "ok" for r in group),
+                "median": median,
+                "min": min(values) if values else None,
+                "max": max(values) if values else None,
+                "change": median / previous - 1 if (median is not None and previous) else None,
+            }
+        )
         previous = median if median is not None else previous
     return rows
 
 
 def markdown(label: str, metric: str, rows: list[dict]) -> str:
     num = lambda x: "n/a" if x is None else f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.4g}"  # noqa: E731
-    lines = [f"### {metric}: {label}", "",
-             "| commit | first run | runs (failed) | median | min | max | change vs previous |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"### {metric}: {label}",
+        "",
+        "| commit | first run | runs (failed) | median | min | max | change vs previous |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         change = "" if r["change"] is None else f"{r['change']:+.1%}"
-        lines.append(f"| {r['commit']} | {r['first_run']} | {r['runs']} ({r['failed']}) | {num(r['median'])} | "
-                     f"{num(r['min'])} | {num(r['max'])} | {change} |")
+        lines.append(
+            f"| {r['commit']} | {r['first_run']} | {r['runs']} ({r['failed']}) | {num(r['median'])} | "
+            f"{num(r['min'])} | {num(r['max'])} | {change} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def plot(label: str, metric: str, rows: list[dict], path: Path) -> None:
     """Median per commit with its min-max range; written to a temp file and renamed (never half a PNG)."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     rows = [r for r in rows if r["median"] is not None]
     x = np.arange(len(rows))
     med = np.array([r["median"] for r in rows])
@@ -134,7 +159,9 @@ def cmd_history(args) -> int:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("history", help="one metric of one configuration across git commits")
-    p.add_argument("records", nargs="*", type=Path, help="record files, directories or baselines (default: results/)")
+    p.add_argument(
+        "records", nargs="*", type=Path, help="record files, directories or baselines (default: results/)"
+    )
     p.add_argument("--backend", required=True, help="backend name or label (e.g. deepspeed-zero2)")
     p.add_argument("--workload", required=True, help="workload preset")
     p.add_argument("--gpus", type=positive, required=True)

@@ -2,6 +2,7 @@
 
 Reports, sweeps and compare all call `summarize`; no backend computes a metric of its own.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -39,13 +40,25 @@ def stats(xs: list[float]) -> dict:
     if not xs:
         return {"median": None, "p10": None, "p90": None, "mean": None, "min": None, "max": None, "n": 0}
     a = np.asarray(xs, float)
-    return {"median": float(np.median(a)), "p10": float(np.percentile(a, 10)),
-            "p90": float(np.percentile(a, 90)), "mean": float(a.mean()), "min": float(a.min()),
-            "max": float(a.max()), "n": int(a.size)}
+    return {
+        "median": float(np.median(a)),
+        "p10": float(np.percentile(a, 10)),
+        "p90": float(np.percentile(a, 90)),
+        "mean": float(a.mean()),
+        "min": float(a.min()),
+        "max": float(a.max()),
+        "n": int(a.size),
+    }
 
 
-def comm_bytes_per_rank(kind: str, n_params: int, dtype_bytes: int, world: int, reduce_dtype_bytes: int = 0,
-                        param_gathers: int = 2) -> float:
+def comm_bytes_per_rank(
+    kind: str,
+    n_params: int,
+    dtype_bytes: int,
+    world: int,
+    reduce_dtype_bytes: int = 0,
+    param_gathers: int = 2,
+) -> float:
     """Analytic bytes each rank sends per step: ring all-reduce 2(N-1)/N x G; sharded data parallel
     (FSDP, ZeRO-3) 3(N-1)/N x P (all-gather params forward and backward, reduce-scatter grads), with
     `param_gathers` all-gathers and the gradients in `reduce_dtype_bytes` where those differ."""
@@ -58,9 +71,13 @@ def comm_bytes_per_rank(kind: str, n_params: int, dtype_bytes: int, world: int, 
 
 def comm_volume_method(pattern: dict) -> str:
     """How the volume was obtained, spelled out where a sharded pattern departs from 3 equal transfers."""
-    if pattern["kind"] == "sharded" and (pattern.get("reduce_dtype_bytes") or pattern.get("param_gathers", 2) != 2):
-        return (f"analytic sharded ({pattern.get('param_gathers', 2)} all-gather(s) of {pattern['dtype_bytes']}-byte "
-                f"params, reduce-scatter of {pattern.get('reduce_dtype_bytes') or pattern['dtype_bytes']}-byte grads)")
+    if pattern["kind"] == "sharded" and (
+        pattern.get("reduce_dtype_bytes") or pattern.get("param_gathers", 2) != 2
+    ):
+        return (
+            f"analytic sharded ({pattern.get('param_gathers', 2)} all-gather(s) of {pattern['dtype_bytes']}-byte "
+            f"params, reduce-scatter of {pattern.get('reduce_dtype_bytes') or pattern['dtype_bytes']}-byte grads)"
+        )
     return f"analytic {pattern['kind']} ({pattern['dtype_bytes']}-byte elements)"
 
 
@@ -78,8 +95,10 @@ def summarize(record: dict) -> dict:
     throughput = tokens_per_step / t_step if t_step else None
 
     method = record.get("comm", {}).get("t_compute_method", "none")
-    compute_series = {"no_sync": per_step_max(ranks, "compute_only_step_times"),
-                      "isolated": per_step_max(record.get("isolated_ranks", []), "step_times")}.get(method, [])
+    compute_series = {
+        "no_sync": per_step_max(ranks, "compute_only_step_times"),
+        "isolated": per_step_max(record.get("isolated_ranks", []), "step_times"),
+    }.get(method, [])
     t_compute = stats(compute_series)["median"]
     exposed = None
     if world == 1:
@@ -88,8 +107,14 @@ def summarize(record: dict) -> dict:
         exposed = max(0.0, (t_step - t_compute) / t_step)
 
     pattern = info.get("comm_pattern", {"kind": "allreduce", "dtype_bytes": 4})
-    volume = comm_bytes_per_rank(pattern["kind"], spec.n_params, pattern["dtype_bytes"], world,
-                                 pattern.get("reduce_dtype_bytes", 0), pattern.get("param_gathers", 2))
+    volume = comm_bytes_per_rank(
+        pattern["kind"],
+        spec.n_params,
+        pattern["dtype_bytes"],
+        world,
+        pattern.get("reduce_dtype_bytes", 0),
+        pattern.get("param_gathers", 2),
+    )
     exposed_s = (t_step - t_compute) if (t_step and t_compute and t_step > t_compute) else None
     busbw = volume / exposed_s if (volume and exposed_s) else None
 
@@ -104,8 +129,9 @@ def summarize(record: dict) -> dict:
         values = [v for v in values if v is not None]
         return max(values) if values else None
 
-    analytic_state = spec.model_state_bytes(cfg["precision"], info.get("precision_scheme"),
-                                            info.get("sharding", "none"), world)
+    analytic_state = spec.model_state_bytes(
+        cfg["precision"], info.get("precision_scheme"), info.get("sharding", "none"), world
+    )
     measured_state = rank_max("model_state_bytes", "total")
     data_wait = stats(per_step_max(ranks, "data_wait"))["median"]
     return {
@@ -129,8 +155,9 @@ def summarize(record: dict) -> dict:
         "device_peak_flops": peak,
         "mfu": mfu,
         "peak_rss_bytes": rank_max("memory", "peak_rss"),
-        "minor_faults_per_step": max((r["minor_faults_per_step"] for r in ranks if "minor_faults_per_step" in r),
-                                     default=None),
+        "minor_faults_per_step": max(
+            (r["minor_faults_per_step"] for r in ranks if "minor_faults_per_step" in r), default=None
+        ),
         "peak_allocated_bytes": rank_max("memory", "allocated_peak"),
         "peak_reserved_bytes": rank_max("memory", "reserved_peak"),
         "nvml_used_bytes": rank_max("memory", "nvml_used"),

@@ -5,6 +5,7 @@ Markdown (PR comment, terminal) or one self-contained HTML file (plots embedded 
 Every number comes from harness.analyze.analysis (which builds on harness.analyze.metrics.summarize); this module only
 formats. The selection advice is assembled from the measured figures, never canned per backend.
 """
+
 from __future__ import annotations
 
 import base64
@@ -43,6 +44,7 @@ class Figure:
 @dataclass
 class Section:
     """A heading and its blocks (paragraph strings, Tables, Figures), rendered alike to md and html."""
+
     title: str
     level: int = 2
     blocks: list = field(default_factory=list)
@@ -69,40 +71,72 @@ def nbytes(x) -> str:
 
 # ------------------------------------------------------------------------------------------------- sections
 def context_title(ctx: dict) -> str:
-    return (f"{ctx['workload']} · {ctx['precision']} · {ctx['device']} · {ctx['scaling']} scaling ({ctx['batch']}) · "
-            f"{ctx['settings']}")
+    return (
+        f"{ctx['workload']} · {ctx['precision']} · {ctx['device']} · {ctx['scaling']} scaling ({ctx['batch']}) · "
+        f"{ctx['settings']}"
+    )
 
 
-SCALING_HEADERS = ["backend", "N", "runs", "throughput tok/s median [min–max]", "CV over repeats", "speedup",
-                   "scaling efficiency", "peak memory/rank", "memory ratio vs N=1", "model state/rank",
-                   "exposed comm", "implied busbw", "MFU"]
+SCALING_HEADERS = [
+    "backend",
+    "N",
+    "runs",
+    "throughput tok/s median [min–max]",
+    "CV over repeats",
+    "speedup",
+    "scaling efficiency",
+    "peak memory/rank",
+    "memory ratio vs N=1",
+    "model state/rank",
+    "exposed comm",
+    "implied busbw",
+    "MFU",
+]
 
 
 def scaling_table(agg: pd.DataFrame) -> Table:
     rows = []
     for r in agg.itertuples():
         if not r.runs:
-            rows.append([r.label, str(r.world_size), f"0 ok, {r.failed} failed", *["n/a"] * (len(SCALING_HEADERS) - 3)])
+            rows.append(
+                [
+                    r.label,
+                    str(r.world_size),
+                    f"0 ok, {r.failed} failed",
+                    *["n/a"] * (len(SCALING_HEADERS) - 3),
+                ]
+            )
             continue
-        cv = "n/a (1 run)" if value(r.throughput_cv) is None else pct(r.throughput_cv, 1) + (" NOISY" if r.noisy else "")
+        cv = (
+            "n/a (1 run)"
+            if value(r.throughput_cv) is None
+            else pct(r.throughput_cv, 1) + (" NOISY" if r.noisy else "")
+        )
         mark = " (noisy)" if r.speedup_noisy else ""
-        rows.append([
-            r.label, str(r.world_size), f"{r.runs} ok" + (f", {r.failed} failed" if r.failed else ""),
-            f"{num(r.throughput)} [{num(r.throughput_min)}–{num(r.throughput_max)}]", cv,
-            num(r.speedup, "{:.2f}x") + (mark if value(r.speedup) is not None else ""),
-            pct(r.efficiency) + (mark if value(r.efficiency) is not None else ""),
-            f"{nbytes(r.peak_memory_bytes)} ({r.peak_memory_source or 'n/a'})", num(r.memory_ratio, "{:.2f}"),
-            f"{nbytes(r.model_state_bytes)} ({num(r.model_state_vs_analytic, '{:.3f}')}x analytic)",
-            pct(r.exposed_comm_ratio, 1),
-            nbytes(r.busbw_bytes_per_s) + "/s" if value(r.busbw_bytes_per_s) is not None else "n/a",
-            pct(r.mfu, 1),
-        ])
+        rows.append(
+            [
+                r.label,
+                str(r.world_size),
+                f"{r.runs} ok" + (f", {r.failed} failed" if r.failed else ""),
+                f"{num(r.throughput)} [{num(r.throughput_min)}–{num(r.throughput_max)}]",
+                cv,
+                num(r.speedup, "{:.2f}x") + (mark if value(r.speedup) is not None else ""),
+                pct(r.efficiency) + (mark if value(r.efficiency) is not None else ""),
+                f"{nbytes(r.peak_memory_bytes)} ({r.peak_memory_source or 'n/a'})",
+                num(r.memory_ratio, "{:.2f}"),
+                f"{nbytes(r.model_state_bytes)} ({num(r.model_state_vs_analytic, '{:.3f}')}x analytic)",
+                pct(r.exposed_comm_ratio, 1),
+                nbytes(r.busbw_bytes_per_s) + "/s" if value(r.busbw_bytes_per_s) is not None else "n/a",
+                pct(r.mfu, 1),
+            ]
+        )
     return Table(SCALING_HEADERS, rows)
 
 
 def figures(agg: pd.DataFrame) -> list[Figure]:
     """The five plots of one context, one line (or bar group) per backend label."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -143,8 +177,13 @@ def figures(agg: pd.DataFrame) -> list[Figure]:
     width = 0.8 / len(labels)
     for i, label in enumerate(labels):
         g = agg[agg["label"] == label].set_index("world_size").reindex(ns)
-        err = [(g["throughput"] - g["throughput_min"]).fillna(0), (g["throughput_max"] - g["throughput"]).fillna(0)]
-        ax.bar([k + i * width for k in range(len(ns))], g["throughput"], width, yerr=err, capsize=3, label=label)
+        err = [
+            (g["throughput"] - g["throughput_min"]).fillna(0),
+            (g["throughput_max"] - g["throughput"]).fillna(0),
+        ]
+        ax.bar(
+            [k + i * width for k in range(len(ns))], g["throughput"], width, yerr=err, capsize=3, label=label
+        )
     ax.set(title="Throughput by backend", xlabel="N (ranks)", ylabel="tokens/s (median, min–max bars)")
     ax.set_xticks([k + width * (len(labels) - 1) / 2 for k in range(len(ns))], [str(n) for n in ns])
     ax.grid(alpha=0.3, axis="y")
@@ -157,40 +196,57 @@ def advice(r, at: pd.DataFrame, ref_label: str | None, noise_cv: float) -> str:
     """One plain sentence on when to pick this backend, from its numbers at this N against the others'."""
     best = at.loc[at["throughput"].idxmax()]
     rel = r.throughput / best["throughput"]
-    facts = [f"fastest at N={r.world_size} ({rel:.2f}x of best)" if r.label == best["label"]
-             else f"{rel:.2f}x the throughput of {best['label']} at N={r.world_size}"]
+    facts = [
+        f"fastest at N={r.world_size} ({rel:.2f}x of best)"
+        if r.label == best["label"]
+        else f"{rel:.2f}x the throughput of {best['label']} at N={r.world_size}"
+    ]
     states = at.dropna(subset=["model_state_bytes"])
     ref = states[states["label"] == ref_label]
     if value(r.model_state_bytes) is not None and len(ref) and r.label != ref_label:
-        facts.append(f"{r.model_state_bytes / ref['model_state_bytes'].iloc[0]:.0%} of {ref_label}'s per-rank model state")
+        facts.append(
+            f"{r.model_state_bytes / ref['model_state_bytes'].iloc[0]:.0%} of {ref_label}'s per-rank model state"
+        )
     if r.world_size > 1 and value(r.exposed_comm_ratio) is not None:
         facts.append(f"{r.exposed_comm_ratio:.0%} of the step is exposed communication")
     if r.world_size > 1 and value(r.efficiency) is not None:
         facts.append(f"scaling efficiency {r.efficiency:.0%}")
 
     fast = rel >= 1 - noise_cv  # within the noise threshold of the best: not distinguishable from it
-    lean = (len(states) > 1 and value(r.model_state_bytes) is not None
-            and r.model_state_bytes <= 1.1 * states["model_state_bytes"].min()
-            and states["model_state_bytes"].max() > 1.1 * states["model_state_bytes"].min())
+    lean = (
+        len(states) > 1
+        and value(r.model_state_bytes) is not None
+        and r.model_state_bytes <= 1.1 * states["model_state_bytes"].min()
+        and states["model_state_bytes"].max() > 1.1 * states["model_state_bytes"].min()
+    )
     comm = at.dropna(subset=["exposed_comm_ratio"])
-    least_comm = (len(comm) > 1 and value(r.exposed_comm_ratio) is not None
-                  and r.exposed_comm_ratio <= comm["exposed_comm_ratio"].min() + 0.02)
+    least_comm = (
+        len(comm) > 1
+        and value(r.exposed_comm_ratio) is not None
+        and r.exposed_comm_ratio <= comm["exposed_comm_ratio"].min() + 0.02
+    )
     if fast and lean:
         verdict = "pick it: fastest and leanest here"
     elif fast:
         verdict = "pick it when throughput matters and the model fits in memory"
     elif lean:
-        faster = states[(states["throughput"] > r.throughput)
-                        & (states["model_state_bytes"] <= 1.1 * states["model_state_bytes"].min())]
+        faster = states[
+            (states["throughput"] > r.throughput)
+            & (states["model_state_bytes"] <= 1.1 * states["model_state_bytes"].min())
+        ]
         verdict = "pick it when memory is the constraint" + (
             f", though {faster['label'].iloc[0]} is as lean and {faster['throughput'].iloc[0] / r.throughput:.2f}x"
-            " faster" if len(faster) else "")
+            " faster"
+            if len(faster)
+            else ""
+        )
     elif least_comm:
         verdict = "consider it when communication dominates (least exposed communication here)"
     else:
         leanest = states.loc[states["model_state_bytes"].idxmin(), "label"] if len(states) else None
-        verdict = (f"no measured advantage at N={r.world_size}: {best['label']} is faster"
-                   + (f" and {leanest} holds less model state" if leanest and leanest != r.label else ""))
+        verdict = f"no measured advantage at N={r.world_size}: {best['label']} is faster" + (
+            f" and {leanest} holds less model state" if leanest and leanest != r.label else ""
+        )
     noisy = f" (noisy: CV {r.throughput_cv:.0%} over repeats, re-measure before deciding)" if r.noisy else ""
     return f"{r.label}: {', '.join(facts)}: {verdict}{noisy}."
 
@@ -209,20 +265,42 @@ def selection(ctx: dict, agg: pd.DataFrame, at_gpus: int | None, noise_cv: float
     sec = Section(f"Framework selection at N={n}: {context_title(ctx)}", 3)
     at = agg[(agg["world_size"] == n) & (agg["runs"] > 0)].sort_values("throughput", ascending=False)
     if at.empty:
-        sec.blocks.append(f"No successful run at N={n}; measured N: {', '.join(map(str, measured)) or 'none'}.")
+        sec.blocks.append(
+            f"No successful run at N={n}; measured N: {', '.join(map(str, measured)) or 'none'}."
+        )
         return sec
     ref_label = memory_reference(at)
     best, low_mem = at["throughput"].max(), at["peak_memory_bytes"].min()
     rows = []
     for rank, r in enumerate(at.itertuples(), 1):
         ref_state = at.loc[at["label"] == ref_label, "model_state_bytes"]
-        rows.append([str(rank), r.label, f"{num(r.throughput)} ({r.throughput / best:.2f}x)", pct(r.efficiency),
-                     f"{nbytes(r.peak_memory_bytes)} ({num(r.peak_memory_bytes / low_mem, '{:.2f}')}x lowest)",
-                     f"{nbytes(r.model_state_bytes)} ({num(r.model_state_bytes / ref_state.iloc[0], '{:.2f}')}x {ref_label})"
-                     if len(ref_state) else nbytes(r.model_state_bytes),
-                     pct(r.exposed_comm_ratio, 1)])
-    sec.blocks.append(Table(["rank", "backend", "throughput tok/s (x best)", "scaling efficiency",
-                             "peak memory/rank", "model state/rank", "exposed comm"], rows))
+        rows.append(
+            [
+                str(rank),
+                r.label,
+                f"{num(r.throughput)} ({r.throughput / best:.2f}x)",
+                pct(r.efficiency),
+                f"{nbytes(r.peak_memory_bytes)} ({num(r.peak_memory_bytes / low_mem, '{:.2f}')}x lowest)",
+                f"{nbytes(r.model_state_bytes)} ({num(r.model_state_bytes / ref_state.iloc[0], '{:.2f}')}x {ref_label})"
+                if len(ref_state)
+                else nbytes(r.model_state_bytes),
+                pct(r.exposed_comm_ratio, 1),
+            ]
+        )
+    sec.blocks.append(
+        Table(
+            [
+                "rank",
+                "backend",
+                "throughput tok/s (x best)",
+                "scaling efficiency",
+                "peak memory/rank",
+                "model state/rank",
+                "exposed comm",
+            ],
+            rows,
+        )
+    )
     sec.blocks.extend(advice(r, at, ref_label, noise_cv) for r in at.itertuples())
     return sec
 
@@ -234,18 +312,46 @@ def feature_section(runs: pd.DataFrame) -> Section:
         f = b.features()
         ok, reason = b.availability()
         variants = sorted(runs.loc[runs["backend"] == b.name, "label"].unique()) if len(runs) else []
-        rows.append([b.name, f["framework"], f["launcher"], ", ".join(f["sharding"]), f["mixed_precision"],
-                     "yes" if f["multi_node"] else "no", ", ".join(f["compute_methods"]),
-                     "yes" if ok else f"no: {reason}", ", ".join(variants) or "none"])
-    return Section("Features of each adapter", 2, [Table(
-        ["backend", "framework", "launcher", "sharding", "mixed precision", "multi-node", "t_compute methods",
-         "available here", "measured variants"], rows)])
+        rows.append(
+            [
+                b.name,
+                f["framework"],
+                f["launcher"],
+                ", ".join(f["sharding"]),
+                f["mixed_precision"],
+                "yes" if f["multi_node"] else "no",
+                ", ".join(f["compute_methods"]),
+                "yes" if ok else f"no: {reason}",
+                ", ".join(variants) or "none",
+            ]
+        )
+    return Section(
+        "Features of each adapter",
+        2,
+        [
+            Table(
+                [
+                    "backend",
+                    "framework",
+                    "launcher",
+                    "sharding",
+                    "mixed precision",
+                    "multi-node",
+                    "t_compute methods",
+                    "available here",
+                    "measured variants",
+                ],
+                rows,
+            )
+        ],
+    )
 
 
 def environment_section(records: list[dict]) -> Section:
     def distinct(get) -> str:
         values = sorted({str(v) for v in map(get, records) if v not in (None, "", [], {})})
         return "; ".join(values) or "n/a"
+
     env = [r.get("environment", {}) for r in records]
     versions = sorted({f"{k} {v}" for e in env for k, v in (e.get("versions") or {}).items()})
     starts = sorted(e["start_time"] for e in env if e.get("start_time"))
@@ -256,7 +362,14 @@ def environment_section(records: list[dict]) -> Section:
         ["threads per worker", distinct(lambda r: r["config"]["threads_per_worker"])],
         ["platform", distinct(lambda r: r["environment"].get("platform"))],
         ["framework versions", ", ".join(versions) or "n/a"],
-        ["git commit", distinct(lambda r: (lambda g: g.get("commit") and g["commit"][:10] + (" (dirty)" if g.get("dirty") else ""))(r["environment"].get("git") or {}))],
+        [
+            "git commit",
+            distinct(
+                lambda r: (
+                    lambda g: g.get("commit") and g["commit"][:10] + (" (dirty)" if g.get("dirty") else "")
+                )(r["environment"].get("git") or {})
+            ),
+        ],
         ["measured", f"{starts[0]} to {starts[-1]}" if starts else "n/a"],
     ]
     return Section("Environment", 2, [Table(["", ""], rows)])
@@ -266,19 +379,25 @@ def build(records: list[dict], at_gpus: int | None, noise_cv: float, with_figure
     runs = runs_table(records)
     agg = aggregate(runs, noise_cv)
     ok = int((runs["status"] == "ok").sum())
-    intro = Section("distbench report", 1, [
-        f"{len(runs)} run record(s): {ok} ok, {len(runs) - ok} failed. Generated "
-        f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC.",
-        "Throughput is the median over repeats (separate launches) of each run's median step; speedup = "
-        "throughput(N) / throughput(1) of the same backend; efficiency = speedup / N; memory ratio = per-rank "
-        "peak at N / at 1; exposed comm = (t_step − t_compute) / t_step. "
-        f"Rows whose repeats vary by more than CV {noise_cv:.0%} are marked NOISY, and so is every speedup "
-        "computed from them.",
-    ])
+    intro = Section(
+        "distbench report",
+        1,
+        [
+            f"{len(runs)} run record(s): {ok} ok, {len(runs) - ok} failed. Generated "
+            f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC.",
+            "Throughput is the median over repeats (separate launches) of each run's median step; speedup = "
+            "throughput(N) / throughput(1) of the same backend; efficiency = speedup / N; memory ratio = per-rank "
+            "peak at N / at 1; exposed comm = (t_step − t_compute) / t_step. "
+            f"Rows whose repeats vary by more than CV {noise_cv:.0%} are marked NOISY, and so is every speedup "
+            "computed from them.",
+        ],
+    )
     if (runs["device_type"] == "cpu").any():
-        intro.blocks.append("CPU runs: N counts worker processes sharing one machine's cores, so speedup shows how "
-                            "a stack shares a CPU, not how it scales on GPUs; per-rank peak memory is process RSS "
-                            "(framework runtime included); MFU is n/a (no device peak for a CPU).")
+        intro.blocks.append(
+            "CPU runs: N counts worker processes sharing one machine's cores, so speedup shows how "
+            "a stack shares a CPU, not how it scales on GPUs; per-rank peak memory is process RSS "
+            "(framework runtime included); MFU is n/a (no device peak for a CPU)."
+        )
     sections = [intro, environment_section(records)]
     for ctx, g in contexts(agg):
         sec = Section(f"Scaling: {context_title(ctx)}", 2, [scaling_table(g)])
@@ -287,17 +406,46 @@ def build(records: list[dict], at_gpus: int | None, noise_cv: float, with_figure
         sections.append(sec)
     failed = runs[runs["status"] != "ok"]
     if len(failed):
-        sections.append(Section("Failed runs", 2, [Table(["run", "backend", "N", "status", "error"], [
-            [r.run_id, r.label, str(r.world_size), r.status, str(r.error)] for r in failed.itertuples()])]))
+        sections.append(
+            Section(
+                "Failed runs",
+                2,
+                [
+                    Table(
+                        ["run", "backend", "N", "status", "error"],
+                        [
+                            [r.run_id, r.label, str(r.world_size), r.status, str(r.error)]
+                            for r in failed.itertuples()
+                        ],
+                    )
+                ],
+            )
+        )
     measured = set(runs.loc[runs["status"] == "ok", "backend"])
-    missing = [f"{b.name} ({'available, but no ok run in these records' if ok_ else 'unavailable here: ' + why})"
-               for b in all_backends() for ok_, why in [b.availability()] if b.name not in measured]
+    missing = [
+        f"{b.name} ({'available, but no ok run in these records' if ok_ else 'unavailable here: ' + why})"
+        for b in all_backends()
+        for ok_, why in [b.availability()]
+        if b.name not in measured
+    ]
     if missing:
-        sections.append(Section("Not measured", 2, ["Registered backends without a successful run: "
-                                                    + "; ".join(missing) + "."]))
-    sections.append(Section("Framework selection", 2, [
-        "Backends at one N, ranked by throughput, with their memory and communication; each sentence is "
-        "derived from the numbers in its row."]))
+        sections.append(
+            Section(
+                "Not measured",
+                2,
+                ["Registered backends without a successful run: " + "; ".join(missing) + "."],
+            )
+        )
+    sections.append(
+        Section(
+            "Framework selection",
+            2,
+            [
+                "Backends at one N, ranked by throughput, with their memory and communication; each sentence is "
+                "derived from the numbers in its row."
+            ],
+        )
+    )
     sections += [selection(ctx, g, at_gpus, noise_cv) for ctx, g in contexts(agg)]
     sections.append(feature_section(runs))
     return sections
@@ -307,6 +455,7 @@ def build(records: list[dict], at_gpus: int | None, noise_cv: float, with_figure
 def render_md(sections: list[Section]) -> str:
     def cell(s: str) -> str:
         return str(s).replace("|", "\\|").replace("\n", " ")
+
     out = []
     for sec in sections:
         out.append("#" * sec.level + " " + sec.title + "\n")
@@ -330,19 +479,26 @@ th{background:#f0f0f0}figure{display:inline-block;margin:0.5em}figcaption{font-s
 
 def render_html(sections: list[Section]) -> str:
     e = html.escape
-    out = ["<!DOCTYPE html>", "<html lang='en'><head><meta charset='utf-8'><title>distbench report</title>",
-           f"<style>{CSS}</style></head><body>"]
+    out = [
+        "<!DOCTYPE html>",
+        "<html lang='en'><head><meta charset='utf-8'><title>distbench report</title>",
+        f"<style>{CSS}</style></head><body>",
+    ]
     for sec in sections:
         out.append(f"<h{sec.level}>{e(sec.title)}</h{sec.level}>")
         for block in sec.blocks:
             if isinstance(block, Table):
                 head = "".join(f"<th>{e(h)}</th>" for h in block.headers)
-                body = "".join("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in row) + "</tr>" for row in block.rows)
+                body = "".join(
+                    "<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in row) + "</tr>" for row in block.rows
+                )
                 out.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
             elif isinstance(block, Figure):
                 data = base64.b64encode(block.png).decode("ascii")
-                out.append(f"<figure><img alt='{e(block.title)}' src='data:image/png;base64,{data}'>"
-                           f"<figcaption>{e(block.title)}</figcaption></figure>")
+                out.append(
+                    f"<figure><img alt='{e(block.title)}' src='data:image/png;base64,{data}'>"
+                    f"<figcaption>{e(block.title)}</figcaption></figure>"
+                )
             else:
                 out.append(f"<p>{e(block)}</p>")
     out.append("</body></html>")
@@ -353,7 +509,9 @@ def render_html(sections: list[Section]) -> str:
 def load(paths: list[Path]) -> list[dict]:
     records = load_records(paths)
     if not records:
-        raise UsageError(f"no run records in {', '.join(map(str, paths))}; run `harness run` or `harness sweep` first")
+        raise UsageError(
+            f"no run records in {', '.join(map(str, paths))}; run `harness run` or `harness sweep` first"
+        )
     return records
 
 
@@ -372,8 +530,21 @@ def cmd_report(args) -> int:
     return EXIT_OK
 
 
-RESULT_COLUMNS = ["run_id", "status", "label", "workload", "precision", "device", "scaling", "batch", "world_size",
-                  "repeat", "throughput", "exposed_comm_ratio", "peak_memory_bytes"]
+RESULT_COLUMNS = [
+    "run_id",
+    "status",
+    "label",
+    "workload",
+    "precision",
+    "device",
+    "scaling",
+    "batch",
+    "world_size",
+    "repeat",
+    "throughput",
+    "exposed_comm_ratio",
+    "peak_memory_bytes",
+]
 
 
 def cmd_results(args) -> int:
@@ -394,21 +565,36 @@ def cmd_results(args) -> int:
 
 def register(subparsers) -> None:
     def common(p):
-        p.add_argument("paths", nargs="*", type=Path, default=[DEFAULT_OUT],
-                       help="record files or directories (default: results/)")
-        p.add_argument("--noise-cv", type=fraction, default=DEFAULT_NOISE_CV,
-                       help="flag a backend x N as noisy when its repeats' coefficient of variation exceeds this")
+        p.add_argument(
+            "paths",
+            nargs="*",
+            type=Path,
+            default=[DEFAULT_OUT],
+            help="record files or directories (default: results/)",
+        )
+        p.add_argument(
+            "--noise-cv",
+            type=fraction,
+            default=DEFAULT_NOISE_CV,
+            help="flag a backend x N as noisy when its repeats' coefficient of variation exceeds this",
+        )
 
     p = subparsers.add_parser("report", help="scaling tables, plots and framework selection from run records")
     common(p)
     p.add_argument("--format", choices=FORMATS, default="md")
-    p.add_argument("--output", type=Path, help="file to write (default: stdout for md, <results>/report.html for html)")
-    p.add_argument("--at-gpus", type=positive, help="N for the framework selection (default: the largest measured)")
+    p.add_argument(
+        "--output", type=Path, help="file to write (default: stdout for md, <results>/report.html for html)"
+    )
+    p.add_argument(
+        "--at-gpus", type=positive, help="N for the framework selection (default: the largest measured)"
+    )
     p.set_defaults(func=cmd_report)
 
     p = subparsers.add_parser("results", help="the tidy table of run records (one row per run), or export it")
     common(p)
     p.add_argument("--csv", type=Path, help="write the table as CSV")
     p.add_argument("--parquet", type=Path, help="write the table as Parquet")
-    p.add_argument("--aggregate", action="store_true", help="one row per backend x N x context instead of per run")
+    p.add_argument(
+        "--aggregate", action="store_true", help="one row per backend x N x context instead of per run"
+    )
     p.set_defaults(func=cmd_results)

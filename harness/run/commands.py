@@ -32,8 +32,10 @@ def cmd_run(args) -> int:
     if cfg.node_rank:  # another node's harness only runs its launcher; node 0 writes the record
         node = run_node(backend, cfg, args.out / "logs" / args.run_id, sys.argv)
         done = not node["timed_out"] and all(rc == 0 for rc in node["returncodes"])
-        print(f"node {cfg.node_rank}: launcher exit codes {node['returncodes']}{' (timed out)' if node['timed_out'] else ''}; "
-              f"node 0 writes the record {args.out / (args.run_id + '.json')}")
+        print(
+            f"node {cfg.node_rank}: launcher exit codes {node['returncodes']}{' (timed out)' if node['timed_out'] else ''}; "
+            f"node 0 writes the record {args.out / (args.run_id + '.json')}"
+        )
         return EXIT_OK if done else EXIT_FAILED
     record = execute(backend, cfg, args.out, sys.argv, run_id=args.run_id)
     print_summary(record)
@@ -54,8 +56,16 @@ def cmd_list(args) -> int:
     for col in ("workload", "parameters", "layers", "d_model", "heads", "seq_len", "vocab", "FLOPs/token"):
         table.add_column(col, justify="right")
     for name, s in PRESETS.items():
-        table.add_row(name, f"{s.n_params:,}", str(s.n_layers), str(s.d_model), str(s.n_heads), str(s.seq_len),
-                      str(s.vocab_size), f"{s.flops_per_token:.3g}")
+        table.add_row(
+            name,
+            f"{s.n_params:,}",
+            str(s.n_layers),
+            str(s.d_model),
+            str(s.n_heads),
+            str(s.seq_len),
+            str(s.vocab_size),
+            f"{s.flops_per_token:.3g}",
+        )
     console.print(table)
     return EXIT_OK
 
@@ -67,8 +77,12 @@ def cmd_collect(args) -> int:
     for other in args.more:
         if not Path(other).is_dir():
             raise UsageError(f"{other}: no such directory")
-        shutil.copytree(other, run_dir, dirs_exist_ok=True,
-                        ignore=lambda d, names, top=Path(other): ["config.json"] if Path(d) == top else [])
+        shutil.copytree(
+            other,
+            run_dir,
+            dirs_exist_ok=True,
+            ignore=lambda d, names, top=Path(other): ["config.json"] if Path(d) == top else [],
+        )
     cfg = RunConfig.from_dict(json.loads((run_dir / "config.json").read_text()))
     out_dir = run_dir.parent.parent
     record = write_record(get_backend(cfg.backend), cfg, out_dir, run_dir.name, wait=False)
@@ -80,14 +94,24 @@ def cmd_collect(args) -> int:
 def register(subparsers) -> None:
     run = subparsers.add_parser("run", help="launch one run and write its record")
     run.add_argument("--backend", required=True, help=", ".join(backend_names()))
-    run.add_argument("--gpus", type=positive, help="ranks in all: GPUs, or CPU workers without a GPU (default: "
-                     "nodes x --gpus-per-node, else 1)")
+    run.add_argument(
+        "--gpus",
+        type=positive,
+        help="ranks in all: GPUs, or CPU workers without a GPU (default: nodes x --gpus-per-node, else 1)",
+    )
     run.add_argument("--run-id", help="this run's id; a multi-node run needs the same one on every node")
     add_run_arguments(run)
     run.set_defaults(func=cmd_run)
-    subparsers.add_parser("list", help="backends (with availability) and workloads").set_defaults(func=cmd_list)
-    p = subparsers.add_parser("collect", help="write a multi-node run's record from its run dir(s), e.g. "
-                                              "after copying the nodes' run dirs together")
+    subparsers.add_parser("list", help="backends (with availability) and workloads").set_defaults(
+        func=cmd_list
+    )
+    p = subparsers.add_parser(
+        "collect",
+        help="write a multi-node run's record from its run dir(s), e.g. "
+        "after copying the nodes' run dirs together",
+    )
     p.add_argument("run_dir", type=Path, help="OUT/logs/<run_id> on node 0 (the record goes to OUT)")
-    p.add_argument("more", nargs="*", type=Path, help="other nodes' copies of the run dir, merged into it first")
+    p.add_argument(
+        "more", nargs="*", type=Path, help="other nodes' copies of the run dir, merged into it first"
+    )
     p.set_defaults(func=cmd_collect)

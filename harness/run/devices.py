@@ -25,13 +25,17 @@ def visible_gpus() -> list[str]:
     if not shutil.which("nvidia-smi"):
         return []
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
     except (OSError, subprocess.SubprocessError):
         return []
     names = [line.strip() for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else []
     mask = visible_mask()
-    return names if mask is None else names[:len(mask)]
+    return names if mask is None else names[: len(mask)]
 
 
 def resolve_device(requested: str, per_node: int) -> str:
@@ -39,8 +43,10 @@ def resolve_device(requested: str, per_node: int) -> str:
     gpus = visible_gpus()
     device = ("cuda" if gpus else "cpu") if requested == "auto" else requested
     if device == "cuda" and per_node > len(gpus):
-        raise UsageError(f"--gpus {per_node} but {len(gpus)} GPU(s) visible; use --gpus <= {len(gpus)} "
-                         "(per node) or --device cpu")
+        raise UsageError(
+            f"--gpus {per_node} but {len(gpus)} GPU(s) visible; use --gpus <= {len(gpus)} "
+            "(per node) or --device cpu"
+        )
     return device
 
 
@@ -52,9 +58,11 @@ def node_devices(cfg: RunConfig) -> list[str]:
     mask = visible_mask()
     ids = mask if mask else [str(i) for i in range(cfg.gpus_per_node)]
     if len(ids) < cfg.gpus_per_node:
-        raise UsageError(f"CUDA_VISIBLE_DEVICES={','.join(ids)} shows {len(ids)} GPU(s) for {cfg.gpus_per_node} "
-                         "ranks per node")
-    return ids[:cfg.gpus_per_node]
+        raise UsageError(
+            f"CUDA_VISIBLE_DEVICES={','.join(ids)} shows {len(ids)} GPU(s) for {cfg.gpus_per_node} "
+            "ranks per node"
+        )
+    return ids[: cfg.gpus_per_node]
 
 
 def isolated_devices(cfg: RunConfig, index: int) -> list[str]:

@@ -5,6 +5,7 @@ Frameworks are imported each in its own subprocess (two in one process can crash
 none); the collective check is a real 2-process all_reduce through torchrun, over gloo, and NCCL when GPUs
 are visible. For a multi-node plan, run it on every node with the same --hosts/--master.
 """
+
 from __future__ import annotations
 
 import errno
@@ -23,11 +24,11 @@ from backends import all_backends, backend_names, get_backend
 from core.process import REPO_ROOT, free_port
 from core.records import DEFAULT_OUT
 from harness.run.devices import visible_gpus
-from harness.usage import EXIT_FAILED, EXIT_OK, choice, positive
 from harness.run.nodes import add_node_arguments, node_layout, requested_world
+from harness.usage import EXIT_FAILED, EXIT_OK, choice, positive
 from workloads.data import Shard
 
-MIN_FREE_BYTES = 1 << 30        # results are small, but logs and weight dumps are not
+MIN_FREE_BYTES = 1 << 30  # results are small, but logs and weight dumps are not
 IMPORT_TIMEOUT_S = 180
 COLLECTIVE_TIMEOUT_S = 120
 CONNECT_TIMEOUT_S = 3.0
@@ -40,13 +41,19 @@ class Check:
     command: str
     expected: str
     got: str
-    status: str                 # "ok" | "FAIL" | "warn" (shown, does not fail the doctor)
+    status: str  # "ok" | "FAIL" | "warn" (shown, does not fail the doctor)
 
 
 def run(argv: list[str], timeout: float) -> tuple[int | None, str]:
     try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT,
-                             env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+        out = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=REPO_ROOT,
+            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        )
     except subprocess.TimeoutExpired:
         return None, f"no answer within {timeout:.0f} s"
     except OSError as exc:
@@ -64,8 +71,13 @@ def import_check(module: str, required: bool) -> Check:
     rc, out = run([sys.executable, "-c", code], IMPORT_TIMEOUT_S)
     version = next((line.split(" ", 1)[1] for line in out.splitlines() if line.startswith("version ")), None)
     ok = rc == 0 and version is not None
-    return Check(f"framework {module}", f"python -c {shlex.quote(code)}", "imports and prints its version",
-                 version if ok else f"exit {rc}: {last_line(out)}", "ok" if ok else ("FAIL" if required else "warn"))
+    return Check(
+        f"framework {module}",
+        f"python -c {shlex.quote(code)}",
+        "imports and prints its version",
+        version if ok else f"exit {rc}: {last_line(out)}",
+        "ok" if ok else ("FAIL" if required else "warn"),
+    )
 
 
 def device_check(device: str, per_node: int) -> Check:
@@ -76,38 +88,73 @@ def device_check(device: str, per_node: int) -> Check:
         ok = len(gpus) >= per_node
         expected = f">= {per_node} GPU(s) for {per_node} rank(s) on this node"
     else:
-        ok, expected = True, f"{'CPU workers' if device == 'cpu' else 'any (auto: GPUs if visible, else CPU)'}"
-    return Check("devices", "nvidia-smi --query-gpu=name --format=csv,noheader", expected, got,
-                 "ok" if ok else "FAIL")
+        ok, expected = (
+            True,
+            f"{'CPU workers' if device == 'cpu' else 'any (auto: GPUs if visible, else CPU)'}",
+        )
+    return Check(
+        "devices", "nvidia-smi --query-gpu=name --format=csv,noheader", expected, got, "ok" if ok else "FAIL"
+    )
 
 
 def collective_check(backend: str, n: int = 2) -> Check:
     port = free_port()
-    argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={n}", "--nnodes=1",
-            f"--master-port={port}", str(PROBE), backend]
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={n}",
+        "--nnodes=1",
+        f"--master-port={port}",
+        str(PROBE),
+        backend,
+    ]
     rc, out = run(argv, COLLECTIVE_TIMEOUT_S)
     sums = dict(re.findall(r"rank (\d+): all_reduce sum (\S+)", out))  # the ranks' lines may interleave
     ok = rc == 0 and len(sums) == n and set(sums.values()) == {f"{n * (n + 1) // 2}"}
-    got = f"all_reduce sum {', '.join(sorted(set(sums.values())))} on {len(sums)} rank(s)" if sums else last_line(out)
-    return Check(f"collective ({backend})", shlex.join(["python", *argv[1:]]).replace(str(REPO_ROOT) + "/", ""),
-                 f"every rank gets the sum {n * (n + 1) // 2}", got if ok else f"exit {rc}: {got}",
-                 "ok" if ok else "FAIL")
+    got = (
+        f"all_reduce sum {', '.join(sorted(set(sums.values())))} on {len(sums)} rank(s)"
+        if sums
+        else last_line(out)
+    )
+    return Check(
+        f"collective ({backend})",
+        shlex.join(["python", *argv[1:]]).replace(str(REPO_ROOT) + "/", ""),
+        f"every rank gets the sum {n * (n + 1) // 2}",
+        got if ok else f"exit {rc}: {got}",
+        "ok" if ok else "FAIL",
+    )
 
 
 def port_check(port: int | None) -> Check:
     if port is None:
         port = free_port()
-        return Check("ports", "bind 127.0.0.1:0", "the OS hands out a free port (one is chosen per run)",
-                     f"port {port}", "ok")
+        return Check(
+            "ports",
+            "bind 127.0.0.1:0",
+            "the OS hands out a free port (one is chosen per run)",
+            f"port {port}",
+            "ok",
+        )
     try:
         with socket.socket() as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind(("", port))
-        return Check("ports", f"bind 0.0.0.0:{port}", f"master port {port} free (needed on the master node)",
-                     "free", "ok")
+        return Check(
+            "ports",
+            f"bind 0.0.0.0:{port}",
+            f"master port {port} free (needed on the master node)",
+            "free",
+            "ok",
+        )
     except OSError as exc:
-        return Check("ports", f"bind 0.0.0.0:{port}", f"master port {port} free (needed on the master node)",
-                     f"in use: {exc.strerror}", "FAIL")
+        return Check(
+            "ports",
+            f"bind 0.0.0.0:{port}",
+            f"master port {port} free (needed on the master node)",
+            f"in use: {exc.strerror}",
+            "FAIL",
+        )
 
 
 def reachable(host: str, port: int = 22) -> tuple[bool, str]:
@@ -122,7 +169,9 @@ def reachable(host: str, port: int = 22) -> tuple[bool, str]:
     except ConnectionRefusedError:
         return True, f"{addr}, answers (port {port} closed)"
     except OSError as exc:
-        reason = "timed out" if isinstance(exc, TimeoutError) or exc.errno == errno.ETIMEDOUT else exc.strerror
+        reason = (
+            "timed out" if isinstance(exc, TimeoutError) or exc.errno == errno.ETIMEDOUT else exc.strerror
+        )
         return False, f"{addr}: {reason}"
 
 
@@ -130,20 +179,36 @@ def hosts_check(hosts: list[str]) -> list[Check]:
     checks = []
     for host in dict.fromkeys(hosts):
         ok, got = reachable(host)
-        checks.append(Check(f"host {host}", f"getaddrinfo {host}; tcp connect {host}:22",
-                            "resolves and answers", got, "ok" if ok else "FAIL"))
+        checks.append(
+            Check(
+                f"host {host}",
+                f"getaddrinfo {host}; tcp connect {host}:22",
+                "resolves and answers",
+                got,
+                "ok" if ok else "FAIL",
+            )
+        )
     return checks
 
 
 def shards_check(world: int, micro_batch: int, grad_accum: int) -> Check:
     """Every rank reads its own samples and together they read the global batch exactly once."""
-    seen = [i for r in range(world) for m in range(grad_accum)
-            for i in Shard(r, world, micro_batch, grad_accum).sample_ids(m)]
+    seen = [
+        i
+        for r in range(world)
+        for m in range(grad_accum)
+        for i in Shard(r, world, micro_batch, grad_accum).sample_ids(m)
+    ]
     total = world * micro_batch * grad_accum
     ok = sorted(seen) == list(range(total))
-    got = (f"{len(seen)} samples, {len(set(seen))} distinct, covering 0..{max(seen)}" if seen else "no samples")
-    return Check("data shards", f"workloads.data.Shard(r, {world}, {micro_batch}, {grad_accum}) for r < {world}",
-                 f"{world} disjoint shards covering samples 0..{total - 1} once", got, "ok" if ok else "FAIL")
+    got = f"{len(seen)} samples, {len(set(seen))} distinct, covering 0..{max(seen)}" if seen else "no samples"
+    return Check(
+        "data shards",
+        f"workloads.data.Shard(r, {world}, {micro_batch}, {grad_accum}) for r < {world}",
+        f"{world} disjoint shards covering samples 0..{total - 1} once",
+        got,
+        "ok" if ok else "FAIL",
+    )
 
 
 def disk_check(out: Path) -> Check:
@@ -153,9 +218,13 @@ def disk_check(out: Path) -> Check:
     free = shutil.disk_usage(probe).free
     writable = os.access(probe, os.W_OK)
     ok = free >= MIN_FREE_BYTES and writable
-    return Check("disk for results", f"statvfs {probe}", f">= {MIN_FREE_BYTES >> 30} GiB free, writable",
-                 f"{free / (1 << 30):.1f} GiB free, {'writable' if writable else 'NOT writable'}",
-                 "ok" if ok else "FAIL")
+    return Check(
+        "disk for results",
+        f"statvfs {probe}",
+        f">= {MIN_FREE_BYTES >> 30} GiB free, writable",
+        f"{free / (1 << 30):.1f} GiB free, {'writable' if writable else 'NOT writable'}",
+        "ok" if ok else "FAIL",
+    )
 
 
 # ------------------------------------------------------------------------------------------------ command
@@ -185,7 +254,9 @@ def cmd_doctor(args) -> int:
         if device == "cuda" and len(visible_gpus()) >= 2:
             checks.append(collective_check("nccl"))
     else:
-        checks.append(Check("collective (gloo)", "-", "torch importable", "skipped: torch is not importable", "warn"))
+        checks.append(
+            Check("collective (gloo)", "-", "torch importable", "skipped: torch is not importable", "warn")
+        )
     checks.append(port_check(layout["master_port"]))
     hosts = layout["hosts"] or ([layout["master_addr"]] if layout["nodes"] > 1 else [])
     checks += hosts_check(hosts)
@@ -194,11 +265,15 @@ def cmd_doctor(args) -> int:
 
     width = max(len(c.name) for c in checks)
     for c in checks:
-        print(f"[{c.status:>4}] {c.name:<{width}}  ran: {c.command}\n"
-              f"       {'':<{width}}  expected: {c.expected}; got: {c.got}")
+        print(
+            f"[{c.status:>4}] {c.name:<{width}}  ran: {c.command}\n"
+            f"       {'':<{width}}  expected: {c.expected}; got: {c.got}"
+        )
     failed = [c for c in checks if c.status == "FAIL"]
-    print(f"doctor: {len(checks)} checks, {len(failed)} failed" +
-          (f": {', '.join(c.name for c in failed)}" if failed else ""))
+    print(
+        f"doctor: {len(checks)} checks, {len(failed)} failed"
+        + (f": {', '.join(c.name for c in failed)}" if failed else "")
+    )
     return EXIT_FAILED if failed else EXIT_OK
 
 

@@ -6,6 +6,7 @@ If the harness itself dies (even by SIGKILL), each launcher gets SIGTERM from th
 process, which outlives the harness, tears the sessions down as the harness would have (SIGTERM, then
 SIGKILL): a launcher caught mid-start by SIGTERM can otherwise linger.
 """
+
 from __future__ import annotations
 
 import os
@@ -81,9 +82,15 @@ def kill_sessions(leaders: list[int]) -> None:
 def start_reaper() -> subprocess.Popen:
     """`python -m harness.run.reaper` in its own session, told each started process's pid on its stdin. If
     the harness dies, its stdin closes without "done" and it kills those sessions (see harness/run/reaper.py)."""
-    return subprocess.Popen([sys.executable, "-m", "harness.run.reaper"], stdin=subprocess.PIPE,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                            cwd=REPO_ROOT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "harness.run.reaper"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        cwd=REPO_ROOT,
+        text=True,
+    )
 
 
 def tell_reaper(reaper: subprocess.Popen, line: str, last: bool = False) -> None:
@@ -97,7 +104,9 @@ def tell_reaper(reaper: subprocess.Popen, line: str, last: bool = False) -> None
         pass  # a reaper gone or slow changes nothing while the harness itself is alive to clean up
 
 
-def run_processes(processes: list[Process], log_path: Path, timeout_s: float, cwd: Path | None = None) -> LaunchResult:
+def run_processes(
+    processes: list[Process], log_path: Path, timeout_s: float, cwd: Path | None = None
+) -> LaunchResult:
     """Run processes concurrently, all output to one log; kill everything on timeout, Ctrl-C, or once a
     process has failed and the others have not exited within FAILURE_GRACE_S."""
     start = time.monotonic()
@@ -106,9 +115,18 @@ def run_processes(processes: list[Process], log_path: Path, timeout_s: float, cw
     with open(log_path, "ab") as log:
         try:
             for proc in processes:
-                popens.append(subprocess.Popen(proc.argv, env={**os.environ, **proc.env}, cwd=cwd, stdout=log,
-                                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                               start_new_session=True, preexec_fn=die_with_parent))
+                popens.append(
+                    subprocess.Popen(
+                        proc.argv,
+                        env={**os.environ, **proc.env},
+                        cwd=cwd,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                        start_new_session=True,
+                        preexec_fn=die_with_parent,
+                    )
+                )
                 tell_reaper(reaper, str(popens[-1].pid))
             first_failure = None
             while any(p.poll() is None for p in popens):

@@ -25,9 +25,9 @@ from core.records import write_json_atomic
 from harness.run.launch import LaunchResult
 from harness.usage import UsageError, positive
 
-DEFAULT_MASTER_PORT = 29500          # torchrun's default, for multi-node runs given no port
+DEFAULT_MASTER_PORT = 29500  # torchrun's default, for multi-node runs given no port
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-NODE_GRACE_S = 30.0                  # beyond the run's own timeout, how long node 0 waits for late nodes
+NODE_GRACE_S = 30.0  # beyond the run's own timeout, how long node 0 waits for late nodes
 POLL_S = 0.5
 LAYOUT_FLAGS = ("--nodes", "--gpus-per-node", "--hosts", "--hostfile", "--node-rank", "--master", "--run-id")
 
@@ -36,16 +36,31 @@ LAYOUT_FLAGS = ("--nodes", "--gpus-per-node", "--hosts", "--hostfile", "--node-r
 def add_node_arguments(p) -> None:
     """The multi-node options of `run` (and of everything that shares its options)."""
     g = p.add_argument_group("multi-node (one harness per node, the same options on each but --node-rank)")
-    g.add_argument("--nodes", type=positive, help="machines taking part (default: the number of hosts, else 1)")
-    g.add_argument("--gpus-per-node", type=positive, help="ranks per node (default: --gpus / --nodes, or the "
-                                                          "hostfile's slots)")
+    g.add_argument(
+        "--nodes", type=positive, help="machines taking part (default: the number of hosts, else 1)"
+    )
+    g.add_argument(
+        "--gpus-per-node",
+        type=positive,
+        help="ranks per node (default: --gpus / --nodes, or the hostfile's slots)",
+    )
     hosts = g.add_mutually_exclusive_group()
     hosts.add_argument("--hosts", help="comma-separated host names, one per node, node 0 first")
-    hosts.add_argument("--hostfile", type=Path, help="one host per line, node 0 first; 'host slots=G' or "
-                                                     "'host:G' also read (DeepSpeed/MPI hostfiles)")
-    g.add_argument("--node-rank", type=int, help="this node's index (default: this host's place in the hosts)")
-    g.add_argument("--master", metavar="ADDR[:PORT]", help="where the ranks meet (default: the first host, "
-                   f"port {DEFAULT_MASTER_PORT}; a one-node run picks a free local port per run)")
+    hosts.add_argument(
+        "--hostfile",
+        type=Path,
+        help="one host per line, node 0 first; 'host slots=G' or "
+        "'host:G' also read (DeepSpeed/MPI hostfiles)",
+    )
+    g.add_argument(
+        "--node-rank", type=int, help="this node's index (default: this host's place in the hosts)"
+    )
+    g.add_argument(
+        "--master",
+        metavar="ADDR[:PORT]",
+        help="where the ranks meet (default: the first host, "
+        f"port {DEFAULT_MASTER_PORT}; a one-node run picks a free local port per run)",
+    )
 
 
 def read_hosts(args) -> tuple[list[str], int | None]:
@@ -67,8 +82,10 @@ def read_hosts(args) -> tuple[list[str], int | None]:
             continue
         m = re.fullmatch(r"([^\s:]+)(?::(\d+)|\s+slots\s*=\s*(\d+))?(?:\s+.*)?", line)
         if not m:
-            raise UsageError(f"--hostfile {args.hostfile}: cannot read line '{line}'; expected 'host', "
-                             "'host slots=G' or 'host:G'")
+            raise UsageError(
+                f"--hostfile {args.hostfile}: cannot read line '{line}'; expected 'host', "
+                "'host slots=G' or 'host:G'"
+            )
         hosts.append(m.group(1))
         if m.group(2) or m.group(3):
             slots.add(int(m.group(2) or m.group(3)))
@@ -93,7 +110,9 @@ def requested_world(args) -> int:
     if getattr(args, "gpus", None):
         return args.gpus
     hosts, slots = read_hosts(args)
-    return (getattr(args, "nodes", None) or len(hosts) or 1) * (getattr(args, "gpus_per_node", None) or slots or 1)
+    return (getattr(args, "nodes", None) or len(hosts) or 1) * (
+        getattr(args, "gpus_per_node", None) or slots or 1
+    )
 
 
 def this_node_rank(hosts: list[str]) -> int:
@@ -101,8 +120,10 @@ def this_node_rank(hosts: list[str]) -> int:
     names = {socket.gethostname(), socket.gethostname().split(".")[0], socket.getfqdn()}
     found = [i for i, h in enumerate(hosts) if h in names]
     if len(found) != 1:
-        raise UsageError(f"give --node-rank: this host ({socket.gethostname()}) is "
-                         f"{'not' if not found else 'more than once'} in the hosts {','.join(hosts)}")
+        raise UsageError(
+            f"give --node-rank: this host ({socket.gethostname()}) is "
+            f"{'not' if not found else 'more than once'} in the hosts {','.join(hosts)}"
+        )
     return found[0]
 
 
@@ -126,22 +147,31 @@ def node_layout(args, world: int, node_rank: int | None = None) -> dict:
         raise UsageError(f"--node-rank {node_rank}: expected 0..{nodes - 1} for {nodes} node(s)")
     if nodes > 1 and not (addr or hosts):
         raise UsageError(f"--nodes {nodes}: give --master ADDR[:PORT] or the hosts, so the nodes can meet")
-    return {"nodes": nodes, "gpus_per_node": world // nodes, "node_rank": node_rank, "hosts": hosts,
-            "master_addr": addr or (hosts[0] if hosts and nodes > 1 else "127.0.0.1"),
-            "master_port": port or (DEFAULT_MASTER_PORT if nodes > 1 else None)}
+    return {
+        "nodes": nodes,
+        "gpus_per_node": world // nodes,
+        "node_rank": node_rank,
+        "hosts": hosts,
+        "master_addr": addr or (hosts[0] if hosts and nodes > 1 else "127.0.0.1"),
+        "master_port": port or (DEFAULT_MASTER_PORT if nodes > 1 else None),
+    }
 
 
 def check_run_id(run_id: str | None, cfg: RunConfig, out_dir: Path) -> None:
     """A multi-node run needs a run id every node knows; a result is never overwritten."""
     if run_id is None:
         if cfg.nodes > 1:
-            raise UsageError(f"--nodes {cfg.nodes}: give --run-id ID, the same on every node (e.g. "
-                             "$SLURM_JOB_ID), so that all nodes write into one run dir")
+            raise UsageError(
+                f"--nodes {cfg.nodes}: give --run-id ID, the same on every node (e.g. "
+                "$SLURM_JOB_ID), so that all nodes write into one run dir"
+            )
         return
     if not RUN_ID.fullmatch(run_id):
         raise UsageError(f"--run-id '{run_id}': use letters, digits, '.', '_' and '-' (up to 128)")
     run_dir = Path(out_dir) / "logs" / run_id
-    if (Path(out_dir) / f"{run_id}.json").exists() or (cfg.node_rank == 0 and any(run_dir.glob("rank*.json"))):
+    if (Path(out_dir) / f"{run_id}.json").exists() or (
+        cfg.node_rank == 0 and any(run_dir.glob("rank*.json"))
+    ):
         raise UsageError(f"run id '{run_id}' was used before in {out_dir}: give a new --run-id")
 
 
@@ -157,8 +187,13 @@ def marker_path(run_dir: Path, node_rank: int) -> Path:
 
 def start_node(cfg: RunConfig, run_dir: Path, argv: list[str], started: str) -> dict:
     """Say, in the run dir, that this node has started (so node 0 knows to wait for it)."""
-    marker = {"node_rank": cfg.node_rank, "host": socket.gethostname(), "argv": list(argv),
-              "started": started, "finished": False}
+    marker = {
+        "node_rank": cfg.node_rank,
+        "host": socket.gethostname(),
+        "argv": list(argv),
+        "started": started,
+        "finished": False,
+    }
     write_json_atomic(marker_path(run_dir, cfg.node_rank), marker)
     return marker
 
@@ -177,14 +212,22 @@ def wait_for_ranks(run_dir: Path, node_rank: int, timeout_s: float) -> str | Non
     while time.monotonic() < deadline:
         marker = read_markers(run_dir, node_rank + 1)[node_rank] or {}
         if marker.get("ranks_done") or marker.get("finished"):
-            return None if marker.get("ranks_ok", True) else f"node {node_rank}'s ranks failed: no isolated run"
+            return (
+                None if marker.get("ranks_ok", True) else f"node {node_rank}'s ranks failed: no isolated run"
+            )
         time.sleep(POLL_S)
     return f"node {node_rank}'s launcher, which runs this node's ranks, did not finish: no isolated run"
 
 
 def finish_node(run_dir: Path, marker: dict, result: LaunchResult, isolated_error: str | None) -> dict:
-    marker = {**marker, "finished": True, "returncodes": result.returncodes, "timed_out": result.timed_out,
-              "elapsed_s": result.elapsed_s, "isolated_error": isolated_error}
+    marker = {
+        **marker,
+        "finished": True,
+        "returncodes": result.returncodes,
+        "timed_out": result.timed_out,
+        "elapsed_s": result.elapsed_s,
+        "isolated_error": isolated_error,
+    }
     write_json_atomic(marker_path(run_dir, marker["node_rank"]), marker)
     return marker
 
@@ -218,8 +261,11 @@ def wait_for_nodes(run_dir: Path, cfg: RunConfig) -> list[dict | None]:
 def merged_launch(markers: list[dict | None]) -> LaunchResult:
     """All nodes' launches as one: every exit code, timed out if any node timed out."""
     done = [m for m in markers if m and m.get("finished")]
-    return LaunchResult([rc for m in done for rc in m["returncodes"]], any(m["timed_out"] for m in done),
-                        max((m["elapsed_s"] for m in done), default=0.0))
+    return LaunchResult(
+        [rc for m in done for rc in m["returncodes"]],
+        any(m["timed_out"] for m in done),
+        max((m["elapsed_s"] for m in done), default=0.0),
+    )
 
 
 def absent_nodes(markers: list[dict | None]) -> str | None:
@@ -227,5 +273,7 @@ def absent_nodes(markers: list[dict | None]) -> str | None:
     absent = [k for k, m in enumerate(markers) if not (m and m.get("finished"))]
     if not absent or len(absent) == len(markers):
         return None
-    return (f"node(s) {absent} left no finished node marker in this run dir: if the nodes share no filesystem, "
-            "copy their run dirs here and run `harness collect`")
+    return (
+        f"node(s) {absent} left no finished node marker in this run dir: if the nodes share no filesystem, "
+        "copy their run dirs here and run `harness collect`"
+    )

@@ -34,36 +34,66 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     """Options shared by `run` and `sweep` (everything that defines the work and how it is measured)."""
     p.add_argument("--workload", default="tiny", help=f"preset: {', '.join(PRESETS)}")
     for flag in OVERRIDES:
-        p.add_argument("--" + flag.replace("_", "-"), dest=flag, type=positive, help=f"override the preset's {OVERRIDES[flag]}")
+        p.add_argument(
+            "--" + flag.replace("_", "-"),
+            dest=flag,
+            type=positive,
+            help=f"override the preset's {OVERRIDES[flag]}",
+        )
     p.add_argument("--precision", default="fp32", help=f"{', '.join(PRECISIONS)}")
     p.add_argument("--device", default="auto", help=f"{', '.join(DEVICES)} (auto: cuda if a GPU is visible)")
     p.add_argument("--micro-batch", type=positive, help="sequences per rank per micro-step (default 8)")
-    p.add_argument("--global-batch", type=positive, help="global batch; micro-batch = global / (gpus x accum)")
+    p.add_argument(
+        "--global-batch", type=positive, help="global batch; micro-batch = global / (gpus x accum)"
+    )
     p.add_argument("--grad-accum", type=positive, default=1)
     p.add_argument("--steps", type=positive, default=20, help="measured steps")
     p.add_argument("--warmup", type=int, default=3, help="steps run first and excluded from statistics")
-    p.add_argument("--compute-steps", type=int, default=5, help="sync-off steps for t_compute (no_sync method)")
-    p.add_argument("--compute-method", default="auto", help=f"{', '.join(COMPUTE_METHODS)}: how t_compute is measured")
-    p.add_argument("--threads-per-worker", type=positive, help="CPU threads per worker (default: cores / gpus)")
+    p.add_argument(
+        "--compute-steps", type=int, default=5, help="sync-off steps for t_compute (no_sync method)"
+    )
+    p.add_argument(
+        "--compute-method", default="auto", help=f"{', '.join(COMPUTE_METHODS)}: how t_compute is measured"
+    )
+    p.add_argument(
+        "--threads-per-worker", type=positive, help="CPU threads per worker (default: cores / gpus)"
+    )
     p.add_argument("--activation-checkpointing", action="store_true")
     p.add_argument("--data", help="flat uint16 token file (memory-mapped) instead of synthetic tokens")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=900.0, help="seconds before the whole run is killed")
-    p.add_argument("--collective-timeout", type=float, help="seconds a collective waits for a dead or hung peer "
-                   "before the ranks give up (default: --timeout)")
+    p.add_argument(
+        "--collective-timeout",
+        type=float,
+        help="seconds a collective waits for a dead or hung peer "
+        "before the ranks give up (default: --timeout)",
+    )
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="directory for run records")
     testing = p.add_argument_group("testing (never for real measurements)")
-    testing.add_argument("--inject-fault", metavar="RANK:STEP:KIND", type=fault_spec,
-                         help=f"make one rank fail; KIND: {', '.join(FAULT_KINDS)}")
+    testing.add_argument(
+        "--inject-fault",
+        metavar="RANK:STEP:KIND",
+        type=fault_spec,
+        help=f"make one rank fail; KIND: {', '.join(FAULT_KINDS)}",
+    )
     testing.add_argument("--step-delay", type=float, default=0.0, help="seconds of sleep added to every step")
-    testing.add_argument("--dump-weights", action="store_true", help="rank 0 saves its final weights in the log dir")
+    testing.add_argument(
+        "--dump-weights", action="store_true", help="rank 0 saves its final weights in the log dir"
+    )
     for backend in all_backends():
         backend.Options.add_arguments(p, backend.name)
     add_node_arguments(p)
 
 
-def build_config(args, backend_name: str, n: int, threads: int | None = None, check_devices: bool = True,
-                 node_rank: int | None = None, backends_in_use: list[str] | None = None) -> RunConfig:
+def build_config(
+    args,
+    backend_name: str,
+    n: int,
+    threads: int | None = None,
+    check_devices: bool = True,
+    node_rank: int | None = None,
+    backends_in_use: list[str] | None = None,
+) -> RunConfig:
     """Validate CLI input into a RunConfig (raises UsageError with the valid choices). `check_devices`
     False: for a plan made elsewhere, do not require the GPUs to be visible here. `backends_in_use`: the
     backends a sweep runs, whose options may all be given (default: this one)."""
@@ -83,7 +113,9 @@ def build_config(args, backend_name: str, n: int, threads: int | None = None, ch
     micro = args.micro_batch or RunConfig.micro_batch
     if args.global_batch:
         if args.global_batch % (n * args.grad_accum):
-            raise UsageError(f"--global-batch {args.global_batch} is not divisible by gpus x grad-accum = {n * args.grad_accum}")
+            raise UsageError(
+                f"--global-batch {args.global_batch} is not divisible by gpus x grad-accum = {n * args.grad_accum}"
+            )
         micro = args.global_batch // (n * args.grad_accum)
     if args.data and not Path(args.data).is_file():
         raise UsageError(f"--data {args.data}: no such file")
@@ -91,7 +123,9 @@ def build_config(args, backend_name: str, n: int, threads: int | None = None, ch
     if method == "auto":
         method = methods[0]
     elif method not in (*methods, "none"):
-        raise UsageError(f"backend {backend.name} cannot use compute method '{method}'; valid: {', '.join(methods)}, none")
+        raise UsageError(
+            f"backend {backend.name} cannot use compute method '{method}'; valid: {', '.join(methods)}, none"
+        )
     layout = node_layout(args, n, node_rank)
     if layout["nodes"] > 1 and not backend.multi_node:
         raise UsageError(f"backend {backend.name} runs on one node only; drop --nodes/--hosts")
@@ -99,16 +133,30 @@ def build_config(args, backend_name: str, n: int, threads: int | None = None, ch
     device = resolve_device(args.device, per_node) if check_devices or args.device == "auto" else args.device
     cores = os.cpu_count() or 1
     cfg = RunConfig(
-        backend=backend.name, workload=args.workload, spec=spec, world_size=n, device=device,
-        precision=args.precision, micro_batch=micro, grad_accum=args.grad_accum, steps=args.steps,
-        warmup=args.warmup, compute_steps=args.compute_steps, compute_method=method,
-        threads_per_worker=threads or args.threads_per_worker or max(1, cores // per_node), seed=args.seed,
+        backend=backend.name,
+        workload=args.workload,
+        spec=spec,
+        world_size=n,
+        device=device,
+        precision=args.precision,
+        micro_batch=micro,
+        grad_accum=args.grad_accum,
+        steps=args.steps,
+        warmup=args.warmup,
+        compute_steps=args.compute_steps,
+        compute_method=method,
+        threads_per_worker=threads or args.threads_per_worker or max(1, cores // per_node),
+        seed=args.seed,
         data_path=str(Path(args.data).resolve()) if args.data else None,
         activation_checkpointing=args.activation_checkpointing,
-        scaling="strong" if args.global_batch else "weak", timeout_s=args.timeout,
-        collective_timeout_s=getattr(args, "collective_timeout", None), **layout,
+        scaling="strong" if args.global_batch else "weak",
+        timeout_s=args.timeout,
+        collective_timeout_s=getattr(args, "collective_timeout", None),
+        **layout,
         backend_options=options.to_dict(),
-        fault=args.inject_fault, step_delay_s=args.step_delay, dump_weights=args.dump_weights,
+        fault=args.inject_fault,
+        step_delay_s=args.step_delay,
+        dump_weights=args.dump_weights,
     )
     try:
         backend.validate(cfg)

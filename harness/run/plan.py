@@ -34,7 +34,7 @@ def node_command(argv: list[str], node_rank: int, run_id: str) -> list[str]:
 
 def plan_argv(argv: list[str]) -> list[str]:
     """The options given to `harness plan` (from its command line)."""
-    return argv[argv.index("plan") + 1:] if "plan" in argv else argv
+    return argv[argv.index("plan") + 1 :] if "plan" in argv else argv
 
 
 def print_launch(plan: LaunchPlan, indent: str = "    ") -> None:
@@ -55,13 +55,17 @@ def cmd_plan(args) -> int:
     run_dir = (Path(args.out) / "logs" / run_id).resolve()
     port = base.master_port or DEFAULT_MASTER_PORT
     ok, reason = backend.availability()
-    print(f"plan: {backend.label(base)} · {base.workload} · {base.nodes} node(s) x {base.gpus_per_node} "
-          f"rank(s) = {base.world_size} ranks on {base.device} · master {base.master_addr}:{port} · run id {run_id}")
+    print(
+        f"plan: {backend.label(base)} · {base.workload} · {base.nodes} node(s) x {base.gpus_per_node} "
+        f"rank(s) = {base.world_size} ranks on {base.device} · master {base.master_addr}:{port} · run id {run_id}"
+    )
     if base.nodes == 1 and not base.master_port:
         print(f"(a one-node run picks a free port per run; {port} is shown)")
     if not ok:
         print(f"note: {backend.name} is unavailable on this machine: {reason}")
-    print(f"run dir: {run_dir} (shared by all nodes); node 0 writes {Path(args.out).resolve() / (run_id + '.json')}")
+    print(
+        f"run dir: {run_dir} (shared by all nodes); node 0 writes {Path(args.out).resolve() / (run_id + '.json')}"
+    )
     for r in range(base.nodes):
         cfg = dataclasses.replace(base, node_rank=r)
         host = base.hosts[r] if base.hosts else ("this machine" if base.nodes == 1 else f"node {r}")
@@ -69,17 +73,28 @@ def cmd_plan(args) -> int:
         print("  " + shlex.join(node_command(plan_argv(args.argv), r, run_id)))
         try:
             launch = node_plan(backend, cfg, run_dir, port)
-            isolated = isolated_plans(backend, cfg, run_dir) if cfg.compute_method == "isolated" and world > 1 else []
+            isolated = (
+                isolated_plans(backend, cfg, run_dir)
+                if cfg.compute_method == "isolated" and world > 1
+                else []
+            )
         except (InvalidConfig, ValueError, OSError) as exc:  # an adapter that needs the cluster to plan
-            raise UsageError(f"cannot plan node {r}: {backend.name}'s launch() failed here ({type(exc).__name__}: "
-                             f"{exc}); a plan runs launch() without the cluster and without a run dir") from None
+            raise UsageError(
+                f"cannot plan node {r}: {backend.name}'s launch() failed here ({type(exc).__name__}: "
+                f"{exc}); a plan runs launch() without the cluster and without a run dir"
+            ) from None
         n = len(launch.processes)
-        print(f"  which starts {n or 'no'} process(es) from {REPO_ROOT}" + (":" if n else
-              " (this backend's launcher on node 0 starts this node's workers)"))
+        print(
+            f"  which starts {n or 'no'} process(es) from {REPO_ROOT}"
+            + (":" if n else " (this backend's launcher on node 0 starts this node's workers)")
+        )
         print_launch(launch)
         if isolated:
-            print(f"  then the isolated counterfactual, {len(isolated)} single-process worker(s) at once"
-                  + (", after node 0's launcher has exited" if backend.starts_remote_ranks and r else "") + ":")
+            print(
+                f"  then the isolated counterfactual, {len(isolated)} single-process worker(s) at once"
+                + (", after node 0's launcher has exited" if backend.starts_remote_ranks and r else "")
+                + ":"
+            )
             for plan in isolated:
                 print_launch(plan)
     return EXIT_OK

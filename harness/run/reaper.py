@@ -5,6 +5,7 @@ reach it). It reads the pids of the session leaders the harness starts, one per 
 means the harness cleaned up itself; end of input without it means the harness died, and the reaper
 SIGTERMs those sessions and SIGKILLs what is left after the grace period, as the harness would have.
 """
+
 import signal
 import sys
 

@@ -4,6 +4,7 @@ The record is written for every outcome (ok | failed | crashed | oom | timeout),
 `out_dir`; per-rank logs stay in out_dir/logs/<run_id>/. A multi-node run has one harness per node, each
 launching its own ranks into that shared run dir; node 0 writes the record (see harness.run.nodes).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,8 +23,17 @@ from core.records import SCHEMA_VERSION, git_commit, now_iso, write_atomic, writ
 from harness.analyze.metrics import summarize
 from harness.run.devices import isolated_devices, node_devices
 from harness.run.launch import LaunchResult, run_processes
-from harness.run.nodes import (absent_nodes, finish_node, merged_launch, node_log, ranks_launched, read_markers,
-                               start_node, wait_for_nodes, wait_for_ranks)
+from harness.run.nodes import (
+    absent_nodes,
+    finish_node,
+    merged_launch,
+    node_log,
+    ranks_launched,
+    read_markers,
+    start_node,
+    wait_for_nodes,
+    wait_for_ranks,
+)
 
 LOG_TAIL_LINES = 30
 
@@ -52,9 +62,17 @@ def gather_ranks(run_dir: Path, world: int) -> dict[int, dict]:
 # How a rank's error says it failed because of another rank rather than on its own (each framework words it
 # differently; matched case-insensitively): it gave up waiting in a collective, or lost its connection.
 PEER_TIMEOUT = ("timed out", "timeout", "deadline exceeded", "deadlineexceeded")
-PEER_LOST = ("connection closed by peer", "connection reset by peer", "broken pipe", "remote process exited",
-             "communicator was aborted", "horovod has been shut down", "socket closed", "unavailableerror",
-             "collective ops is aborted")
+PEER_LOST = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "broken pipe",
+    "remote process exited",
+    "communicator was aborted",
+    "horovod has been shut down",
+    "socket closed",
+    "unavailableerror",
+    "collective ops is aborted",
+)
 
 
 def failure_kind(rec: dict) -> str | None:
@@ -67,7 +85,9 @@ def failure_kind(rec: dict) -> str | None:
     return "lost" if any(m in text for m in PEER_LOST) else None
 
 
-def classify(result: LaunchResult, ranks: dict[int, dict], world: int, run_dir: Path) -> tuple[str, dict | None]:
+def classify(
+    result: LaunchResult, ranks: dict[int, dict], world: int, run_dir: Path
+) -> tuple[str, dict | None]:
     """The run's status and, if it failed, the rank that caused it and its last log lines.
 
     Ranks fail in a cascade, so the cause is told from the effects: a rank stopped from outside or whose
@@ -86,13 +106,20 @@ def classify(result: LaunchResult, ranks: dict[int, dict], world: int, run_dir: 
 
     def result_for(status, r, message, **extra):
         tail = log_tail(run_dir / f"rank{r}.log") if r is not None else []
-        return status, {"rank": r, "message": message, **extra,
-                        "log_tail": tail or log_tail(run_dir / "launcher.log")}
+        return status, {
+            "rank": r,
+            "message": message,
+            **extra,
+            "log_tail": tail or log_tail(run_dir / "launcher.log"),
+        }
 
     if result.timed_out:  # who hung is not knowable from outside: every rank waits on the hung one
-        return result_for("timeout", unfinished[0] if len(unfinished) == 1 else None,
-                          f"run exceeded its timeout after {result.elapsed_s:.0f} s; ranks {unfinished} had not finished",
-                          unfinished_ranks=unfinished)
+        return result_for(
+            "timeout",
+            unfinished[0] if len(unfinished) == 1 else None,
+            f"run exceeded its timeout after {result.elapsed_s:.0f} s; ranks {unfinished} had not finished",
+            unfinished_ranks=unfinished,
+        )
     own = [r for r in failed if kind[r] is None]
     if own:
         r = first(own)
@@ -100,12 +127,20 @@ def classify(result: LaunchResult, ranks: dict[int, dict], world: int, run_dir: 
     waited = [r for r in failed if kind[r] == "timeout"]
     if waited:
         culprits = [r for r in failed if kind[r] == "stopped"] + missing
-        return result_for("timeout", (culprits or waited)[0],
-                          f"rank(s) {waited} gave up waiting in a collective for rank(s) {culprits or '?'} "
-                          f"({ranks[first(waited)].get('error')})", unfinished_ranks=unfinished)
+        return result_for(
+            "timeout",
+            (culprits or waited)[0],
+            f"rank(s) {waited} gave up waiting in a collective for rank(s) {culprits or '?'} "
+            f"({ranks[first(waited)].get('error')})",
+            unfinished_ranks=unfinished,
+        )
     if missing:
-        return result_for("crashed", missing[0], f"rank(s) {missing} exited without a record (killed, or died in "
-                          f"native code); launcher exit codes {result.returncodes}")
+        return result_for(
+            "crashed",
+            missing[0],
+            f"rank(s) {missing} exited without a record (killed, or died in "
+            f"native code); launcher exit codes {result.returncodes}",
+        )
     if failed:
         r = first(failed)
         return result_for(ranks[r]["status"], r, ranks[r].get("error"))
@@ -152,13 +187,25 @@ def run_isolated(backend: Backend, cfg: RunConfig, run_dir: Path) -> str | None:
     plans = isolated_plans(backend, cfg, run_dir)
     for plan in plans:
         write_files(plan.files)
-    result = run_processes([proc for plan in plans for proc in plan.processes], node_log(run_dir, cfg, "isolated"),
-                           cfg.timeout_s, cwd=REPO_ROOT)
-    return None if result.ok else (f"isolated counterfactual failed on node {cfg.node_rank} (exit codes "
-                                   f"{result.returncodes}); see {run_dir}")
+    result = run_processes(
+        [proc for plan in plans for proc in plan.processes],
+        node_log(run_dir, cfg, "isolated"),
+        cfg.timeout_s,
+        cwd=REPO_ROOT,
+    )
+    return (
+        None
+        if result.ok
+        else (
+            f"isolated counterfactual failed on node {cfg.node_rank} (exit codes "
+            f"{result.returncodes}); see {run_dir}"
+        )
+    )
 
 
-def gather_isolated(run_dir: Path, cfg: RunConfig, markers: list[dict | None]) -> tuple[list[dict], str | None]:
+def gather_isolated(
+    run_dir: Path, cfg: RunConfig, markers: list[dict | None]
+) -> tuple[list[dict], str | None]:
     errors = [m["isolated_error"] for m in markers if m and m.get("isolated_error")]
     records = [gather_ranks(run_dir / f"isolated{k}", 1).get(0) for k in range(cfg.world_size)]
     if errors or any(r is None or r.get("status") != "ok" for r in records):
@@ -189,8 +236,14 @@ def environment(cfg: RunConfig, ranks: list[dict], argv: list[str], started: str
     }
 
 
-def execute(backend: Backend, cfg: RunConfig, out_dir: Path, argv: list[str], sweep: dict | None = None,
-            run_id: str | None = None) -> dict | None:
+def execute(
+    backend: Backend,
+    cfg: RunConfig,
+    out_dir: Path,
+    argv: list[str],
+    sweep: dict | None = None,
+    run_id: str | None = None,
+) -> dict | None:
     """Run this node's share of `cfg` (all of a one-node run). Node 0 then writes the run record to
     out_dir/<run_id>.json and returns it; another node returns None. `sweep` ({"id", "repeat"}) ties the run
     to the sweep that launched it; None for a single `harness run`."""
@@ -215,8 +268,9 @@ def run_node(backend: Backend, cfg: RunConfig, run_dir: Path, argv: list[str]) -
     return finish_node(run_dir, marker, result, isolated_error)
 
 
-def write_record(backend: Backend, cfg: RunConfig, out_dir: Path, run_id: str, wait: bool = True,
-                 sweep: dict | None = None) -> dict:
+def write_record(
+    backend: Backend, cfg: RunConfig, out_dir: Path, run_id: str, wait: bool = True, sweep: dict | None = None
+) -> dict:
     """Node 0: gather every node's ranks (waiting for the nodes still running unless `wait` is False),
     classify, and write the ONE run record."""
     run_dir = Path(out_dir) / "logs" / run_id
@@ -233,17 +287,41 @@ def write_record(backend: Backend, cfg: RunConfig, out_dir: Path, run_id: str, w
     node0 = markers[0] or {}
     rank_list = [ranks[r] for r in sorted(ranks)]
     record = assemble_record(
-        backend, cfg, run_id, rank_list, status=status, error=error, isolated_ranks=isolated, comm_error=comm_error,
-        launch={"returncodes": result.returncodes, "elapsed_s": result.elapsed_s, "log_dir": str(run_dir),
-                "nodes": markers},
-        environment=environment(cfg, rank_list, node0.get("argv", []), node0.get("started")), sweep=sweep)
+        backend,
+        cfg,
+        run_id,
+        rank_list,
+        status=status,
+        error=error,
+        isolated_ranks=isolated,
+        comm_error=comm_error,
+        launch={
+            "returncodes": result.returncodes,
+            "elapsed_s": result.elapsed_s,
+            "log_dir": str(run_dir),
+            "nodes": markers,
+        },
+        environment=environment(cfg, rank_list, node0.get("argv", []), node0.get("started")),
+        sweep=sweep,
+    )
     write_json_atomic(Path(out_dir) / f"{run_id}.json", record)
     return record
 
 
-def assemble_record(backend: Backend, cfg: RunConfig, run_id: str, ranks: list[dict], *, status: str = "ok",
-                    error: dict | None = None, isolated_ranks: list[dict] = (), comm_error: str | None = None,
-                    launch: dict | None = None, environment: dict | None = None, sweep: dict | None = None) -> dict:
+def assemble_record(
+    backend: Backend,
+    cfg: RunConfig,
+    run_id: str,
+    ranks: list[dict],
+    *,
+    status: str = "ok",
+    error: dict | None = None,
+    isolated_ranks: list[dict] = (),
+    comm_error: str | None = None,
+    launch: dict | None = None,
+    environment: dict | None = None,
+    sweep: dict | None = None,
+) -> dict:
     """THE run record, from the raw rank records and what the runner saw; pure, so tests build records the
     same way the runner does. The summary is computed by harness.analyze.metrics from the raw records."""
     comm = {"t_compute_method": cfg.compute_method if cfg.world_size > 1 else "none"}
@@ -256,8 +334,11 @@ def assemble_record(backend: Backend, cfg: RunConfig, run_id: str, ranks: list[d
         "error": error,
         "config": cfg.to_dict(),
         "backend_info": {
-            "label": backend.label(cfg), "framework": backend.framework, "launcher": backend.launcher,
-            "sharding": backend.sharding(cfg), "precision_scheme": backend.precision_scheme(cfg),
+            "label": backend.label(cfg),
+            "framework": backend.framework,
+            "launcher": backend.launcher,
+            "sharding": backend.sharding(cfg),
+            "precision_scheme": backend.precision_scheme(cfg),
             "comm_pattern": dataclasses.asdict(backend.comm_pattern(cfg)),
         },
         "launch": launch or {},

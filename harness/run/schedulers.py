@@ -6,6 +6,7 @@ operator's MASTER_ADDR/RANK (PyTorchJob), TF_CONFIG (TFJob), hostfile (MPIJob) o
 Records land in --out on a filesystem every node shares (the submit directory on Slurm, a ReadWriteMany
 volume on Kubernetes); node 0's harness writes the run record there.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,13 +19,19 @@ import yaml
 
 from core.process import REPO_ROOT
 from harness.run import commands, sweep
+from harness.run.nodes import LAYOUT_FLAGS, requested_world
 from harness.run.options import build_config
 from harness.usage import EXIT_OK, Parser, UsageError, positive
-from harness.run.nodes import LAYOUT_FLAGS, requested_world
 
 # The Kubeflow training-operator kind that runs each backend, and how its pods learn their node rank.
-JOB_KINDS = {"torch-ddp": "PyTorchJob", "torch-fsdp": "PyTorchJob", "deepspeed": "PyTorchJob",
-             "horovod": "MPIJob", "tf-mwms": "TFJob", "paddle-fleet": "PaddleJob"}
+JOB_KINDS = {
+    "torch-ddp": "PyTorchJob",
+    "torch-fsdp": "PyTorchJob",
+    "deepspeed": "PyTorchJob",
+    "horovod": "MPIJob",
+    "tf-mwms": "TFJob",
+    "paddle-fleet": "PaddleJob",
+}
 KUBEFLOW_V1 = "kubeflow.org/v1"
 MPI_API = "kubeflow.org/v2beta1"
 REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
@@ -48,10 +55,26 @@ def checked_command(command: str, harness_args: list[str], nodes: int, per_node:
         if flag in given:
             raise UsageError(f"{flag} is set by the job from the scheduler's allocation: leave it out")
     if command == "sweep" and nodes > 1:
-        raise UsageError("a sweep runs within one node (--nodes 1): every run of a multi-node sweep would need "
-                         "its own agreed run id; submit one `harness slurm ... run` job per configuration instead")
-    layout = ["--nodes", str(nodes), "--gpus-per-node", str(per_node), "--node-rank", "0",
-              "--master", "127.0.0.1:29500", "--run-id", "check"] if command == "run" else []
+        raise UsageError(
+            "a sweep runs within one node (--nodes 1): every run of a multi-node sweep would need "
+            "its own agreed run id; submit one `harness slurm ... run` job per configuration instead"
+        )
+    layout = (
+        [
+            "--nodes",
+            str(nodes),
+            "--gpus-per-node",
+            str(per_node),
+            "--node-rank",
+            "0",
+            "--master",
+            "127.0.0.1:29500",
+            "--run-id",
+            "check",
+        ]
+        if command == "run"
+        else []
+    )
     args = command_parser().parse_args([command, *harness_args, *layout])
     if command == "run":
         build_config(args, args.backend, requested_world(args), check_devices=False)
@@ -65,22 +88,40 @@ def sbatch_script(args, harness_args: list[str]) -> str:
     """One task per node; each runs the harness for its node (SLURM_NODEID) with the allocation's hosts, the
     first host as master on a port derived from the job id (two jobs sharing a node do not collide)."""
     harness = [*shlex.split(args.harness), args.command, *harness_args]
-    head = [f"#SBATCH --job-name={args.job_name}", f"#SBATCH --nodes={args.nodes}", "#SBATCH --ntasks-per-node=1",
-            f"#SBATCH --time={args.time}", "#SBATCH --output=distbench-%j.out"]
+    head = [
+        f"#SBATCH --job-name={args.job_name}",
+        f"#SBATCH --nodes={args.nodes}",
+        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --time={args.time}",
+        "#SBATCH --output=distbench-%j.out",
+    ]
     if args.gpus_per_node and not args.cpu:
         head.append(f"#SBATCH --gpus-per-node={args.gpus_per_node}")
-    head += [f"#SBATCH --{k.replace('_', '-')}={getattr(args, k)}"
-             for k in ("partition", "account", "cpus_per_task") if getattr(args, k)]
-    lines = ["#!/bin/bash", f"# distbench {args.command} on {args.nodes} node(s), written by `harness slurm`. "
-             "Submit with: sbatch <this file>", *head, "set -euo pipefail", f"cd {shlex.quote(str(args.workdir))}"]
+    head += [
+        f"#SBATCH --{k.replace('_', '-')}={getattr(args, k)}"
+        for k in ("partition", "account", "cpus_per_task")
+        if getattr(args, k)
+    ]
+    lines = [
+        "#!/bin/bash",
+        f"# distbench {args.command} on {args.nodes} node(s), written by `harness slurm`. "
+        "Submit with: sbatch <this file>",
+        *head,
+        "set -euo pipefail",
+        f"cd {shlex.quote(str(args.workdir))}",
+    ]
     if args.command == "sweep":
-        lines += ["# A sweep runs its launches one after another on this node; resubmit with --resume added to",
-                  "# finish one that was cut short (runs recorded ok are not run again).",
-                  f"srun --nodes=1 --ntasks=1 {shlex.join(harness)}"]
+        lines += [
+            "# A sweep runs its launches one after another on this node; resubmit with --resume added to",
+            "# finish one that was cut short (runs recorded ok are not run again).",
+            f"srun --nodes=1 --ntasks=1 {shlex.join(harness)}",
+        ]
         return "\n".join(lines) + "\n"
-    node_cmd = (f"exec {shlex.join(harness)} --nodes {args.nodes} --gpus-per-node {args.gpus_per_node} "
-                '--hosts "$DISTBENCH_HOSTS" --master "$DISTBENCH_MASTER" --node-rank "$SLURM_NODEID" '
-                '--run-id "$DISTBENCH_RUN_ID"')
+    node_cmd = (
+        f"exec {shlex.join(harness)} --nodes {args.nodes} --gpus-per-node {args.gpus_per_node} "
+        '--hosts "$DISTBENCH_HOSTS" --master "$DISTBENCH_MASTER" --node-rank "$SLURM_NODEID" '
+        '--run-id "$DISTBENCH_RUN_ID"'
+    )
     lines += [
         "# Every node gets the same layout and run id; node ranks follow the order of the node list.",
         'export DISTBENCH_HOSTS=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | paste -sd, -)',
@@ -101,10 +142,23 @@ def cmd_slurm(args) -> int:
 
 
 # --------------------------------------------------------------------------------------------- Kubernetes
-def container(name: str, image: str, command: str, gpus: int, workdir: str, env: list | None = None,
-              ports: list | None = None) -> dict:
-    c = {"name": name, "image": image, "imagePullPolicy": "IfNotPresent", "workingDir": workdir,
-         "command": ["bash", "-c", command], "volumeMounts": [{"name": "results", "mountPath": RESULTS_MOUNT}]}
+def container(
+    name: str,
+    image: str,
+    command: str,
+    gpus: int,
+    workdir: str,
+    env: list | None = None,
+    ports: list | None = None,
+) -> dict:
+    c = {
+        "name": name,
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "workingDir": workdir,
+        "command": ["bash", "-c", command],
+        "volumeMounts": [{"name": "results", "mountPath": RESULTS_MOUNT}],
+    }
     if gpus:
         c["resources"] = {"limits": {"nvidia.com/gpu": gpus}}
     if env:
@@ -115,9 +169,16 @@ def container(name: str, image: str, command: str, gpus: int, workdir: str, env:
 
 
 def replica(replicas: int, c: dict, pvc: str) -> dict:
-    return {"replicas": replicas, "restartPolicy": "Never",
-            "template": {"spec": {"containers": [c],
-                                  "volumes": [{"name": "results", "persistentVolumeClaim": {"claimName": pvc}}]}}}
+    return {
+        "replicas": replicas,
+        "restartPolicy": "Never",
+        "template": {
+            "spec": {
+                "containers": [c],
+                "volumes": [{"name": "results", "persistentVolumeClaim": {"claimName": pvc}}],
+            }
+        },
+    }
 
 
 def service_names(job: str, role: str, n: int) -> str:
@@ -125,45 +186,107 @@ def service_names(job: str, role: str, n: int) -> str:
     return ",".join(f"{job}-{role}-{i}" for i in range(n))
 
 
-def manifest(backend: str, name: str, image: str, nodes: int, per_node: int, harness_args: list[str],
-             pvc: str, namespace: str = "default", workdir: str = "/distbench", gpus: bool = True) -> dict:
+def manifest(
+    backend: str,
+    name: str,
+    image: str,
+    nodes: int,
+    per_node: int,
+    harness_args: list[str],
+    pvc: str,
+    namespace: str = "default",
+    workdir: str = "/distbench",
+    gpus: bool = True,
+) -> dict:
     """The training-operator job that runs `harness run --backend BACKEND HARNESS_ARGS` on `nodes` pods of
     `per_node` ranks. Each pod's command finds its node rank in what the operator sets, removes the
     operator's rank variables (our launchers set their own), and runs the harness for its node."""
     kind = JOB_KINDS[backend]
-    run = shlex.join(["harness", "run", "--backend", backend, *harness_args, "--nodes", str(nodes),
-                      "--gpus-per-node", str(per_node), "--run-id", name, "--out", RESULTS_MOUNT])
+    run = shlex.join(
+        [
+            "harness",
+            "run",
+            "--backend",
+            backend,
+            *harness_args,
+            "--nodes",
+            str(nodes),
+            "--gpus-per-node",
+            str(per_node),
+            "--run-id",
+            name,
+            "--out",
+            RESULTS_MOUNT,
+        ]
+    )
     pod_gpus = per_node if gpus else 0
-    meta = {"name": name, "namespace": namespace, "labels": {"app": "distbench", "distbench/backend": backend}}
+    meta = {
+        "name": name,
+        "namespace": namespace,
+        "labels": {"app": "distbench", "distbench/backend": backend},
+    }
     policy = {"backoffLimit": 0, "cleanPodPolicy": "None"}
     if kind == "PyTorchJob":  # RANK: 0 for the master pod, 1.. for the workers
         cmd = f'NODE_RANK=$RANK; unset RANK WORLD_SIZE; exec {run} --node-rank "$NODE_RANK" --master "$MASTER_ADDR:$MASTER_PORT"'
         ports = [{"name": "pytorchjob-port", "containerPort": 23456}]
         specs = {"Master": replica(1, container("pytorch", image, cmd, pod_gpus, workdir, ports=ports), pvc)}
         if nodes > 1:
-            specs["Worker"] = replica(nodes - 1, container("pytorch", image, cmd, pod_gpus, workdir, ports=ports), pvc)
+            specs["Worker"] = replica(
+                nodes - 1, container("pytorch", image, cmd, pod_gpus, workdir, ports=ports), pvc
+            )
         spec = {"runPolicy": policy, "pytorchReplicaSpecs": specs}
     elif kind == "TFJob":  # TF_CONFIG's task index; our launcher writes every worker's own TF_CONFIG
-        index = "python3 -c 'import json, os; print(json.loads(os.environ[\"TF_CONFIG\"])[\"task\"][\"index\"])'"
-        cmd = (f"NODE_RANK=$({index}); unset TF_CONFIG; exec {run} --node-rank \"$NODE_RANK\" "
-               f"--hosts {service_names(name, 'worker', nodes)} --master {name}-worker-0:2222")
+        index = 'python3 -c \'import json, os; print(json.loads(os.environ["TF_CONFIG"])["task"]["index"])\''
+        cmd = (
+            f'NODE_RANK=$({index}); unset TF_CONFIG; exec {run} --node-rank "$NODE_RANK" '
+            f"--hosts {service_names(name, 'worker', nodes)} --master {name}-worker-0:2222"
+        )
         ports = [{"name": "tfjob-port", "containerPort": 2222}]
-        spec = {"runPolicy": policy, "tfReplicaSpecs": {
-            "Worker": replica(nodes, container("tensorflow", image, cmd, pod_gpus, workdir, ports=ports), pvc)}}
+        spec = {
+            "runPolicy": policy,
+            "tfReplicaSpecs": {
+                "Worker": replica(
+                    nodes, container("tensorflow", image, cmd, pod_gpus, workdir, ports=ports), pvc
+                )
+            },
+        }
     elif kind == "PaddleJob":  # the pod's replica index, through the downward API
-        env = [{"name": "NODE_RANK", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{REPLICA_INDEX_LABEL}']"}}}]
-        cmd = (f"MASTER=$PADDLE_MASTER; unset PADDLE_MASTER PADDLE_NNODES; exec {run} --node-rank \"$NODE_RANK\" "
-               f"--hosts {service_names(name, 'worker', nodes)} --master \"$MASTER\"")
+        env = [
+            {
+                "name": "NODE_RANK",
+                "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{REPLICA_INDEX_LABEL}']"}},
+            }
+        ]
+        cmd = (
+            f'MASTER=$PADDLE_MASTER; unset PADDLE_MASTER PADDLE_NNODES; exec {run} --node-rank "$NODE_RANK" '
+            f'--hosts {service_names(name, "worker", nodes)} --master "$MASTER"'
+        )
         ports = [{"name": "master", "containerPort": 37777}]
-        spec = {"runPolicy": policy, "paddleReplicaSpecs": {
-            "Worker": replica(nodes, container("paddle", image, cmd, pod_gpus, workdir, env, ports), pvc)}}
+        spec = {
+            "runPolicy": policy,
+            "paddleReplicaSpecs": {
+                "Worker": replica(nodes, container("paddle", image, cmd, pod_gpus, workdir, env, ports), pvc)
+            },
+        }
     else:  # MPIJob: the launcher pod runs node 0's harness, whose horovodrun reaches the workers over ssh
         cmd = f"exec {run} --node-rank 0 --hostfile /etc/mpi/hostfile"
-        spec = {"slotsPerWorker": per_node, "runPolicy": policy, "sshAuthMountPath": "/root/.ssh",
-                "mpiReplicaSpecs": {
-                    "Launcher": replica(1, container("launcher", image, cmd, 0, workdir), pvc),
-                    "Worker": replica(nodes, container("worker", image, "exec /usr/sbin/sshd -De", pod_gpus, workdir), pvc)}}
-    return {"apiVersion": MPI_API if kind == "MPIJob" else KUBEFLOW_V1, "kind": kind, "metadata": meta, "spec": spec}
+        spec = {
+            "slotsPerWorker": per_node,
+            "runPolicy": policy,
+            "sshAuthMountPath": "/root/.ssh",
+            "mpiReplicaSpecs": {
+                "Launcher": replica(1, container("launcher", image, cmd, 0, workdir), pvc),
+                "Worker": replica(
+                    nodes, container("worker", image, "exec /usr/sbin/sshd -De", pod_gpus, workdir), pvc
+                ),
+            },
+        }
+    return {
+        "apiVersion": MPI_API if kind == "MPIJob" else KUBEFLOW_V1,
+        "kind": kind,
+        "metadata": meta,
+        "spec": spec,
+    }
 
 
 def cmd_k8s(args) -> int:
@@ -173,10 +296,23 @@ def cmd_k8s(args) -> int:
     if backend not in JOB_KINDS:
         raise UsageError(f"no Kubeflow job kind for backend '{backend}'; known: {', '.join(JOB_KINDS)}")
     name = args.name or f"distbench-{backend}-{uuid.uuid4().hex[:6]}"
-    job = manifest(backend, name, args.image, args.nodes, args.gpus_per_node, without_backend(harness_args),
-                   args.pvc, args.namespace, args.workdir, gpus=run_args.device != "cpu")
-    write_output(args.output, f"# distbench run on {args.nodes} pod(s), written by `harness k8s`: kubectl apply -f <this file>\n"
-                 + yaml.safe_dump(job, sort_keys=False))
+    job = manifest(
+        backend,
+        name,
+        args.image,
+        args.nodes,
+        args.gpus_per_node,
+        without_backend(harness_args),
+        args.pvc,
+        args.namespace,
+        args.workdir,
+        gpus=run_args.device != "cpu",
+    )
+    write_output(
+        args.output,
+        f"# distbench run on {args.nodes} pod(s), written by `harness k8s`: kubectl apply -f <this file>\n"
+        + yaml.safe_dump(job, sort_keys=False),
+    )
     return EXIT_OK
 
 
@@ -210,25 +346,39 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("slurm", help="write an sbatch script for a run (one task per node) or a sweep")
     p.add_argument("--nodes", type=positive, default=1)
     p.add_argument("--gpus-per-node", type=positive, default=1, help="ranks per node (GPUs, or CPU workers)")
-    p.add_argument("--time", default="01:00:00", help="the job's time limit (keep it above the runs' --timeout)")
+    p.add_argument(
+        "--time", default="01:00:00", help="the job's time limit (keep it above the runs' --timeout)"
+    )
     p.add_argument("--job-name", default="distbench")
     p.add_argument("--partition")
     p.add_argument("--account")
     p.add_argument("--cpus-per-task", type=positive, help="CPUs for each node's harness and its workers")
-    p.add_argument("--workdir", type=Path, default=REPO_ROOT, help="the repo on the cluster's shared filesystem")
-    p.add_argument("--harness", default=".venv/bin/harness", help="the harness command there (from --workdir)")
+    p.add_argument(
+        "--workdir", type=Path, default=REPO_ROOT, help="the repo on the cluster's shared filesystem"
+    )
+    p.add_argument(
+        "--harness", default=".venv/bin/harness", help="the harness command there (from --workdir)"
+    )
     p.add_argument("-o", "--output", default="-", help="file to write (default: stdout)")
     p.add_argument("command", choices=("run", "sweep"))
-    p.add_argument("harness_args", nargs=argparse.REMAINDER, help="the options of `harness run` or `harness sweep`")
+    p.add_argument(
+        "harness_args", nargs=argparse.REMAINDER, help="the options of `harness run` or `harness sweep`"
+    )
     p.set_defaults(func=cmd_slurm)
 
-    p = subparsers.add_parser("k8s", help="write a Kubeflow training-operator manifest for a run "
-                                          f"({', '.join(sorted(set(JOB_KINDS.values())))})")
+    p = subparsers.add_parser(
+        "k8s",
+        help="write a Kubeflow training-operator manifest for a run "
+        f"({', '.join(sorted(set(JOB_KINDS.values())))})",
+    )
     p.add_argument("--nodes", type=positive, default=1, help="pods, one per node")
     p.add_argument("--gpus-per-node", type=positive, default=1, help="ranks per pod")
     p.add_argument("--image", required=True, help="an image holding the repo (at --workdir) and its venv")
-    p.add_argument("--pvc", default="distbench-results", help=f"ReadWriteMany claim mounted at {RESULTS_MOUNT} "
-                   "in every pod: the run dir and the record")
+    p.add_argument(
+        "--pvc",
+        default="distbench-results",
+        help=f"ReadWriteMany claim mounted at {RESULTS_MOUNT} in every pod: the run dir and the record",
+    )
     p.add_argument("--name", help="job name, also the run id (default: distbench-<backend>-<random>)")
     p.add_argument("--namespace", default="default")
     p.add_argument("--workdir", default="/distbench", help="the repo inside the image")

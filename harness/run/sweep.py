@@ -4,6 +4,7 @@ Repeats are separate launches, and the matrix is walked repeat by repeat (all ba
 again), so launch-to-launch noise shows in the spread and a slow drift of the machine does not land on one
 configuration only. Every run writes its own record, failed or not; `--resume` skips what is already done.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,7 +41,9 @@ def gpu_list(text: str) -> list[int]:
     try:
         values = [positive(v.strip()) for v in text.split(",") if v.strip()]
     except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got '{text}'") from None
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated positive integers, got '{text}'"
+        ) from None
     if not values:
         raise argparse.ArgumentTypeError("expected at least one N")
     return list(dict.fromkeys(values))
@@ -76,8 +79,10 @@ def refuse_multi_node(args) -> None:
     other than 0 get no record to report, so a sweep cannot drive several nodes."""
     nodes = args.nodes or len(read_hosts(args)[0]) or 1
     if nodes > 1:
-        raise UsageError(f"sweep runs on one node, not {nodes}: for multi-node runs submit one "
-                         "`harness slurm --nodes M --gpus-per-node G run ...` (or `harness k8s`) job per configuration")
+        raise UsageError(
+            f"sweep runs on one node, not {nodes}: for multi-node runs submit one "
+            "`harness slurm --nodes M --gpus-per-node G run ...` (or `harness k8s`) job per configuration"
+        )
 
 
 def plan(args) -> tuple[list[PlannedRun], dict[str, str]]:
@@ -97,17 +102,24 @@ def plan(args) -> tuple[list[PlannedRun], dict[str, str]]:
         if not ok:
             skipped[name] = reason
             continue
-        configs += [(backend, build_config(run_args, name, n, threads, backends_in_use=names)) for n in args.gpus]
+        configs += [
+            (backend, build_config(run_args, name, n, threads, backends_in_use=names)) for n in args.gpus
+        ]
     if not configs:
-        raise UsageError("no available backend to sweep: " + "; ".join(f"{k} ({v})" for k, v in skipped.items()))
+        raise UsageError(
+            "no available backend to sweep: " + "; ".join(f"{k} ({v})" for k, v in skipped.items())
+        )
     return [PlannedRun(b, cfg, r) for r in range(args.repeats) for b, cfg in configs], skipped
 
 
 def drop_done(runs: list[PlannedRun], out_dir) -> tuple[list[PlannedRun], int]:
     """Runs not yet recorded with status ok in out_dir (k ok records of a config stand for its first k
     repeats); failed runs are not done and run again."""
-    done = Counter(config_key(r, "*") for r in load_records([out_dir]) if r["status"] == "ok") \
-        if out_dir.is_dir() else Counter()
+    done = (
+        Counter(config_key(r, "*") for r in load_records([out_dir]) if r["status"] == "ok")
+        if out_dir.is_dir()
+        else Counter()
+    )
     todo = []
     for run in runs:
         planned = {"config": run.cfg.to_dict(), "backend_info": {"label": run.backend.label(run.cfg)}}
@@ -123,23 +135,33 @@ def clock(seconds: float) -> str:
     return str(dt.timedelta(seconds=round(seconds)))
 
 
-def progress_line(k: int, n: int, run: PlannedRun, record: dict, took: float, elapsed: float, repeats: int) -> str:
+def progress_line(
+    k: int, n: int, run: PlannedRun, record: dict, took: float, elapsed: float, repeats: int
+) -> str:
     """One line per finished run: which, outcome, its throughput, and the sweep's time so far and to go
     (ETA = mean launch time so far x runs left)."""
     tput = record["summary"]["throughput_tokens_per_s"]
-    outcome = f"{tput:,.0f} tok/s" if record["status"] == "ok" and tput else (record.get("error") or {}).get("message", "")
+    outcome = (
+        f"{tput:,.0f} tok/s"
+        if record["status"] == "ok" and tput
+        else (record.get("error") or {}).get("message", "")
+    )
     eta = elapsed / k * (n - k)
-    return (f"[{k}/{n}] {record['backend_info']['label']} N={run.cfg.world_size} repeat {run.repeat + 1}/{repeats}: "
-            f"{record['status']} in {took:.1f} s, {outcome} | elapsed {clock(elapsed)}, ETA {clock(eta)}")
+    return (
+        f"[{k}/{n}] {record['backend_info']['label']} N={run.cfg.world_size} repeat {run.repeat + 1}/{repeats}: "
+        f"{record['status']} in {took:.1f} s, {outcome} | elapsed {clock(elapsed)}, ETA {clock(eta)}"
+    )
 
 
 def cmd_sweep(args) -> int:
     runs, skipped = plan(args)
     sweep_id = f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
     cfg = runs[0].cfg
-    print(f"sweep {sweep_id}: {len(runs)} runs = {len({r.backend.name for r in runs})} backend(s) x N in "
-          f"{','.join(map(str, args.gpus))} x {args.repeats} repeat(s); {cfg.scaling} scaling, "
-          f"{cfg.threads_per_worker} thread(s)/worker on {cfg.device}")
+    print(
+        f"sweep {sweep_id}: {len(runs)} runs = {len({r.backend.name for r in runs})} backend(s) x N in "
+        f"{','.join(map(str, args.gpus))} x {args.repeats} repeat(s); {cfg.scaling} scaling, "
+        f"{cfg.threads_per_worker} thread(s)/worker on {cfg.device}"
+    )
     for name, reason in skipped.items():
         print(f"skipped {name}: {reason}")
     if args.resume:
@@ -148,13 +170,17 @@ def cmd_sweep(args) -> int:
     start, records = time.monotonic(), []
     for k, run in enumerate(runs, 1):
         t0 = time.monotonic()
-        record = execute(run.backend, run.cfg, args.out, sys.argv, sweep={"id": sweep_id, "repeat": run.repeat})
+        record = execute(
+            run.backend, run.cfg, args.out, sys.argv, sweep={"id": sweep_id, "repeat": run.repeat}
+        )
         records.append(record)
         now = time.monotonic()
         print(progress_line(k, len(runs), run, record, now - t0, now - start, args.repeats), flush=True)
     failed = [r for r in records if r["status"] != "ok"]
-    print(f"sweep {sweep_id}: {len(records)} run(s), {len(records) - len(failed)} ok, {len(failed)} failed; "
-          f"records in {args.out} (summarize with `harness report`)")
+    print(
+        f"sweep {sweep_id}: {len(records)} run(s), {len(records) - len(failed)} ok, {len(failed)} failed; "
+        f"records in {args.out} (summarize with `harness report`)"
+    )
     for r in failed:
         print(f"  {r['status']}: {r['run_id']}: {(r.get('error') or {}).get('message')}")
     return EXIT_FAILED if failed else EXIT_OK
@@ -165,8 +191,13 @@ def register(subparsers) -> None:
     p.add_argument("--backends", default="all", help=f"comma-separated, or all: {', '.join(backend_names())}")
     p.add_argument("--gpus", type=gpu_list, required=True, help="comma-separated N (ranks), e.g. 1,2,4,8")
     p.add_argument("--repeats", type=positive, default=3, help="separate launches per backend x N")
-    p.add_argument("--scaling", choices=SCALING_MODES,
-                   help="weak: fixed per-device batch (default); strong: fixed global batch split over N")
-    p.add_argument("--resume", action="store_true", help="skip runs already recorded ok for the same config in --out")
+    p.add_argument(
+        "--scaling",
+        choices=SCALING_MODES,
+        help="weak: fixed per-device batch (default); strong: fixed global batch split over N",
+    )
+    p.add_argument(
+        "--resume", action="store_true", help="skip runs already recorded ok for the same config in --out"
+    )
     add_run_arguments(p)
     p.set_defaults(func=cmd_sweep)

@@ -7,6 +7,7 @@ harness's own work inside the timed region (fetching the rank's batch: the recor
 fraction of the step. Both sides run with the same process settings (threads, allocator: the ones the
 harness gives every worker) and alternate launches so drift affects both. Run it on a quiet machine.
 """
+
 import argparse
 import json
 import os
@@ -26,24 +27,68 @@ from harness.analyze.metrics import per_step_max  # noqa: E402
 def plain(gpus, steps, warmup, threads, micro) -> tuple[list[float], float]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "plain.json"
-        subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={gpus}",
-                        f"--master-port={free_port()}", str(REPO / "tests/perf/plain_ddp.py"), str(out),
-                        "--steps", str(steps), "--warmup", str(warmup), "--threads", str(threads),
-                        "--micro-batch", str(micro)],
-                       check=True, capture_output=True, cwd=REPO, env={**os.environ, **process_settings(threads)})
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                f"--nproc-per-node={gpus}",
+                f"--master-port={free_port()}",
+                str(REPO / "tests/perf/plain_ddp.py"),
+                str(out),
+                "--steps",
+                str(steps),
+                "--warmup",
+                str(warmup),
+                "--threads",
+                str(threads),
+                "--micro-batch",
+                str(micro),
+            ],
+            check=True,
+            capture_output=True,
+            cwd=REPO,
+            env={**os.environ, **process_settings(threads)},
+        )
         ranks = json.loads(out.read_text())["ranks"]
         return per_step_max(ranks, "step_times"), max(r["minor_faults_per_step"] for r in ranks)
 
 
 def harness(gpus, steps, warmup, threads, micro) -> tuple[list[float], list[float], float]:
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "harness", "run", "--backend", "torch-ddp", "--gpus", str(gpus),
-                        "--steps", str(steps), "--warmup", str(warmup), "--threads-per-worker", str(threads),
-                        "--micro-batch", str(micro), "--compute-steps", "0", "--out", tmp],
-                       check=True, capture_output=True, cwd=REPO)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "harness",
+                "run",
+                "--backend",
+                "torch-ddp",
+                "--gpus",
+                str(gpus),
+                "--steps",
+                str(steps),
+                "--warmup",
+                str(warmup),
+                "--threads-per-worker",
+                str(threads),
+                "--micro-batch",
+                str(micro),
+                "--compute-steps",
+                "0",
+                "--out",
+                tmp,
+            ],
+            check=True,
+            capture_output=True,
+            cwd=REPO,
+        )
         rec = json.loads(next(Path(tmp).glob("*.json")).read_text())
-        return (per_step_max(rec["ranks"], "step_times"), per_step_max(rec["ranks"], "data_wait"),
-                rec["summary"]["minor_faults_per_step"])
+        return (
+            per_step_max(rec["ranks"], "step_times"),
+            per_step_max(rec["ranks"], "data_wait"),
+            rec["summary"]["minor_faults_per_step"],
+        )
 
 
 def ratio_interval(plain_runs, harness_runs, draws=2000, seed=0) -> tuple[float, float]:
@@ -71,23 +116,39 @@ def main():
     shape = (args.gpus, args.steps, args.warmup, threads, args.micro_batch)
     for i in range(args.repeats):
         steps, f = plain(*shape)
-        plain_runs.append(steps); faults["plain"].append(f)
+        plain_runs.append(steps)
+        faults["plain"].append(f)
         steps, data, f = harness(*shape)
-        harness_runs.append(steps); data_t += data; faults["harness"].append(f)
-        print(f"launch pair {i + 1}/{args.repeats}: plain {np.median(plain_runs[-1]) * 1e3:.1f} ms, "
-              f"harness {np.median(harness_runs[-1]) * 1e3:.1f} ms", flush=True)
+        harness_runs.append(steps)
+        data_t += data
+        faults["harness"].append(f)
+        print(
+            f"launch pair {i + 1}/{args.repeats}: plain {np.median(plain_runs[-1]) * 1e3:.1f} ms, "
+            f"harness {np.median(harness_runs[-1]) * 1e3:.1f} ms",
+            flush=True,
+        )
     plain_t, harness_t = np.concatenate(plain_runs), np.concatenate(harness_runs)
     ratio = np.median(harness_t) / np.median(plain_t)
     low, high = ratio_interval(plain_runs, harness_runs)
     own = np.median(data_t) / np.median(harness_t)
-    print(f"{args.gpus} workers x {threads} thread(s), {args.repeats} launches each x {args.steps} steps; "
-          f"process settings {process_settings(threads)}")
-    print(f"median step: plain {np.median(plain_t) * 1e3:.2f} ms, harness torch-ddp {np.median(harness_t) * 1e3:.2f} ms")
-    print(f"adapter / plain step time: {ratio:.4f} ({(ratio - 1) * 100:+.2f}%), "
-          f"90% interval over launches [{low:.4f}, {high:.4f}]")
-    print(f"harness work inside the timed region (batch fetch): {np.median(data_t) * 1e3:.3f} ms = {own * 100:.2f}% of a step")
-    print(f"minor page faults per step (median over launches): plain {np.median(faults['plain']):,.0f}, "
-          f"harness {np.median(faults['harness']):,.0f}")
+    print(
+        f"{args.gpus} workers x {threads} thread(s), {args.repeats} launches each x {args.steps} steps; "
+        f"process settings {process_settings(threads)}"
+    )
+    print(
+        f"median step: plain {np.median(plain_t) * 1e3:.2f} ms, harness torch-ddp {np.median(harness_t) * 1e3:.2f} ms"
+    )
+    print(
+        f"adapter / plain step time: {ratio:.4f} ({(ratio - 1) * 100:+.2f}%), "
+        f"90% interval over launches [{low:.4f}, {high:.4f}]"
+    )
+    print(
+        f"harness work inside the timed region (batch fetch): {np.median(data_t) * 1e3:.3f} ms = {own * 100:.2f}% of a step"
+    )
+    print(
+        f"minor page faults per step (median over launches): plain {np.median(faults['plain']):,.0f}, "
+        f"harness {np.median(faults['harness']):,.0f}"
+    )
 
 
 if __name__ == "__main__":

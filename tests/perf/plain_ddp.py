@@ -4,6 +4,7 @@ torchrun --nproc-per-node N tests/perf/plain_ddp.py OUT.json --micro-batch 8 --s
 Same model, weights, data, optimizer and threads as `harness run --backend torch-ddp`, with none of the
 harness: batches are made before the loop, and a step is zero_grad, forward, backward, step, loss.item().
 """
+
 import argparse
 import json
 import resource
@@ -37,8 +38,10 @@ spec = resolve(args.workload)
 model = DDP(GPT(spec).load_spec_weights(0))
 opt = make_optimizer(model.module)
 source, shard = SyntheticTokens(spec.vocab_size, spec.seq_len, 0), Shard(rank, world, args.micro_batch, 1)
-batches = [[(torch.from_numpy(x), torch.from_numpy(y)) for x, y in micro_batches(source, shard, s)]
-           for s in range(args.warmup + args.steps)]
+batches = [
+    [(torch.from_numpy(x), torch.from_numpy(y)) for x, y in micro_batches(source, shard, s)]
+    for s in range(args.warmup + args.steps)
+]
 
 times = []
 for step, ((x, y),) in enumerate(batches):
