@@ -147,7 +147,10 @@ def device_name(record: dict) -> str | None:
 def batch_name(cfg: dict) -> str:
     """The batch that defines a scaling series: per rank for weak scaling, global for strong."""
     if cfg.get("scaling") == "strong":
-        return f"{cfg['micro_batch'] * cfg['grad_accum'] * cfg['world_size']} seq global, {cfg['grad_accum']} accum"
+        return (
+            f"{cfg['micro_batch'] * cfg['grad_accum'] * cfg['world_size']} seq global, "
+            f"{cfg['grad_accum']} accum"
+        )
     return f"{cfg['micro_batch']} seq/rank x {cfg['grad_accum']} accum"
 
 

@@ -155,7 +155,8 @@ def main() -> int:
                 print(
                     f"  {name:12s} A/A {'FLAGGED' if r['aa_flagged'] else 'ok'} (throughput "
                     f"{r['aa_throughput_change']:+.1%}, {r['aa_verdicts']}); slowdown "
-                    f"{'detected' if r['slowdown_detected'] else 'MISSED'} ({r['slowdown_throughput_change']:+.1%})",
+                    f"{'detected' if r['slowdown_detected'] else 'MISSED'} "
+                    f"({r['slowdown_throughput_change']:+.1%})",
                     flush=True,
                 )
     summary = {
@@ -168,7 +169,8 @@ def main() -> int:
     for name, c in summary.items():
         print(
             f"gate {name}: A/A false positives {c['false_positives']}/{args.k}; injected slowdown "
-            f"({args.delay_fraction:.0%} of a step) detected {c['detected']}/{args.k}; {args.repeats} runs per side"
+            f"({args.delay_fraction:.0%} of a step) detected {c['detected']}/{args.k}; "
+            f"{args.repeats} runs per side"
         )
     if args.json:
         args.json.write_text(

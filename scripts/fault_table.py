@@ -75,7 +75,8 @@ def main() -> int:
         injected = re.findall(r"injecting fault '\w+' at step \d+ \(unix time ([0-9.]+)\)", logs)
         detect = f"{done - float(injected[0]):.1f}" if injected else "fault not reached"
         print(
-            f"| {label} | {record['status']} | {(record['error'] or {}).get('rank')} | {detect} | {done - start:.1f} |",
+            f"| {label} | {record['status']} | {(record['error'] or {}).get('rank')} | "
+            f"{detect} | {done - start:.1f} |",
             flush=True,
         )
     return 0

@@ -81,9 +81,11 @@ def test_list_shows_backends_and_workload_parameter_counts(capsys):
 @pytest.mark.subprocess
 def test_harness_imports_no_framework():
     code = (
-        "import sys; from harness.cli import make_parser; import harness.run.runner, harness.analyze.metrics; "
+        "import sys; from harness.cli import make_parser; "
+        "import harness.run.runner, harness.analyze.metrics; "
         "make_parser(); import backends; [b.availability() for b in backends.all_backends()]; "
-        "bad = {'torch', 'tensorflow', 'paddle', 'deepspeed', 'horovod'} & set(sys.modules); print(sorted(bad))"
+        "bad = {'torch', 'tensorflow', 'paddle', 'deepspeed', 'horovod'} & set(sys.modules); "
+        "print(sorted(bad))"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -1,5 +1,5 @@
-"""`harness compare`, baselines and history on hand-made records (summarised by harness.analyze.metrics), so every
-expected verdict follows from samples with a known distribution."""
+"""`harness compare`, baselines and history on hand-made records (summarised by harness.analyze.metrics), so
+every expected verdict follows from samples with a known distribution."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Sharding: ranks read disjoint samples whose union is the single-process stream, for synthetic and file data."""
+"""Sharding: ranks read disjoint samples whose union is the single-process stream, for synthetic and file
+data."""
 
 import numpy as np
 import pytest

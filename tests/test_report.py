@@ -80,7 +80,7 @@ def test_selection_sentences_follow_the_numbers(results_dir, capsys):
         rec = make_record("torch-fsdp", 2, 0.1, 0.09, repeat=int(path.stem[-4]))
         write_json_atomic(path, rec)
     md = report_md(capsys, results_dir, "--at-gpus", "2")
-    line = next(l for l in md.splitlines() if l.startswith("torch-fsdp:"))
+    line = next(md_line for md_line in md.splitlines() if md_line.startswith("torch-fsdp:"))
     assert "fastest at N=2" in line and "pick it: fastest and leanest here" in line
 
 
@@ -88,7 +88,7 @@ def test_noisy_rows_are_marked(results_dir, capsys):
     noisy = make_record("tf-mwms", 2, 0.25, 0.14, peak_rss=650 * MiB, repeat=5)
     write_json_atomic(results_dir / f"{noisy['run_id']}.json", noisy)
     md = report_md(capsys, results_dir)
-    row = next(l for l in md.splitlines() if l.startswith("| tf-mwms | 2 |"))
+    row = next(md_line for md_line in md.splitlines() if md_line.startswith("| tf-mwms | 2 |"))
     assert "NOISY" in row and "(noisy)" in row
     assert "re-measure before deciding" in md
 

@@ -1,4 +1,5 @@
-"""`harness sweep`: the plan (batch per scaling mode, threads, skipped backends), resume, and one real sweep."""
+"""`harness sweep`: the plan (batch per scaling mode, threads, skipped backends), resume, and one real
+sweep."""
 
 import json
 import os

@@ -77,7 +77,8 @@ class GPT(nn.Layer):
 
     @paddle.no_grad()
     def load_spec_weights(self, seed: int = 0):
-        """Copy the spec's deterministic weights in, one tensor at a time (Linear already stores (in, out))."""
+        """Copy the spec's deterministic weights in, one tensor at a time (Linear already stores
+        (in, out))."""
         params = dict(self.named_parameters())
         for name in self.spec.parameter_shapes():
             paddle_name = name + ".weight" if name.endswith("emb") else name

@@ -92,7 +92,8 @@ class GPT(keras.Model):
         return ops.mean(losses)
 
     def spec_variables(self) -> dict[str, keras.Variable]:
-        """The variables by the spec's neutral names (Keras calls them embeddings, kernel/bias, gamma/beta)."""
+        """The variables by the spec's neutral names (Keras calls them embeddings, kernel/bias,
+        gamma/beta)."""
         variables = {"tok_emb": self.tok_emb.embeddings, "pos_emb": self.pos_emb.embeddings}
         for name in self.spec.parameter_shapes():
             if name in variables:
@@ -108,7 +109,8 @@ class GPT(keras.Model):
         return variables
 
     def load_spec_weights(self, seed: int = 0):
-        """Assign the spec's deterministic weights, one tensor at a time (Dense kernels are already (in, out))."""
+        """Assign the spec's deterministic weights, one tensor at a time (Dense kernels are already
+        (in, out))."""
         for name, variable in self.spec_variables().items():
             variable.assign(self.spec.init_weight(name, seed))
         return self

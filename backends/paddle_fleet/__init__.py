@@ -101,7 +101,8 @@ class PaddleFleet(Backend):
             argv += ["--ips=127.0.0.1", f"--start_port={port}"]
         if devices:
             argv.append(f"--devices={','.join(devices)}")
-        # Paddle's NCCL process groups time out after PADDLE_PG_TIMEOUT ms; its gloo ones (CPU) cannot be told.
+        # Paddle's NCCL process groups time out after PADDLE_PG_TIMEOUT ms;
+        # its gloo ones (CPU) cannot be told.
         env = {
             **self.worker_env(cfg),
             **device_mask(devices),

@@ -51,7 +51,8 @@ class TorchFSDP(Backend):
     def comm_pattern(self, cfg):
         """Blocks' parameters are all-gathered in the compute dtype for forward and, when resharded, again
         for backward; gradients are reduce-scattered in reduce_dtype. (FSDP keeps the root's parameters
-        gathered from forward to backward in either case; the analytic volume counts them like the blocks'.)"""
+        gathered from forward to backward in either case; the analytic volume counts them like the
+        blocks'.)"""
         opts = self.options(cfg)
         gather = ELEMENT_BYTES[cfg.precision]
         reduce = 4 if opts.fp32_reduce else gather

@@ -1,7 +1,7 @@
 """Cross-run figures: run records -> a tidy table (one row per run) -> one row per backend x N.
 
-Per-run figures come from harness.analyze.metrics.summarize (recomputed from the raw rank records, so every table
-uses the current definitions); this module only groups runs and compares them: median and spread over
+Per-run figures come from harness.analyze.metrics.summarize (recomputed from the raw rank records, so every
+table uses the current definitions); this module only groups runs and compares them: median and spread over
 repeats, speedup and scaling efficiency against N = 1, memory ratio, and a noise flag.
 """
 

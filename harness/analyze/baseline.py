@@ -47,7 +47,8 @@ class InputError(ValueError):
 
 def trim(record: dict) -> dict:
     """What a comparison needs from a full run record: the per-step samples (step time = slowest rank's
-    time, as harness.analyze.metrics defines it) instead of every rank's raw series, logs and launch details."""
+    time, as harness.analyze.metrics defines it) instead of every rank's raw series, logs and launch
+    details."""
     ok_ranks = [r for r in record.get("ranks", []) if r.get("status") == "ok"]
     error = record.get("error") or None
     return {

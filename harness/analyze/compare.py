@@ -375,8 +375,8 @@ def markdown(result: dict) -> str:
         "",
         f"Baseline {side(result['baseline'])} vs candidate {side(result['candidate'])}. "
         f"A regression is throughput down by more than {s['threshold']:.0%} with significantly different "
-        f"step times (alpha {s['alpha']}; step time of a run: its {s['statistic']}), or peak memory / model state up by more than "
-        f"{s['memory_threshold']:.0%}.",
+        f"step times (alpha {s['alpha']}; step time of a run: its {s['statistic']}), "
+        f"or peak memory / model state up by more than {s['memory_threshold']:.0%}.",
         "",
         "| configuration | metric | baseline | candidate | change | test | verdict |",
         "|---|---|---|---|---|---|---|",
@@ -458,7 +458,8 @@ def register(subparsers) -> None:
         "--memory-threshold",
         type=fraction,
         default=DEFAULT_MEMORY_THRESHOLD,
-        help=f"relative growth of peak memory or model state that counts (default {DEFAULT_MEMORY_THRESHOLD:.0%}%)",
+        help="relative growth of peak memory or model state that counts "
+        f"(default {DEFAULT_MEMORY_THRESHOLD:.0%}%)",
     )
     p.add_argument(
         "--statistic",

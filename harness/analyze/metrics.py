@@ -75,8 +75,9 @@ def comm_volume_method(pattern: dict) -> str:
         pattern.get("reduce_dtype_bytes") or pattern.get("param_gathers", 2) != 2
     ):
         return (
-            f"analytic sharded ({pattern.get('param_gathers', 2)} all-gather(s) of {pattern['dtype_bytes']}-byte "
-            f"params, reduce-scatter of {pattern.get('reduce_dtype_bytes') or pattern['dtype_bytes']}-byte grads)"
+            f"analytic sharded ({pattern.get('param_gathers', 2)} all-gather(s) of "
+            f"{pattern['dtype_bytes']}-byte params, reduce-scatter of "
+            f"{pattern.get('reduce_dtype_bytes') or pattern['dtype_bytes']}-byte grads)"
         )
     return f"analytic {pattern['kind']} ({pattern['dtype_bytes']}-byte elements)"
 

@@ -2,8 +2,8 @@
 Markdown (PR comment, terminal) or one self-contained HTML file (plots embedded as PNG, opens offline);
 `harness results`: the tidy table itself, as CSV or Parquet.
 
-Every number comes from harness.analyze.analysis (which builds on harness.analyze.metrics.summarize); this module only
-formats. The selection advice is assembled from the measured figures, never canned per backend.
+Every number comes from harness.analyze.analysis (which builds on harness.analyze.metrics.summarize); this
+module only formats. The selection advice is assembled from the measured figures, never canned per backend.
 """
 
 from __future__ import annotations
@@ -72,8 +72,8 @@ def nbytes(x) -> str:
 # ------------------------------------------------------------------------------------------------- sections
 def context_title(ctx: dict) -> str:
     return (
-        f"{ctx['workload']} · {ctx['precision']} · {ctx['device']} · {ctx['scaling']} scaling ({ctx['batch']}) · "
-        f"{ctx['settings']}"
+        f"{ctx['workload']} · {ctx['precision']} · {ctx['device']} · "
+        f"{ctx['scaling']} scaling ({ctx['batch']}) · {ctx['settings']}"
     )
 
 
@@ -205,7 +205,8 @@ def advice(r, at: pd.DataFrame, ref_label: str | None, noise_cv: float) -> str:
     ref = states[states["label"] == ref_label]
     if value(r.model_state_bytes) is not None and len(ref) and r.label != ref_label:
         facts.append(
-            f"{r.model_state_bytes / ref['model_state_bytes'].iloc[0]:.0%} of {ref_label}'s per-rank model state"
+            f"{r.model_state_bytes / ref['model_state_bytes'].iloc[0]:.0%} of "
+            f"{ref_label}'s per-rank model state"
         )
     if r.world_size > 1 and value(r.exposed_comm_ratio) is not None:
         facts.append(f"{r.exposed_comm_ratio:.0%} of the step is exposed communication")
@@ -235,8 +236,8 @@ def advice(r, at: pd.DataFrame, ref_label: str | None, noise_cv: float) -> str:
             & (states["model_state_bytes"] <= 1.1 * states["model_state_bytes"].min())
         ]
         verdict = "pick it when memory is the constraint" + (
-            f", though {faster['label'].iloc[0]} is as lean and {faster['throughput'].iloc[0] / r.throughput:.2f}x"
-            " faster"
+            f", though {faster['label'].iloc[0]} is as lean and "
+            f"{faster['throughput'].iloc[0] / r.throughput:.2f}x faster"
             if len(faster)
             else ""
         )
@@ -281,7 +282,8 @@ def selection(ctx: dict, agg: pd.DataFrame, at_gpus: int | None, noise_cv: float
                 f"{num(r.throughput)} ({r.throughput / best:.2f}x)",
                 pct(r.efficiency),
                 f"{nbytes(r.peak_memory_bytes)} ({num(r.peak_memory_bytes / low_mem, '{:.2f}')}x lowest)",
-                f"{nbytes(r.model_state_bytes)} ({num(r.model_state_bytes / ref_state.iloc[0], '{:.2f}')}x {ref_label})"
+                f"{nbytes(r.model_state_bytes)} "
+                f"({num(r.model_state_bytes / ref_state.iloc[0], '{:.2f}')}x {ref_label})"
                 if len(ref_state)
                 else nbytes(r.model_state_bytes),
                 pct(r.exposed_comm_ratio, 1),
@@ -385,11 +387,11 @@ def build(records: list[dict], at_gpus: int | None, noise_cv: float, with_figure
         [
             f"{len(runs)} run record(s): {ok} ok, {len(runs) - ok} failed. Generated "
             f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC.",
-            "Throughput is the median over repeats (separate launches) of each run's median step; speedup = "
-            "throughput(N) / throughput(1) of the same backend; efficiency = speedup / N; memory ratio = per-rank "
-            "peak at N / at 1; exposed comm = (t_step − t_compute) / t_step. "
-            f"Rows whose repeats vary by more than CV {noise_cv:.0%} are marked NOISY, and so is every speedup "
-            "computed from them.",
+            "Throughput is the median over repeats (separate launches) of each run's median step; "
+            "speedup = throughput(N) / throughput(1) of the same backend; efficiency = speedup / N; "
+            "memory ratio = per-rank peak at N / at 1; exposed comm = (t_step − t_compute) / t_step. "
+            f"Rows whose repeats vary by more than CV {noise_cv:.0%} are marked NOISY, "
+            "and so is every speedup computed from them.",
         ],
     )
     if (runs["device_type"] == "cpu").any():
@@ -441,8 +443,8 @@ def build(records: list[dict], at_gpus: int | None, noise_cv: float, with_figure
             "Framework selection",
             2,
             [
-                "Backends at one N, ranked by throughput, with their memory and communication; each sentence is "
-                "derived from the numbers in its row."
+                "Backends at one N, ranked by throughput, with their memory and communication; "
+                "each sentence is derived from the numbers in its row."
             ],
         )
     )
@@ -472,9 +474,12 @@ def render_md(sections: list[Section]) -> str:
     return "\n".join(out)
 
 
-CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;color:#222}
-table{border-collapse:collapse;margin:1em 0;font-size:0.85em}th,td{border:1px solid #ccc;padding:3px 7px;text-align:left}
-th{background:#f0f0f0}figure{display:inline-block;margin:0.5em}figcaption{font-size:0.8em;color:#555}"""
+CSS = (
+    "body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;color:#222}\n"
+    "table{border-collapse:collapse;margin:1em 0;font-size:0.85em}"
+    "th,td{border:1px solid #ccc;padding:3px 7px;text-align:left}\n"
+    "th{background:#f0f0f0}figure{display:inline-block;margin:0.5em}figcaption{font-size:0.8em;color:#555}"
+)
 
 
 def render_html(sections: list[Section]) -> str:

@@ -32,6 +32,9 @@ def print_summary(record: dict, stream=sys.stdout) -> None:
     )
     table = Table(title=title, show_header=False, title_justify="left")
     t = s["step_time_s"]
+    global_seq = cfg["micro_batch"] * cfg["grad_accum"] * cfg["world_size"]
+    step_ms = {q: fmt(t[q] and t[q] * 1e3, "{:.1f}") for q in ("median", "p10", "p90")}
+    t_compute_ms = fmt(s["t_compute_s"] and s["t_compute_s"] * 1e3, "{:.1f}")
     rows = [
         (
             "device",
@@ -41,32 +44,38 @@ def print_summary(record: dict, stream=sys.stdout) -> None:
         ),
         (
             "global batch",
-            f"{cfg['micro_batch']} x {cfg['grad_accum']} accum x {cfg['world_size']} ranks = {cfg['micro_batch'] * cfg['grad_accum'] * cfg['world_size']} seq x {cfg['spec']['seq_len']} tok",
+            f"{cfg['micro_batch']} x {cfg['grad_accum']} accum x {cfg['world_size']} ranks = "
+            f"{global_seq} seq x {cfg['spec']['seq_len']} tok",
         ),
         (
             "step time (median [p10, p90])",
-            f"{fmt(t['median'] and t['median'] * 1e3, '{:.1f}')} ms [{fmt(t['p10'] and t['p10'] * 1e3, '{:.1f}')}, {fmt(t['p90'] and t['p90'] * 1e3, '{:.1f}')}] over {t['n']} steps",
+            f"{step_ms['median']} ms [{step_ms['p10']}, {step_ms['p90']}] over {t['n']} steps",
         ),
         (
             "throughput",
-            f"{fmt(s['throughput_tokens_per_s'], '{:,.0f}')} tokens/s ({fmt(s['per_device_tokens_per_s'], '{:,.0f}')} per device)",
+            f"{fmt(s['throughput_tokens_per_s'], '{:,.0f}')} tokens/s "
+            f"({fmt(s['per_device_tokens_per_s'], '{:,.0f}')} per device)",
         ),
         ("loss first -> last", f"{fmt(s['loss_first'], '{:.4f}')} -> {fmt(s['loss_last'], '{:.4f}')}"),
         (
             "exposed comm ratio",
-            f"{fmt(s['exposed_comm_ratio'], '{:.1%}')} (t_compute {fmt(s['t_compute_s'] and s['t_compute_s'] * 1e3, '{:.1f}')} ms by {s['compute_method']})",
+            f"{fmt(s['exposed_comm_ratio'], '{:.1%}')} "
+            f"(t_compute {t_compute_ms} ms by {s['compute_method']})",
         ),
         (
             "comm per rank per step",
-            f"{fmt_bytes(s['comm_bytes_per_rank_per_step'])} ({s['comm_volume_method']}); implied busbw {fmt_bytes(s['implied_busbw_bytes_per_s'])}/s",
+            f"{fmt_bytes(s['comm_bytes_per_rank_per_step'])} ({s['comm_volume_method']}); "
+            f"implied busbw {fmt_bytes(s['implied_busbw_bytes_per_s'])}/s",
         ),
         (
             "peak memory per rank",
-            f"RSS {fmt_bytes(s['peak_rss_bytes'])}; allocated {fmt_bytes(s['peak_allocated_bytes'])}; reserved {fmt_bytes(s['peak_reserved_bytes'])}",
+            f"RSS {fmt_bytes(s['peak_rss_bytes'])}; allocated {fmt_bytes(s['peak_allocated_bytes'])}; "
+            f"reserved {fmt_bytes(s['peak_reserved_bytes'])}",
         ),
         (
             "model state per rank",
-            f"{fmt_bytes(s['model_state_bytes_per_rank'])} measured vs {fmt_bytes(s['model_state_bytes_analytic'])} analytic",
+            f"{fmt_bytes(s['model_state_bytes_per_rank'])} measured vs "
+            f"{fmt_bytes(s['model_state_bytes_analytic'])} analytic",
         ),
         ("MFU", fmt(s["mfu"], "{:.1%}") + ("" if s["mfu"] is not None else " (device peak unknown)")),
         ("data wait", f"{fmt(s['data_wait_s'] and s['data_wait_s'] * 1e3, '{:.2f}')} ms per step"),

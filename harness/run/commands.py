@@ -33,7 +33,8 @@ def cmd_run(args) -> int:
         node = run_node(backend, cfg, args.out / "logs" / args.run_id, sys.argv)
         done = not node["timed_out"] and all(rc == 0 for rc in node["returncodes"])
         print(
-            f"node {cfg.node_rank}: launcher exit codes {node['returncodes']}{' (timed out)' if node['timed_out'] else ''}; "
+            f"node {cfg.node_rank}: launcher exit codes {node['returncodes']}"
+            f"{' (timed out)' if node['timed_out'] else ''}; "
             f"node 0 writes the record {args.out / (args.run_id + '.json')}"
         )
         return EXIT_OK if done else EXIT_FAILED

@@ -81,7 +81,8 @@ def kill_sessions(leaders: list[int]) -> None:
 
 def start_reaper() -> subprocess.Popen:
     """`python -m harness.run.reaper` in its own session, told each started process's pid on its stdin. If
-    the harness dies, its stdin closes without "done" and it kills those sessions (see harness/run/reaper.py)."""
+    the harness dies, its stdin closes without "done" and it kills those sessions (see
+    harness/run/reaper.py)."""
     return subprocess.Popen(
         [sys.executable, "-m", "harness.run.reaper"],
         stdin=subprocess.PIPE,

@@ -114,7 +114,8 @@ def build_config(
     if args.global_batch:
         if args.global_batch % (n * args.grad_accum):
             raise UsageError(
-                f"--global-batch {args.global_batch} is not divisible by gpus x grad-accum = {n * args.grad_accum}"
+                f"--global-batch {args.global_batch} is not divisible by "
+                f"gpus x grad-accum = {n * args.grad_accum}"
             )
         micro = args.global_batch // (n * args.grad_accum)
     if args.data and not Path(args.data).is_file():

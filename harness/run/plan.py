@@ -57,14 +57,16 @@ def cmd_plan(args) -> int:
     ok, reason = backend.availability()
     print(
         f"plan: {backend.label(base)} · {base.workload} · {base.nodes} node(s) x {base.gpus_per_node} "
-        f"rank(s) = {base.world_size} ranks on {base.device} · master {base.master_addr}:{port} · run id {run_id}"
+        f"rank(s) = {base.world_size} ranks on {base.device} · master {base.master_addr}:{port} · "
+        f"run id {run_id}"
     )
     if base.nodes == 1 and not base.master_port:
         print(f"(a one-node run picks a free port per run; {port} is shown)")
     if not ok:
         print(f"note: {backend.name} is unavailable on this machine: {reason}")
     print(
-        f"run dir: {run_dir} (shared by all nodes); node 0 writes {Path(args.out).resolve() / (run_id + '.json')}"
+        f"run dir: {run_dir} (shared by all nodes); "
+        f"node 0 writes {Path(args.out).resolve() / (run_id + '.json')}"
     )
     for r in range(base.nodes):
         cfg = dataclasses.replace(base, node_rank=r)

@@ -125,7 +125,8 @@ def sbatch_script(args, harness_args: list[str]) -> str:
     lines += [
         "# Every node gets the same layout and run id; node ranks follow the order of the node list.",
         'export DISTBENCH_HOSTS=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | paste -sd, -)',
-        'export DISTBENCH_MASTER=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1):$((20000 + SLURM_JOB_ID % 20000))',
+        'export DISTBENCH_MASTER=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)'
+        ":$((20000 + SLURM_JOB_ID % 20000))",
         'export DISTBENCH_RUN_ID="slurm-$SLURM_JOB_ID"',
         "# Node 0's harness writes the run record once every node's ranks have written theirs.",
         f"srun --nodes={args.nodes} --ntasks-per-node=1 --kill-on-bad-exit=0 bash -c {shlex.quote(node_cmd)}",
@@ -227,7 +228,10 @@ def manifest(
     }
     policy = {"backoffLimit": 0, "cleanPodPolicy": "None"}
     if kind == "PyTorchJob":  # RANK: 0 for the master pod, 1.. for the workers
-        cmd = f'NODE_RANK=$RANK; unset RANK WORLD_SIZE; exec {run} --node-rank "$NODE_RANK" --master "$MASTER_ADDR:$MASTER_PORT"'
+        cmd = (
+            f'NODE_RANK=$RANK; unset RANK WORLD_SIZE; exec {run} --node-rank "$NODE_RANK" '
+            '--master "$MASTER_ADDR:$MASTER_PORT"'
+        )
         ports = [{"name": "pytorchjob-port", "containerPort": 23456}]
         specs = {"Master": replica(1, container("pytorch", image, cmd, pod_gpus, workdir, ports=ports), pvc)}
         if nodes > 1:

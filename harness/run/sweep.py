@@ -148,7 +148,8 @@ def progress_line(
     )
     eta = elapsed / k * (n - k)
     return (
-        f"[{k}/{n}] {record['backend_info']['label']} N={run.cfg.world_size} repeat {run.repeat + 1}/{repeats}: "
+        f"[{k}/{n}] {record['backend_info']['label']} N={run.cfg.world_size} "
+        f"repeat {run.repeat + 1}/{repeats}: "
         f"{record['status']} in {took:.1f} s, {outcome} | elapsed {clock(elapsed)}, ETA {clock(eta)}"
     )
 

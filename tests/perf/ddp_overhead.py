@@ -136,14 +136,16 @@ def main():
         f"process settings {process_settings(threads)}"
     )
     print(
-        f"median step: plain {np.median(plain_t) * 1e3:.2f} ms, harness torch-ddp {np.median(harness_t) * 1e3:.2f} ms"
+        f"median step: plain {np.median(plain_t) * 1e3:.2f} ms, "
+        f"harness torch-ddp {np.median(harness_t) * 1e3:.2f} ms"
     )
     print(
         f"adapter / plain step time: {ratio:.4f} ({(ratio - 1) * 100:+.2f}%), "
         f"90% interval over launches [{low:.4f}, {high:.4f}]"
     )
     print(
-        f"harness work inside the timed region (batch fetch): {np.median(data_t) * 1e3:.3f} ms = {own * 100:.2f}% of a step"
+        f"harness work inside the timed region (batch fetch): {np.median(data_t) * 1e3:.3f} ms = "
+        f"{own * 100:.2f}% of a step"
     )
     print(
         f"minor page faults per step (median over launches): plain {np.median(faults['plain']):,.0f}, "
