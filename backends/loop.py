@@ -38,6 +38,29 @@ class Trainer(ABC):
         self.rank = rank_from_env()
         self.world_size = cfg.process_group_size
         self.device_name = "cpu"
+        self.optimizer_times: list[float] = []  # seconds per optimizer step, timed only when isolated
+
+    def timed_optimizer_step(self, optimizer_step) -> None:
+        """Run `optimizer_step()`. An isolated-counterfactual worker also times it, device-synchronised: it
+        steps the optimizer over all P parameters where a rank of a sharded stack steps P/N, and t_compute
+        discounts the difference (harness.analyze.metrics). The real run's steps are not touched."""
+        if self.cfg.isolated_index is None:
+            optimizer_step()
+            return
+        self.synchronize()
+        t0 = time.perf_counter()
+        optimizer_step()
+        self.synchronize()
+        self.optimizer_times.append(time.perf_counter() - t0)
+
+    def reset_peak_memory(self) -> None:
+        """Reset the framework allocator's peak counters: called after warm-up, so peaks exclude model
+        construction (the full model before sharding) and one-off warm-up work."""
+
+    def math_mode(self) -> dict:
+        """How this worker runs fp32 matmuls: {"tf32": True/False} where the framework can say (None: not
+        applicable, e.g. on CPU). TF32 raises the device's fp32 peak, so MFU must know."""
+        return {"tf32": None}
 
     @abstractmethod
     def step(self, batches: list, sync_grads: bool = True) -> float:
@@ -97,7 +120,25 @@ def inject_fault(cfg: RunConfig, rank: int, step: int) -> None:
         raise AssertionError(f"allocated {len(hog)} blocks without running out of memory")
 
 
+def reset_peak_rss() -> bool:
+    """Reset the kernel's peak RSS of this process (VmHWM) to its current RSS: Linux's clear_refs "5".
+    False where that is unavailable; the peak is then the lifetime maximum (getrusage)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def peak_rss_bytes() -> int:
+    """Peak RSS since reset_peak_rss() (VmHWM), else over the process's life (getrusage)."""
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
@@ -128,38 +169,48 @@ def data_shard(cfg: RunConfig, rank: int) -> Shard:
 def run_training(trainer: Trainer, cfg: RunConfig, weights_path: Path | None = None) -> dict:
     """The timing rules every backend shares; returns the raw rank record.
 
-    A step is timed from a device-synchronised boundary to the next: fetching this rank's micro-batches
-    (recorded separately as data wait), the framework's step, and the loss read-back. Warm-up steps are
-    run and dropped. Then, if the trainer can switch gradient sync off, `compute_steps` more steps run with
-    sync off (after the measured ones, since they let replicas drift); the first of those is dropped too,
-    as the switch can itself trigger one-off work. `weights_path`: where to save the final weights of the
-    measured steps (before the sync-off steps move them).
+    A step is timed from a device-synchronised boundary to the next: taking this rank's micro-batches
+    (recorded separately as data wait), the framework's step, and the loss read-back. The micro-batches are
+    prepared before the step's clock starts, as a prefetching data loader would have them ready (their
+    preparation time is recorded as data_prep). Warm-up steps are run and dropped; allocator peaks and the
+    peak RSS are reset after them. Then, if the trainer can switch gradient sync off, `compute_steps` more
+    steps run with sync off (after the measured ones, since they let replicas drift); the first of those is
+    dropped too, as the switch can itself trigger one-off work. `weights_path`: where to save the final
+    weights of the measured steps (before the sync-off steps move them).
     """
     source = make_source(cfg.spec.vocab_size, cfg.spec.seq_len, cfg.global_batch, cfg.seed, cfg.data_path)
     shard = data_shard(cfg, trainer.rank)
 
-    def timed_step(step: int, sync_grads: bool) -> tuple[float, float, float]:
+    def timed_step(step: int, sync_grads: bool) -> tuple[float, float, float, float]:
+        t_prep = time.perf_counter()
+        prepared = micro_batches(source, shard, step)
+        t_prep = time.perf_counter() - t_prep
         trainer.synchronize()
         t0 = time.perf_counter()
-        batches = micro_batches(source, shard, step)
+        batches = prepared
         t_data = time.perf_counter() - t0
         loss = trainer.step(batches, sync_grads=sync_grads)
         if cfg.step_delay_s:
             time.sleep(cfg.step_delay_s)
         trainer.synchronize()
-        return time.perf_counter() - t0, t_data, loss
+        return time.perf_counter() - t0, t_data, loss, t_prep
 
-    step_times, data_wait, losses, warmup_losses = [], [], [], []
+    step_times, data_wait, data_prep, losses, warmup_losses = [], [], [], [], []
+    peak_rss_scope = "process lifetime"
     for step in range(cfg.warmup + cfg.steps):
         if step == cfg.warmup:
+            trainer.reset_peak_memory()
+            peak_rss_scope = "after warm-up" if reset_peak_rss() else "process lifetime"
+            trainer.optimizer_times.clear()
             faults_at_start = minor_page_faults()
         inject_fault(cfg, trainer.rank, step)
-        t, t_data, loss = timed_step(step, True)
+        t, t_data, loss, t_prep = timed_step(step, True)
         if step < cfg.warmup:
             warmup_losses.append(loss)
         else:
             step_times.append(t)
             data_wait.append(t_data)
+            data_prep.append(t_prep)
             losses.append(loss)
         if trainer.rank == 0:
             print(
@@ -183,11 +234,11 @@ def run_training(trainer: Trainer, cfg: RunConfig, weights_path: Path | None = N
     ):
         first = cfg.warmup + cfg.steps
         for step in range(first, first + cfg.compute_steps + 1):
-            t, _, _ = timed_step(step, False)
+            t, _, _, _ = timed_step(step, False)
             if step > first:
                 compute_times.append(t)
 
-    memory = {"peak_rss": peak_rss_bytes(), **trainer.memory()}
+    memory = {"peak_rss": peak_rss_bytes(), "peak_rss_scope": peak_rss_scope, **trainer.memory()}
     return {
         "rank": trainer.rank,
         "host": socket.gethostname(),
@@ -196,9 +247,12 @@ def run_training(trainer: Trainer, cfg: RunConfig, weights_path: Path | None = N
         "status": "ok",
         "step_times": step_times,
         "data_wait": data_wait,
+        "data_prep": data_prep,
         "losses": losses,
         "warmup_losses": warmup_losses,
         "compute_only_step_times": compute_times,
+        "optimizer_step_times": list(trainer.optimizer_times[: cfg.steps]),
+        "math_mode": trainer.math_mode(),
         "memory": memory,
         "model_state_bytes": model_state,
         "minor_faults_per_step": minor_faults_per_step,

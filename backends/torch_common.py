@@ -44,7 +44,8 @@ class TorchTrainer(Trainer):
         self.model = self.optimizer = None
 
     def init_process_group(self) -> None:
-        """NCCL on GPU, gloo on CPU; with the run's collective timeout, so a dead or hung peer ends the run."""
+        """NCCL on GPU, gloo on CPU; with the run's collective timeout, so a dead or hung peer ends the
+        run."""
         if not dist.is_initialized():
             dist.init_process_group(
                 "nccl" if self.device.type == "cuda" else "gloo",
@@ -82,11 +83,14 @@ class TorchTrainer(Trainer):
         return float(loss)
 
     def optimizer_step(self) -> None:
-        if self.scaler:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
+        def step():
+            if self.scaler:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+
+        self.timed_optimizer_step(step)
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":

@@ -40,7 +40,7 @@ class DeepSpeedTrainer(TorchTrainer):
         self.scaler = None  # fp16 loss scaling is the engine's own
         deepspeed.init_distributed(
             dist_backend="nccl" if self.device.type == "cuda" else "gloo",
-            timeout=timedelta(seconds=cfg.timeout_s),
+            timeout=timedelta(seconds=cfg.collective_timeout),
         )
         model = self.build_model()
         optimizer = make_optimizer(model)  # parameter groups built before ZeRO-3 partitions the parameters
@@ -56,9 +56,11 @@ class DeepSpeedTrainer(TorchTrainer):
         for x, y in batches:
             loss = self.model(*self.inputs(x, y))
             self.model.backward(loss)
-            if len(losses) == len(batches) - 1:  # bytes only: holding the tensors would keep them alive
-                self.grad_bytes = storage_bytes(self.held_gradients(), set())
-            self.model.step()
+            if len(losses) == len(batches) - 1:  # the boundary: the optimizer steps in this engine.step()
+                self.grad_bytes = storage_bytes(self.held_gradients(), set())  # bytes only, not the tensors
+                self.timed_optimizer_step(self.model.step)
+            else:
+                self.model.step()
             losses.append(loss.detach())
         return float(sum(losses)) / len(batches)
 

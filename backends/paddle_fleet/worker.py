@@ -101,11 +101,15 @@ class FleetTrainer(Trainer):
                     loss = self.model(paddle.to_tensor(x), paddle.to_tensor(y)) / len(batches)
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
             losses.append(loss.detach())
-        if self.scaler:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
+
+        def optimizer_step():
+            if self.scaler:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+
+        self.timed_optimizer_step(optimizer_step)
         return float(paddle.add_n(losses))
 
     def synchronize(self) -> None:

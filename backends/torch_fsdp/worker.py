@@ -36,6 +36,18 @@ class FSDPTrainer(TorchTrainer):
     def autocast(self):
         return nullcontext()  # MixedPrecisionPolicy casts parameters and inputs; autocast would cast again
 
+    def step(self, batches, sync_grads=True):
+        """Gradient accumulation as FSDP users do it: gradient sync off (set_requires_gradient_sync) for all
+        but the last micro-batch, so gradients are reduce-scattered once per step, not once per micro-batch
+        (the unsharded gradients accumulate locally meanwhile)."""
+        self.optimizer.zero_grad()
+        loss = 0.0
+        for i, (x, y) in enumerate(batches):
+            self.model.set_requires_gradient_sync(i == len(batches) - 1)
+            loss += self.backward(self.model, x, y, len(batches))
+        self.optimizer_step()
+        return float(loss)
+
 
 def make_trainer(cfg):
     return FSDPTrainer(cfg)
