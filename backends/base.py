@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import math
 import os
 import sys
 from abc import ABC, abstractmethod
@@ -102,21 +103,39 @@ class Options:
 
 
 # ------------------------------------------------------------------------------------------- the adapter
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
+
+
+@dataclass(frozen=True)
+class CommTerm:
+    """One kind of collective a stack issues in every step: `op` over a tensor of `elements` elements of
+    `dtype_bytes` bytes each (the whole tensor: under all_gather / reduce_scatter each rank holds 1/N of
+    it), `per_step` times per optimizer step. harness.analyze.metrics turns terms into bytes per rank."""
+
+    op: str
+    elements: int
+    dtype_bytes: int
+    per_step: float
+    what: str
+
+
 @dataclass(frozen=True)
 class CommPattern:
-    """How gradients/parameters cross the network each step, for the analytic volume in harness.metrics.
+    """The analytic communication of one configuration, as the stack really behaves: its terms, and what
+    the model of it assumes (settings it depends on)."""
 
-    kind "allreduce": 2(N-1)/N x gradient bytes; "sharded": 3(N-1)/N x parameter bytes (two all-gathers
-    of parameters and one reduce-scatter of gradients). `dtype_bytes` is the communicated element size.
-    A sharded wrapper may reduce gradients in a wider dtype than it gathers parameters in
-    (`reduce_dtype_bytes`, 0 = the same), or keep parameters gathered from forward to backward
-    (`param_gathers` 1 instead of 2).
-    """
+    terms: tuple[CommTerm, ...]
+    assumptions: str = ""
 
-    kind: str
-    dtype_bytes: int
-    reduce_dtype_bytes: int = 0
-    param_gathers: int = 2
+
+def parameter_numels(cfg: RunConfig) -> dict[str, int]:
+    """Elements of every parameter tensor of the spec, by neutral name (blocks.<i>.* are the blocks')."""
+    return {name: math.prod(shape) for name, shape in cfg.spec.parameter_shapes().items()}
+
+
+def gradient_allreduce(cfg: RunConfig, dtype_bytes: int) -> CommPattern:
+    """Data parallelism that all-reduces the gradients once per step (accumulating without sync)."""
+    return CommPattern((CommTerm("all_reduce", cfg.spec.n_params, dtype_bytes, 1, "gradients"),))
 
 
 @dataclass
@@ -174,7 +193,12 @@ class Backend(ABC):
         return "none"
 
     def comm_pattern(self, cfg: RunConfig) -> CommPattern:
-        return CommPattern("allreduce", 4)
+        """What this configuration sends per step (the analytic volume); fp32 gradients, once per step."""
+        return gradient_allreduce(cfg, 4)
+
+    def settings(self, cfg: RunConfig) -> dict:
+        """The framework's own configuration this run hands it (e.g. DeepSpeed's config), for the record."""
+        return {}
 
     def precision_scheme(self, cfg: RunConfig) -> str:
         return self.mixed_precision

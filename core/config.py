@@ -36,6 +36,7 @@ class RunConfig:
     warmup: int = 3  # excluded from every statistic
     compute_steps: int = 5  # sync-off steps for t_compute (no_sync method), after the measured ones
     compute_method: str = "auto"  # auto -> the backend's preferred method
+    isolated_repeats: int = 2  # launches of the isolated counterfactual, one after the other
     threads_per_worker: int = 1
     seed: int = 0
     data_path: str | None = None

@@ -81,7 +81,45 @@ def migrate(record: dict) -> dict:
         if "method" in comm:
             comm["t_compute_method"] = comm.pop("method")
         record["comm"] = comm
+        info = record.get("backend_info") or {}
+        if "kind" in (info.get("comm_pattern") or {}):
+            record["backend_info"] = {
+                **info,
+                "comm_pattern": legacy_comm_pattern(info["comm_pattern"], record["config"]),
+            }
     return record
+
+
+def legacy_comm_pattern(pattern: dict, cfg: dict) -> dict:
+    """Schema 1's comm pattern ({kind, dtype_bytes, reduce_dtype_bytes, param_gathers}: every parameter
+    all-reduced, or gathered `param_gathers` times and reduce-scattered, once per step) as terms."""
+    n = ModelSpec(**cfg["spec"]).n_params
+    gather, reduce = pattern["dtype_bytes"], pattern.get("reduce_dtype_bytes") or pattern["dtype_bytes"]
+    if pattern["kind"] == "allreduce":
+        terms = [
+            {"op": "all_reduce", "elements": n, "dtype_bytes": reduce, "per_step": 1, "what": "gradients"}
+        ]
+    else:
+        terms = [
+            {
+                "op": "all_gather",
+                "elements": n,
+                "dtype_bytes": gather,
+                "per_step": pattern.get("param_gathers", 2),
+                "what": "parameters",
+            },
+            {
+                "op": "reduce_scatter",
+                "elements": n,
+                "dtype_bytes": reduce,
+                "per_step": 1,
+                "what": "gradients",
+            },
+        ]
+    return {
+        "terms": terms,
+        "assumptions": "schema 1 record: every parameter in every collective, once per step",
+    }
 
 
 def record_paths(paths) -> list[Path]:

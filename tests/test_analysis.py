@@ -36,7 +36,7 @@ def test_speedup_efficiency_memory_and_comm_from_known_step_times():
     assert two["memory_ratio"] == pytest.approx(500 / 400)
     assert two["exposed_comm_ratio"] == pytest.approx(0.2)
     volume = 2 * (2 - 1) / 2 * 1_071_872 * 4  # ring all-reduce of the tiny preset's fp32 gradients
-    assert two["busbw_bytes_per_s"] == pytest.approx(volume / 0.025)
+    assert two["volume_per_exposed_s"] == pytest.approx(volume / 0.025)
     # The factory's measured state is the hand-counted 16 B x 1,071,872 tiny parameters, not the formula's.
     assert two["model_state_bytes"] == 17_149_952
     assert two["model_state_analytic"] == pytest.approx(17_149_952)

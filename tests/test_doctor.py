@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import socket
 
+import numpy as np
 import pytest
 from conftest import harness
 
 from core.process import free_port
-from harness.run.doctor import import_check, shards_check
+from harness.run.doctor import data_check, import_check
 
 
 def test_doctor_runs_every_check_and_fails_on_an_unreachable_host_and_a_busy_port(tmp_path):
@@ -47,7 +48,7 @@ def test_doctor_runs_every_check_and_fails_on_an_unreachable_host_and_a_busy_por
         "ports": "FAIL",
         "host 127.0.0.1": "ok",
         "host no-such-host.invalid": "FAIL",
-        "data shards": "ok",
+        "data": "ok",
         "disk for results": "ok",
     }, proc.stdout
     assert all("ran:" in line for line in lines if line.startswith("["))
@@ -83,9 +84,20 @@ def test_a_missing_framework_fails_only_when_its_backend_was_asked_for():
 
 
 @pytest.mark.unit
-def test_shard_check_proves_disjoint_cover():
-    assert shards_check(3, 2, 2).status == "ok"
-    assert "12 samples, 12 distinct" in shards_check(3, 2, 2).got
+def test_data_check_reads_the_token_file_as_the_ranks_do(tmp_path):
+    path = tmp_path / "train.bin"
+    (np.arange(100_000) % 2048).astype(np.uint16).tofile(path)  # tiny: vocab 2048, 129 tokens per sample
+    ok = data_check(path, "tiny", 2, 8, 1)
+    assert ok.status == "ok" and ok.got == "100,000 tokens"
+    assert data_check(path, "tiny", 64, 16, 1).status == "warn"  # 1,024 x 129 tokens: wraps in step 0
+    bad = tmp_path / "bad.bin"
+    np.full(10_000, 4000, np.uint16).tofile(bad)  # token ids past tiny's vocabulary
+    assert (
+        data_check(bad, "tiny", 2, 8, 1).status == "FAIL"
+        and "vocab_size 2048" in data_check(bad, "tiny", 2, 8, 1).got
+    )
+    assert data_check(tmp_path / "missing.bin", "tiny", 2, 8, 1).status == "FAIL"
+    assert data_check(None, "tiny", 2, 8, 1).got == "synthetic tokens: nothing to read here"
 
 
 def test_unknown_backend_is_a_usage_error():

@@ -71,10 +71,10 @@ def test_exposed_comm_ratio_and_bus_bandwidth():
     assert s["exposed_comm_ratio"] == pytest.approx(0.25)  # (0.2 - 0.15) / 0.2
     volume = 2 * 1 / 2 * TINY_PARAMS * 4  # ring all-reduce of fp32 gradients at N=2
     assert s["comm_bytes_per_rank_per_step"] == pytest.approx(volume)
-    assert s["implied_busbw_bytes_per_s"] == pytest.approx(volume / 0.05)
+    assert s["volume_per_exposed_s"] == pytest.approx(volume / 0.05)
     # compute slower than the synced step (noise): clamped at 0, no bandwidth claimed
     s = summarize(record(compute=[[0.3] * 3] * 2))
-    assert s["exposed_comm_ratio"] == 0.0 and s["implied_busbw_bytes_per_s"] is None
+    assert s["exposed_comm_ratio"] == 0.0 and s["volume_per_exposed_s"] is None
 
 
 def test_single_rank_has_zero_comm_by_definition():
@@ -82,8 +82,17 @@ def test_single_rank_has_zero_comm_by_definition():
     assert s["exposed_comm_ratio"] == 0.0 and s["comm_bytes_per_rank_per_step"] == 0.0
 
 
-def test_sharded_volume():
-    assert comm_bytes_per_rank("sharded", 1000, 2, 4) == pytest.approx(3 * 3 / 4 * 1000 * 2)
+def test_volume_sums_the_terms_with_ring_factors():
+    terms = [
+        {"op": "all_gather", "elements": 1000, "dtype_bytes": 2, "per_step": 2, "what": "params"},
+        {"op": "reduce_scatter", "elements": 1000, "dtype_bytes": 4, "per_step": 1, "what": "grads"},
+        {"op": "all_reduce", "elements": 10, "dtype_bytes": 4, "per_step": 3, "what": "x"},
+    ]
+    # N=4: (N-1)/N = 0.75 for gather and scatter, 2(N-1)/N = 1.5 for all-reduce
+    assert comm_bytes_per_rank(terms, 4) == pytest.approx(
+        0.75 * 1000 * 2 * 2 + 0.75 * 1000 * 4 + 1.5 * 10 * 4 * 3
+    )
+    assert comm_bytes_per_rank(terms, 1) == 0.0
 
 
 def test_mfu_only_with_a_known_peak():

@@ -4,9 +4,8 @@ One round of scripts/aa_false_positive.py: A1 sets the delay (30% of its median 
 (slowed) and A runs interleaved, three per side, so a drift of this shared machine lands on all sides.
 Settings for a noisy 2-core machine: each run's fastest step (`--statistic min`; contention only adds
 time) and a 10% threshold; the slowdown costs ~23% of throughput, A/A differences on a quiet machine are
-< 5%. When other jobs swamp the machine (identical runs spreading by more than the injected slowdown, seen
-here with 7 busy processes on 2 cores), a missed detection is reported as a skip with the numbers, not as
-a failure of the gate.
+< 5%. Nothing is skipped: on a machine too busy for the gate to see a 30% slowdown the test fails, which
+is what a CI gate on such a machine would do too (the test suite runs one test at a time).
 """
 
 from __future__ import annotations
@@ -70,21 +69,14 @@ def test_same_code_twice_is_no_regression(measured, tmp_path):
 
 def test_injected_slowdown_is_a_regression(measured, tmp_path):
     a, b, s, delay = measured
-    # The A and B runs (same code) together are the baseline: 6 runs vs 3 lets the U test decide.
+    # The A and B runs (same code) together are the baseline: 6 runs vs 3.
     assert main(["baseline", "save", "aa", str(a), str(b), "--dir", str(tmp_path)]) == 0
     code, result = gate(tmp_path / "aa", s, tmp_path / "slow.json")
     throughput = result["comparisons"][0]["metrics"][0]
-    base = throughput["baseline_samples"]
-    spread = max(base) / min(base) - 1
-    if code == 0 and spread > DELAY_FRACTION:
-        pytest.skip(
-            f"identical runs spread {spread:.0%} here (fastest steps {[round(t * 1e3) for t in base]} ms): "
-            f"the machine is too busy to detect a {DELAY_FRACTION:.0%} slowdown"
-        )
     assert (throughput["n_baseline"], throughput["n_candidate"], throughput["test"]) == (
         6,
         3,
-        "mann-whitney-u",
+        "welch-t (log per-run values)",
     )
     assert code == 1 and throughput["verdict"] == "regression", throughput
     assert throughput["candidate_step_time_s"] - throughput["baseline_step_time_s"] > 0.5 * delay

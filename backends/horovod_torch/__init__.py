@@ -13,7 +13,15 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from backends.base import WORKER_SCRIPT, Backend, CommPattern, LaunchPlan, Options, device_mask, option
+from backends.base import (
+    WORKER_SCRIPT,
+    Backend,
+    LaunchPlan,
+    Options,
+    device_mask,
+    gradient_allreduce,
+    option,
+)
 from core.process import Process
 
 COMPRESSIONS = ("none", "fp16")
@@ -64,8 +72,9 @@ class Horovod(Backend):
         return self.name + ("-fp16comp" if self.options(cfg).compression == "fp16" else "")
 
     def comm_pattern(self, cfg):
-        """Gradients are fp32 (autocast keeps fp32 parameters), unless compressed to fp16 for the wire."""
-        return CommPattern("allreduce", 2 if self.options(cfg).compression == "fp16" else 4)
+        """Gradients are fp32 (autocast keeps fp32 parameters), unless compressed to fp16 for the wire;
+        all-reduced once per step (backward_passes_per_step = the accumulation steps)."""
+        return gradient_allreduce(cfg, 2 if self.options(cfg).compression == "fp16" else 4)
 
     def launch(self, cfg, run_dir, port, devices):
         """horovodrun is Horovod's multi-node launcher too: on node 0 it starts every node's workers

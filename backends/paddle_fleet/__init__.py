@@ -9,7 +9,17 @@ import socket
 import sys
 from dataclasses import dataclass
 
-from backends.base import WORKER_SCRIPT, Backend, CommPattern, LaunchPlan, Options, device_mask, option
+from backends.base import (
+    WORKER_SCRIPT,
+    Backend,
+    CommPattern,
+    CommTerm,
+    LaunchPlan,
+    Options,
+    device_mask,
+    gradient_allreduce,
+    option,
+)
 from core.process import Process
 
 SHARDING = {0: "none", 1: "optimizer", 2: "gradients", 3: "parameters"}
@@ -72,11 +82,26 @@ class PaddleFleet(Backend):
         return {**super().features(), "sharding": list(SHARDING.values())}
 
     def comm_pattern(self, cfg):
-        """Gradients travel in the parameters' dtype: fp32 under O1, bf16/fp16 under O2. Stages 1 and 2
-        reduce gradients and broadcast updated parameters (an all-reduce's volume); stage 3 gathers
-        parameters for forward and backward and reduce-scatters gradients."""
+        """Gradients travel in the parameters' dtype: fp32 under O1, bf16/fp16 under O2. Plain data parallel
+        all-reduces once per step (no_sync before the last micro-batch). Stage 1 reduces gradients to their
+        owners in the optimizer step and broadcasts the updated parameters (an all-reduce's volume, once
+        per step); stages 2 and 3 reduce gradients in backward hooks, every micro-batch, and stage 3
+        gathers parameters for forward and for backward (stages 2 and 3 run only on GPU: assumed, not
+        yet measured)."""
         dtype_bytes = 2 if self.master_weights(cfg) else 4
-        return CommPattern("sharded" if self.options(cfg).sharding_stage == 3 else "allreduce", dtype_bytes)
+        stage, n, accum = self.options(cfg).sharding_stage, cfg.spec.n_params, cfg.grad_accum
+        if stage == 0:
+            return gradient_allreduce(cfg, dtype_bytes)
+        terms = [CommTerm("reduce_scatter", n, dtype_bytes, 1 if stage == 1 else accum, "gradients")]
+        if stage == 3:
+            terms.append(
+                CommTerm("all_gather", n, dtype_bytes, 2 * accum, "parameters (forward and backward)")
+            )
+        else:
+            terms.append(CommTerm("all_gather", n, dtype_bytes, 1, "updated parameters"))
+        return CommPattern(
+            tuple(terms), "" if stage == 1 else "stages 2/3: per-micro-batch reduction assumed"
+        )
 
     def launch(self, cfg, run_dir, port, devices):
         """One launcher per node. Alone (one node, or an isolated worker): --ips 127.0.0.1 --start_port

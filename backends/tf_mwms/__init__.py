@@ -8,7 +8,7 @@ import json
 import sys
 from dataclasses import dataclass
 
-from backends.base import CUDA_MASK, WORKER_SCRIPT, Backend, CommPattern, LaunchPlan, Options, option
+from backends.base import CUDA_MASK, WORKER_SCRIPT, Backend, LaunchPlan, Options, gradient_allreduce, option
 from core.config import InvalidConfig
 from core.process import Process, free_port
 
@@ -75,7 +75,9 @@ class TFMultiWorkerMirrored(Backend):
         )
 
     def comm_pattern(self, cfg):
-        return CommPattern("allreduce", 4)  # gradients of the fp32 variables, also under a mixed policy
+        """Gradients of the fp32 variables (also under a mixed policy), accumulated in local buffers and
+        all-reduced once per step by apply_gradients."""
+        return gradient_allreduce(cfg, 4)
 
     def launch(self, cfg, run_dir, port, devices):
         """One process per worker, each shown only its own GPU (devices[i]), so MWMS has exactly one

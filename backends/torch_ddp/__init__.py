@@ -1,6 +1,6 @@
 """torch-ddp adapter: DistributedDataParallel launched by torchrun, one process per device."""
 
-from backends.base import Backend, CommPattern, torchrun
+from backends.base import Backend, gradient_allreduce, torchrun
 
 
 class TorchDDP(Backend):
@@ -10,7 +10,9 @@ class TorchDDP(Backend):
     compute_methods = ("no_sync", "isolated")
 
     def comm_pattern(self, cfg):
-        return CommPattern("allreduce", 4)  # DDP buckets the fp32 .grad tensors, also under autocast
+        """DDP all-reduces the fp32 .grad buckets (also under autocast), once per step: no_sync on the
+        micro-batches before the last."""
+        return gradient_allreduce(cfg, 4)
 
     def launch(self, cfg, run_dir, port, devices):
         return torchrun(self, cfg, run_dir, port, devices)

@@ -7,7 +7,7 @@ the low precision when it all-gathers them, so the collectives move low-precisio
 
 from dataclasses import dataclass
 
-from backends.base import Backend, CommPattern, Options, on_off, option, torchrun
+from backends.base import Backend, CommPattern, CommTerm, Options, on_off, option, parameter_numels, torchrun
 
 ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
@@ -49,15 +49,25 @@ class TorchFSDP(Backend):
         return "parameters"
 
     def comm_pattern(self, cfg):
-        """Blocks' parameters are all-gathered in the compute dtype for forward and, when resharded, again
-        for backward; gradients are reduce-scattered in reduce_dtype. (FSDP keeps the root's parameters
-        gathered from forward to backward in either case; the analytic volume counts them like the
-        blocks'.)"""
+        """Per micro-batch, each block's parameters are all-gathered in the compute dtype for forward and,
+        when resharded after forward, again for backward; the root's (embeddings, final LayerNorm) once,
+        as FSDP2 never reshards the root after forward. Parameters are resharded after every backward, so
+        each micro-batch gathers again. Gradients are reduce-scattered in reduce_dtype once per step
+        (gradient sync off on the earlier micro-batches)."""
         opts = self.options(cfg)
         gather = ELEMENT_BYTES[cfg.precision]
-        reduce = 4 if opts.fp32_reduce else gather
+        numels = parameter_numels(cfg)
+        blocks = sum(n for name, n in numels.items() if name.startswith("blocks."))
+        root = cfg.spec.n_params - blocks
+        block_gathers = 2 if opts.reshard_after_forward else 1
         return CommPattern(
-            "sharded", gather, reduce if reduce != gather else 0, 2 if opts.reshard_after_forward else 1
+            (
+                CommTerm("all_gather", root, gather, cfg.grad_accum, "root parameters (embeddings, ln_f)"),
+                CommTerm("all_gather", blocks, gather, block_gathers * cfg.grad_accum, "block parameters"),
+                CommTerm(
+                    "reduce_scatter", cfg.spec.n_params, 4 if opts.fp32_reduce else gather, 1, "gradients"
+                ),
+            )
         )
 
     def launch(self, cfg, run_dir, port, devices):

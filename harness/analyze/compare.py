@@ -1,23 +1,22 @@
 """`harness compare BASELINE CANDIDATE`: the regression gate.
 
-Runs are matched on (backend label, workload, N, precision, device kind, scaling). For each match:
+Runs are matched by their configuration (core.records.ConfigKey). For each match:
 
-- Throughput (and its step time) regresses when it falls by more than `--threshold` (relative, on the
-  median) AND the step-time samples differ significantly: two-sided Mann-Whitney U at `--alpha`, as
-  airspeed velocity does. When the sample counts are too small for the U test to ever reach `--alpha`
-  (fewer than 4 per side at 0.05: its smallest two-sided p-value is 2 / C(n1+n2, n1)), the fall-back test
-  is that the two sample ranges do not overlap; with one sample per side only the threshold decides.
-- The samples are one value per run (its median step time) when both sides have at least 3 runs
-  (MIN_REPEATS) of the configuration, else every measured step of every run pooled. Steps of one run are not
-  independent: they share the run's process placement, allocator state, background load and clock, so a
-  pooled test counts one run-level draw many times and its p-value is too small (an A/A pair of single
-  runs differs "significantly" most of the time). Runs are the independent unit; with one or two repeats
-  the threshold has to carry the decision, so give CI gates three or more repeats per side.
-- `--statistic min` uses each run's fastest step instead of its median (and the minimum of pooled steps).
-  On a shared machine contention only ever adds time, so the fastest step estimates the undisturbed cost
-  and is far steadier than the median (measured here: run medians of one A/A pair 118-352 ms, run minima
-  107-149 ms). It is blind to slowdowns that hit only some steps (stragglers, periodic stalls), so the
-  median stays the default, as it is the yardstick's t_step.
+- Samples are one value per run: its median step time (`--statistic min`: its fastest step). Runs are the
+  independent unit: the steps of one run share its process placement, allocator state, background load and
+  clock, so per-step samples are autocorrelated and launch-to-launch variation (a few percent on CPU) is
+  invisible within one run; a test on pooled steps counts one run-level draw many times and is
+  over-confident.
+- Throughput (via its step time) regresses when the candidate is slower by more than `--threshold` AND
+  significantly so: Welch's t-test on the logarithms of the per-run values (a ratio of geometric means;
+  two-sided, at `--alpha`), which is valid at the run counts people use (2 or more per side; 4 to 6 give it
+  power). The table shows the change with its confidence interval and the minimum detectable change
+  (MDC): the smallest change this many runs with this spread would detect 80% of the time. With one run
+  on a side there is no estimate of the launch-to-launch spread: only the threshold decides, and the
+  table says so.
+- `--statistic min` is steadier on a shared machine (contention only adds time) but blind to slowdowns
+  that hit only some steps (stragglers, periodic stalls), so the median, the yardstick's t_step, is the
+  default.
 - Peak memory per rank (RSS on CPU, allocator peak on GPU) and model-state bytes per rank regress when
   they grow by more than `--memory-threshold`; they are near-deterministic, so there is no test.
 - Improvements (the same rules in the other direction) are reported and never fail the gate.
@@ -31,21 +30,19 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from dataclasses import dataclass
-from math import comb
 from pathlib import Path
 
 import numpy as np
-from scipy.stats import mannwhitneyu
+from scipy.stats import t as student_t
 
 from core.records import ConfigKey, config_key, device_name, write_json_atomic
 from harness.analyze.baseline import InputError, load_all
 from harness.analyze.summary import fmt_bytes
 from harness.usage import EXIT_FAILED, EXIT_OK, UsageError, fraction
 
-DEFAULT_THRESHOLD = 0.05
+DEFAULT_THRESHOLD = 0.03
 DEFAULT_ALPHA = 0.05
 DEFAULT_MEMORY_THRESHOLD = 0.05
-MIN_REPEATS = 3
 STATISTICS = {"median": np.median, "min": np.min}
 # Settings and versions that, when they differ between the sides, are named next to the result: either the
 # environment changed (the comparison may be measuring it) or the work itself did.
@@ -110,41 +107,58 @@ def check_devices(base: list[dict], cand: list[dict]) -> None:
 # ---- statistics ---------------------------------------------------------------------------------------
 
 
-def min_attainable_p(n1: int, n2: int) -> float:
-    """The smallest two-sided p-value the exact Mann-Whitney U test can give for these sample sizes."""
-    return min(1.0, 2 / comb(n1 + n2, n1))
-
-
 @dataclass
 class Significance:
-    test: str  # "mann-whitney-u" | "range-overlap"
-    p_value: float | None  # None for the range fall-back
+    test: str  # "welch-t (log per-run values)" | "threshold only"
+    p_value: float | None
     significant: bool
+    change: float  # candidate / baseline - 1, of the geometric means of the per-run values
+    ci: tuple[float, float] | None = None  # (1 - alpha) confidence interval of `change`
+    mdc: float | None = None  # minimum detectable change (80% power at alpha), relative
 
     def describe(self) -> str:
-        if self.p_value is not None:
-            return f"U test p={self.p_value:.2g}"
-        return "ranges disjoint" if self.significant else "ranges overlap"
+        if self.p_value is None:
+            return "1 run on a side: launch-to-launch spread unknown, threshold only"
+        lo, hi = self.ci
+        return (
+            f"Welch p={self.p_value:.2g}, CI [{lo:+.1%}, {hi:+.1%}], MDC {self.mdc:.1%}"
+            if self.mdc is not None
+            else f"Welch p={self.p_value:.2g}"
+        )
 
 
-def significance(base: list[float], cand: list[float], alpha: float) -> Significance:
-    """Do the two samples differ? Mann-Whitney U where it can reach `alpha`, else: do the ranges overlap?"""
-    if min_attainable_p(len(base), len(cand)) <= alpha:
-        p = float(mannwhitneyu(base, cand, alternative="two-sided").pvalue)
-        return Significance("mann-whitney-u", p, p < alpha)
-    disjoint = max(base) < min(cand) or max(cand) < min(base)
-    return Significance("range-overlap", None, disjoint)
+def significance(base: list[float], cand: list[float], alpha: float, power: float = 0.8) -> Significance:
+    """Welch's t-test on the logarithms of per-run values: is the candidate's geometric mean different?
+    Also the confidence interval of the relative change and the minimum detectable change (MDC: at this
+    spread and these run counts, the change the test would find with probability `power`)."""
+    x, y = np.log(np.asarray(base, float)), np.log(np.asarray(cand, float))
+    change = float(np.exp(y.mean() - x.mean()) - 1)
+    if min(len(x), len(y)) < 2:
+        return Significance("threshold only", None, True, change)
+    vx, vy = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)
+    se = float(np.sqrt(vx + vy))
+    d = float(y.mean() - x.mean())
+    if se == 0.0:
+        return Significance(
+            "welch-t (log per-run values)", 0.0 if d else 1.0, d != 0.0, change, (change, change), 0.0
+        )
+    df = (vx + vy) ** 2 / (vx**2 / (len(x) - 1) + vy**2 / (len(y) - 1))
+    p = float(2 * student_t.sf(abs(d) / se, df))
+    q = float(student_t.ppf(1 - alpha / 2, df))
+    ci = (float(np.exp(d - q * se) - 1), float(np.exp(d + q * se) - 1))
+    mdc = float(np.exp((q + student_t.ppf(power, df)) * se) - 1)
+    return Significance("welch-t (log per-run values)", p, p < alpha, change, ci, mdc)
 
 
-def step_samples(
+def run_samples(
     base_runs: list[dict], cand_runs: list[dict], statistic: str
-) -> tuple[list[float], list[float], str]:
-    """The step-time samples both sides are tested on, and their unit (see the module docstring)."""
-    if min(len(base_runs), len(cand_runs)) >= MIN_REPEATS:
-        per_run = lambda runs: [float(STATISTICS[statistic](r["step_times_s"])) for r in runs]  # noqa: E731
-        return per_run(base_runs), per_run(cand_runs), f"per-run {statistic}"
-    pool = lambda runs: [t for r in runs for t in r["step_times_s"]]  # noqa: E731
-    return pool(base_runs), pool(cand_runs), "steps"
+) -> tuple[list[float], list[float]]:
+    """One step-time sample per run: its median (or fastest) step."""
+
+    def per_run(runs):
+        return [float(STATISTICS[statistic](r["step_times_s"])) for r in runs if r["step_times_s"]]
+
+    return per_run(base_runs), per_run(cand_runs)
 
 
 def verdict(
@@ -181,7 +195,7 @@ def memory_field(runs: list[dict]) -> tuple[str, str]:
 
 
 def compare_throughput(base_runs, cand_runs, threshold, alpha, statistic) -> dict:
-    b, c, unit = step_samples(base_runs, cand_runs, statistic)
+    b, c = run_samples(base_runs, cand_runs, statistic)
     if not b or not c:
         return {
             "metric": "throughput_tokens_per_s",
@@ -194,9 +208,8 @@ def compare_throughput(base_runs, cand_runs, threshold, alpha, statistic) -> dic
             "verdict": "n/a",
         }
     sig = significance(b, c, alpha)
-    # The step time of a side: the median of its per-run values, or the statistic of its pooled steps.
-    center = np.median if unit != "steps" else STATISTICS[statistic]
-    t_b, t_c = float(center(b)), float(center(c))
+    # A side's step time: the geometric mean of its per-run values (what the test compares).
+    t_b, t_c = float(np.exp(np.log(b).mean())), float(np.exp(np.log(c).mean()))
     tp_b = base_runs[0]["summary"]["tokens_per_step"] / t_b
     tp_c = cand_runs[0]["summary"]["tokens_per_step"] / t_c
     change = relative(tp_b, tp_c)
@@ -209,8 +222,10 @@ def compare_throughput(base_runs, cand_runs, threshold, alpha, statistic) -> dic
         "change": change,
         "baseline_step_time_s": t_b,
         "candidate_step_time_s": t_c,
-        "step_time_change": relative(t_b, t_c),
-        "samples": unit,
+        "step_time_change": sig.change,
+        "step_time_change_ci": sig.ci,
+        "minimum_detectable_change": sig.mdc,
+        "samples": f"per-run {statistic}",
         "n_baseline": len(b),
         "n_candidate": len(c),
         "baseline_samples": b,
@@ -218,7 +233,7 @@ def compare_throughput(base_runs, cand_runs, threshold, alpha, statistic) -> dic
         "test": sig.test,
         "p_value": sig.p_value,
         "significant": sig.significant,
-        "detail": f"{sig.describe()} ({len(b)} vs {len(c)} {unit})",
+        "detail": f"{sig.describe()} ({len(b)} vs {len(c)} runs, per-run {statistic})",
         "verdict": verdict(change, threshold, sig.significant, higher_is_better=True),
     }
 
@@ -337,7 +352,6 @@ def compare_runs(
             "alpha": alpha,
             "memory_threshold": memory_threshold,
             "statistic": statistic,
-            "min_repeats": MIN_REPEATS,
             "force": force,
         },
         "comparisons": comparisons,
@@ -375,7 +389,8 @@ def markdown(result: dict) -> str:
         "",
         f"Baseline {side(result['baseline'])} vs candidate {side(result['candidate'])}. "
         f"A regression is throughput down by more than {s['threshold']:.0%} with significantly different "
-        f"step times (alpha {s['alpha']}; step time of a run: its {s['statistic']}), "
+        f"step times (Welch's t-test on the runs' log step times, alpha {s['alpha']}; step time of a run: "
+        f"its {s['statistic']}; MDC: the change these runs would detect 80% of the time), "
         f"or peak memory / model state up by more than {s['memory_threshold']:.0%}.",
         "",
         "| configuration | metric | baseline | candidate | change | test | verdict |",
@@ -452,7 +467,7 @@ def register(subparsers) -> None:
         "--alpha",
         type=fraction,
         default=DEFAULT_ALPHA,
-        help=f"significance level of the Mann-Whitney U test (default {DEFAULT_ALPHA})",
+        help=f"significance level of Welch's t-test on the runs' log step times (default {DEFAULT_ALPHA})",
     )
     p.add_argument(
         "--memory-threshold",

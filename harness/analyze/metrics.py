@@ -9,22 +9,36 @@ import numpy as np
 
 from workloads.spec import ModelSpec
 
-# Dense peak FLOP/s per device, from the vendors' data sheets (no sparsity). fp32 is plain FP32 (non-TF32)
-# because PyTorch does not use TF32 for fp32 matmuls by default. Matched by substring, first match wins.
-PEAK_FLOPS = (
-    ("H100 PCIe", {"bf16": 756e12, "fp16": 756e12, "fp32": 51e12}),
-    ("H100", {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}),
-    ("H200", {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}),
-    ("A100", {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12}),
-)
+# Dense peak FLOP/s (no sparsity) from NVIDIA's data sheets, by the exact name the driver reports
+# (torch.cuda.get_device_name, nvidia-smi): a substring would take "RTX A1000" for an A100. "tf32" is the
+# peak of fp32 matmuls run as TF32, which each worker records (math_mode) since frameworks differ in it.
+A100 = {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12}
+H100_SXM = {"bf16": 989e12, "fp16": 989e12, "tf32": 494.5e12, "fp32": 67e12}  # also the H200 (SXM)
+H100_PCIE = {"bf16": 756e12, "fp16": 756e12, "tf32": 378e12, "fp32": 51e12}
+NVL = {"bf16": 835.5e12, "fp16": 835.5e12, "tf32": 417.5e12, "fp32": 60e12}  # H100 NVL, H200 NVL
+PEAK_FLOPS = {
+    "NVIDIA A100-SXM4-40GB": A100,
+    "NVIDIA A100-SXM4-80GB": A100,
+    "NVIDIA A100-PCIE-40GB": A100,
+    "NVIDIA A100 80GB PCIe": A100,
+    "NVIDIA H100 80GB HBM3": H100_SXM,
+    "NVIDIA H100 PCIe": H100_PCIE,
+    "NVIDIA H100 NVL": NVL,
+    "NVIDIA H200": H100_SXM,
+    "NVIDIA H200 NVL": NVL,
+}
+
+
+def peak_precision(precision: str, tf32: bool | None) -> str:
+    """The peak an fp32 run is measured against: TF32's when its matmuls ran as TF32."""
+    return "tf32" if precision == "fp32" and tf32 else precision
 
 
 def device_peak_flops(device_name: str | None, precision: str) -> float | None:
-    """Peak FLOP/s for this device and precision, or None when unknown (a CPU, an unlisted GPU)."""
-    for key, peaks in PEAK_FLOPS:
-        if device_name and key in device_name:
-            return peaks.get(precision)
-    return None
+    """Peak FLOP/s for this exact device and precision (peak_precision's), or None when unknown (a CPU, an
+    unlisted GPU): never guessed."""
+    peaks = PEAK_FLOPS.get(" ".join((device_name or "").split()))
+    return peaks.get(precision) if peaks else None
 
 
 def per_step_max(ranks: list[dict], key: str) -> list[float]:
@@ -51,35 +65,64 @@ def stats(xs: list[float]) -> dict:
     }
 
 
-def comm_bytes_per_rank(
-    kind: str,
-    n_params: int,
-    dtype_bytes: int,
-    world: int,
-    reduce_dtype_bytes: int = 0,
-    param_gathers: int = 2,
-) -> float:
-    """Analytic bytes each rank sends per step: ring all-reduce 2(N-1)/N x G; sharded data parallel
-    (FSDP, ZeRO-3) 3(N-1)/N x P (all-gather params forward and backward, reduce-scatter grads), with
-    `param_gathers` all-gathers and the gradients in `reduce_dtype_bytes` where those differ."""
+# Bytes each rank sends per element of the whole tensor, by collective, on a ring of N ranks (the nccl-tests
+# convention): all-reduce 2(N-1)/N, all-gather and reduce-scatter (N-1)/N.
+RING_FACTORS = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+}
+
+
+def comm_bytes_per_rank(terms: list[dict], world: int) -> float:
+    """Analytic bytes each rank sends per step: the sum over the stack's collectives (the adapter's
+    CommPattern terms) of ring factor x whole-tensor elements x element bytes x times per step."""
     if world <= 1:
         return 0.0
-    reduce = reduce_dtype_bytes or dtype_bytes
-    per_param = {"allreduce": 2 * reduce, "sharded": param_gathers * dtype_bytes + reduce}[kind]
-    return (world - 1) / world * n_params * per_param
+    return sum(RING_FACTORS[t["op"]](world) * t["elements"] * t["dtype_bytes"] * t["per_step"] for t in terms)
 
 
 def comm_volume_method(pattern: dict) -> str:
-    """How the volume was obtained, spelled out where a sharded pattern departs from 3 equal transfers."""
-    if pattern["kind"] == "sharded" and (
-        pattern.get("reduce_dtype_bytes") or pattern.get("param_gathers", 2) != 2
-    ):
-        return (
-            f"analytic sharded ({pattern.get('param_gathers', 2)} all-gather(s) of "
-            f"{pattern['dtype_bytes']}-byte params, reduce-scatter of "
-            f"{pattern.get('reduce_dtype_bytes') or pattern['dtype_bytes']}-byte grads)"
-        )
-    return f"analytic {pattern['kind']} ({pattern['dtype_bytes']}-byte elements)"
+    """How the volume was obtained: analytic, term by term, with the model's assumptions."""
+    terms = "; ".join(
+        f"{t['per_step']:g} x {t['op']} of {t['what']} ({t['dtype_bytes']}-byte)" for t in pattern["terms"]
+    )
+    return f"analytic: {terms}" + (f" [{pattern['assumptions']}]" if pattern.get("assumptions") else "")
+
+
+def rank_median_max(series: list[list[float]]) -> float | None:
+    """Each process's median, then the slowest: processes that are not in lockstep (isolated workers, ranks
+    with sync off) drift apart, and a per-step maximum over them would be biased up by their spread."""
+    medians = [float(np.median(s)) for s in series if s]
+    return max(medians) if medians and len(medians) == len(series) else None
+
+
+def compute_time(
+    record: dict, method: str, ranks: list[dict], sharding: str, world: int
+) -> tuple[float | None, str]:
+    """t_compute and how it was obtained. no_sync: the ranks' sync-off steps. isolated: the isolated
+    workers' steps; where the stack shards the optimizer, each worker stepped the optimizer over all P
+    parameters while a rank steps P/N, so (N-1)/N of its measured optimizer time is taken off each step."""
+    if method == "no_sync":
+        return rank_median_max(
+            [r.get("compute_only_step_times") or [] for r in ranks]
+        ), "sync-off steps: median per rank, slowest rank"
+    if method != "isolated":
+        return None, "none"
+    workers = record.get("isolated_ranks") or []
+    series = []
+    discount = sharding != "none" and world > 1
+    for w in workers:
+        steps, opt = w.get("step_times") or [], w.get("optimizer_step_times") or []
+        if discount and len(opt) == len(steps):
+            steps = [t - (world - 1) / world * o for t, o in zip(steps, opt)]
+        elif discount:
+            return None, "isolated: optimizer step times missing, cannot discount the sharded optimizer"
+        series.append(steps)
+    detail = "isolated workers: median per worker, slowest worker"
+    if discount:
+        detail += f"; (N-1)/N of each worker's optimizer step taken off (a rank steps 1/{world} of it)"
+    return rank_median_max(series), detail
 
 
 def summarize(record: dict) -> dict:
@@ -96,32 +139,23 @@ def summarize(record: dict) -> dict:
     throughput = tokens_per_step / t_step if t_step else None
 
     method = record.get("comm", {}).get("t_compute_method", "none")
-    compute_series = {
-        "no_sync": per_step_max(ranks, "compute_only_step_times"),
-        "isolated": per_step_max(record.get("isolated_ranks", []), "step_times"),
-    }.get(method, [])
-    t_compute = stats(compute_series)["median"]
+    t_compute, t_compute_detail = compute_time(record, method, ranks, info.get("sharding", "none"), world)
     exposed = None
     if world == 1:
         exposed = 0.0
     elif t_step and t_compute:
         exposed = max(0.0, (t_step - t_compute) / t_step)
 
-    pattern = info.get("comm_pattern", {"kind": "allreduce", "dtype_bytes": 4})
-    volume = comm_bytes_per_rank(
-        pattern["kind"],
-        spec.n_params,
-        pattern["dtype_bytes"],
-        world,
-        pattern.get("reduce_dtype_bytes", 0),
-        pattern.get("param_gathers", 2),
-    )
+    pattern = info.get("comm_pattern") or {"terms": []}
+    volume = comm_bytes_per_rank(pattern["terms"], world)
     exposed_s = (t_step - t_compute) if (t_step and t_compute and t_step > t_compute) else None
-    busbw = volume / exposed_s if (volume and exposed_s) else None
+    volume_per_exposed_s = volume / exposed_s if (volume and exposed_s) else None
 
     losses = [float(np.mean(step)) for step in zip(*[r["losses"] for r in ranks])] if ranks else []
     device = ranks[0]["device"] if ranks else None
-    peak = device_peak_flops(device, cfg["precision"])
+    tf32_states = {(r.get("math_mode") or {}).get("tf32") for r in ranks}
+    peak_kind = peak_precision(cfg["precision"], tf32_states == {True})
+    peak = device_peak_flops(device, peak_kind)
     per_device = throughput / world if throughput else None
     mfu = spec.flops_per_token * per_device / peak if (peak and per_device) else None
 
@@ -135,6 +169,7 @@ def summarize(record: dict) -> dict:
     )
     measured_state = rank_max("model_state_bytes", "total")
     data_wait = stats(per_step_max(ranks, "data_wait"))["median"]
+    data_prep = stats(per_step_max(ranks, "data_prep"))["median"]
     return {
         "step_time_s": t,
         "tokens_per_step": tokens_per_step,
@@ -143,17 +178,21 @@ def summarize(record: dict) -> dict:
         "per_device_tokens_per_s": per_device,
         "data_wait_s": data_wait,
         "data_wait_fraction": data_wait / t_step if (data_wait is not None and t_step) else None,
+        "data_prep_s": data_prep,
         "loss_first": losses[0] if losses else None,
         "loss_last": losses[-1] if losses else None,
         "losses": losses,
         "compute_method": method,
         "t_compute_s": t_compute,
+        "t_compute_detail": t_compute_detail,
         "exposed_comm_ratio": exposed,
         "comm_bytes_per_rank_per_step": volume,
         "comm_volume_method": comm_volume_method(pattern),
-        "implied_busbw_bytes_per_s": busbw,
+        "volume_per_exposed_s": volume_per_exposed_s,
         "model_flops_per_step": spec.flops_per_token * tokens_per_step,
         "device_peak_flops": peak,
+        "device_peak_precision": peak_kind if peak else None,
+        "tf32": sorted(tf32_states, key=str)[0] if len(tf32_states) == 1 else None,
         "mfu": mfu,
         "peak_rss_bytes": rank_max("memory", "peak_rss"),
         "minor_faults_per_step": max(
@@ -161,7 +200,7 @@ def summarize(record: dict) -> dict:
         ),
         "peak_allocated_bytes": rank_max("memory", "allocated_peak"),
         "peak_reserved_bytes": rank_max("memory", "reserved_peak"),
-        "nvml_used_bytes": rank_max("memory", "nvml_used"),
+        "peak_rss_scope": next((r["memory"].get("peak_rss_scope") for r in ranks if r.get("memory")), None),
         "model_state_bytes_per_rank": measured_state,
         "model_state_bytes_analytic": analytic_state["total"],
         "model_state_vs_analytic": measured_state / analytic_state["total"] if measured_state else None,

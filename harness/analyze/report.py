@@ -89,7 +89,7 @@ SCALING_HEADERS = [
     "memory ratio vs N=1",
     "model state/rank",
     "exposed comm",
-    "implied busbw",
+    "volume / exposed time",
     "MFU",
 ]
 
@@ -126,7 +126,7 @@ def scaling_table(agg: pd.DataFrame) -> Table:
                 num(r.memory_ratio, "{:.2f}"),
                 f"{nbytes(r.model_state_bytes)} ({num(r.model_state_vs_analytic, '{:.3f}')}x analytic)",
                 pct(r.exposed_comm_ratio, 1),
-                nbytes(r.busbw_bytes_per_s) + "/s" if value(r.busbw_bytes_per_s) is not None else "n/a",
+                nbytes(r.volume_per_exposed_s) + "/s" if value(r.volume_per_exposed_s) is not None else "n/a",
                 pct(r.mfu, 1),
             ]
         )

@@ -60,12 +60,12 @@ def print_summary(record: dict, stream=sys.stdout) -> None:
         (
             "exposed comm ratio",
             f"{fmt(s['exposed_comm_ratio'], '{:.1%}')} "
-            f"(t_compute {t_compute_ms} ms by {s['compute_method']})",
+            f"(t_compute {t_compute_ms} ms by {s['compute_method']}: {s.get('t_compute_detail')})",
         ),
         (
             "comm per rank per step",
             f"{fmt_bytes(s['comm_bytes_per_rank_per_step'])} ({s['comm_volume_method']}); "
-            f"implied busbw {fmt_bytes(s['implied_busbw_bytes_per_s'])}/s",
+            f"volume / exposed time {fmt_bytes(s['volume_per_exposed_s'])}/s (not a bus bandwidth)",
         ),
         (
             "peak memory per rank",
@@ -77,8 +77,17 @@ def print_summary(record: dict, stream=sys.stdout) -> None:
             f"{fmt_bytes(s['model_state_bytes_per_rank'])} measured vs "
             f"{fmt_bytes(s['model_state_bytes_analytic'])} analytic",
         ),
-        ("MFU", fmt(s["mfu"], "{:.1%}") + ("" if s["mfu"] is not None else " (device peak unknown)")),
-        ("data wait", f"{fmt(s['data_wait_s'] and s['data_wait_s'] * 1e3, '{:.2f}')} ms per step"),
+        (
+            "MFU",
+            f"{fmt(s['mfu'], '{:.1%}')} of the {s['device_peak_precision']} peak"
+            if s["mfu"] is not None
+            else "n/a (device peak unknown)",
+        ),
+        (
+            "data",
+            f"wait {fmt(s['data_wait_s'] and s['data_wait_s'] * 1e3, '{:.2f}')} ms per step in the step; "
+            f"prepared beforehand in {fmt(s.get('data_prep_s') and s['data_prep_s'] * 1e3, '{:.2f}')} ms",
+        ),
         (
             "host page faults",
             f"{fmt(s.get('minor_faults_per_step'), '{:,.1f}')} minor faults per step (slowest rank)",

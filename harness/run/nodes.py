@@ -249,7 +249,7 @@ def wait_for_nodes(run_dir: Path, cfg: RunConfig) -> list[dict | None]:
     run has failed whatever they do, and the record should not wait on a peer that waits for a dead one."""
     own = read_markers(run_dir, 1)[0] or {}
     own_ok = not own.get("timed_out") and all(rc == 0 for rc in own.get("returncodes", [1]))
-    launches = 2 if cfg.compute_method == "isolated" else 1
+    launches = 1 + (cfg.isolated_repeats if cfg.compute_method == "isolated" else 0)
     deadline = time.monotonic() + (launches * cfg.timeout_s if own_ok else 0) + NODE_GRACE_S
     while True:
         markers = read_markers(run_dir, cfg.nodes)

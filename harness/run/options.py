@@ -53,6 +53,12 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         "--compute-steps", type=int, default=5, help="sync-off steps for t_compute (no_sync method)"
     )
     p.add_argument(
+        "--isolated-repeats",
+        type=positive,
+        default=2,
+        help="launches of the isolated counterfactual (isolated method), one after the other",
+    )
+    p.add_argument(
         "--compute-method", default="auto", help=f"{', '.join(COMPUTE_METHODS)}: how t_compute is measured"
     )
     p.add_argument(
@@ -145,6 +151,7 @@ def build_config(
         steps=args.steps,
         warmup=args.warmup,
         compute_steps=args.compute_steps,
+        isolated_repeats=args.isolated_repeats,
         compute_method=method,
         threads_per_worker=threads or args.threads_per_worker or max(1, cores // per_node),
         seed=args.seed,

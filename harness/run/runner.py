@@ -13,6 +13,7 @@ import json
 import os
 import platform
 import socket
+import statistics
 import uuid
 from pathlib import Path
 
@@ -152,13 +153,17 @@ def node_plan(backend: Backend, cfg: RunConfig, run_dir: Path, port: int) -> Lau
     return backend.launch(cfg, run_dir, port, node_devices(cfg))
 
 
-def isolated_plans(backend: Backend, cfg: RunConfig, run_dir: Path) -> list[LaunchPlan]:
-    """What THIS node starts for the isolated counterfactual: one single-process worker per local rank, each
-    on the device and data shard of the rank it stands for, in its own dir with its own config."""
+def isolated_dir(run_dir: Path, index: int, repeat: int) -> Path:
+    return run_dir / (f"isolated{index}" if repeat == 0 else f"isolated{index}-r{repeat}")
+
+
+def isolated_plans(backend: Backend, cfg: RunConfig, run_dir: Path, repeat: int = 0) -> list[LaunchPlan]:
+    """What THIS node starts for one launch of the isolated counterfactual: one single-process worker per
+    local rank, each on the device and data shard of the rank it stands for, in its own dir and config."""
     plans = []
     for k in range(cfg.first_local_rank, cfg.first_local_rank + cfg.gpus_per_node):
         iso = dataclasses.replace(cfg, isolated_index=k)
-        iso_dir = run_dir / f"isolated{k}"
+        iso_dir = isolated_dir(run_dir, k, repeat)
         plan = backend.launch(iso, iso_dir, free_port(), isolated_devices(cfg, k))
         plan.files[iso_dir / "config.json"] = iso.to_json()
         plans.append(plan)
@@ -182,34 +187,46 @@ def launch_node(backend: Backend, cfg: RunConfig, run_dir: Path) -> LaunchResult
 
 def run_isolated(backend: Backend, cfg: RunConfig, run_dir: Path) -> str | None:
     """The isolated counterfactual: N independent single-process workers started at the same time, each
-    on the data shard of one rank, so they contend for the machines as the real run does but never talk.
-    Each node runs the workers standing for its own ranks; returns an error message if they failed."""
-    plans = isolated_plans(backend, cfg, run_dir)
-    for plan in plans:
-        write_files(plan.files)
-    result = run_processes(
-        [proc for plan in plans for proc in plan.processes],
-        node_log(run_dir, cfg, "isolated"),
-        cfg.timeout_s,
-        cwd=REPO_ROOT,
-    )
-    return (
-        None
-        if result.ok
-        else (
-            f"isolated counterfactual failed on node {cfg.node_rank} (exit codes "
-            f"{result.returncodes}); see {run_dir}"
+    on the data shard of one rank, so they contend for the machines as the real run does but never talk;
+    launched cfg.isolated_repeats times, one launch after the other, since launch-to-launch variation
+    (process placement, allocator state) is as large as the effect measured. Each node runs the workers
+    standing for its own ranks; returns an error message if they failed."""
+    for repeat in range(cfg.isolated_repeats):
+        plans = isolated_plans(backend, cfg, run_dir, repeat)
+        for plan in plans:
+            write_files(plan.files)
+        result = run_processes(
+            [proc for plan in plans for proc in plan.processes],
+            node_log(run_dir, cfg, "isolated"),
+            cfg.timeout_s,
+            cwd=REPO_ROOT,
         )
-    )
+        if not result.ok:
+            return (
+                f"isolated counterfactual launch {repeat + 1} failed on node {cfg.node_rank} (exit codes "
+                f"{result.returncodes}); see {run_dir}"
+            )
+    return None
 
 
 def gather_isolated(
     run_dir: Path, cfg: RunConfig, markers: list[dict | None]
 ) -> tuple[list[dict], str | None]:
+    """One record per isolated worker k, its launches' steps joined (each launch's median kept, so the
+    spread between launches shows)."""
     errors = [m["isolated_error"] for m in markers if m and m.get("isolated_error")]
-    records = [gather_ranks(run_dir / f"isolated{k}", 1).get(0) for k in range(cfg.world_size)]
-    if errors or any(r is None or r.get("status") != "ok" for r in records):
-        return [], "; ".join(errors) or f"isolated counterfactual records missing or failed; see {run_dir}"
+    records = []
+    for k in range(cfg.world_size):
+        launches = [gather_ranks(isolated_dir(run_dir, k, r), 1).get(0) for r in range(cfg.isolated_repeats)]
+        if errors or any(rec is None or rec.get("status") != "ok" for rec in launches):
+            return [], "; ".join(
+                errors
+            ) or f"isolated counterfactual records missing or failed; see {run_dir}"
+        merged = dict(launches[0])
+        for key in ("step_times", "optimizer_step_times"):
+            merged[key] = [t for rec in launches for t in rec.get(key) or []]
+        merged["launch_median_step_times"] = [statistics.median(rec["step_times"]) for rec in launches]
+        records.append(merged)
     return records, None
 
 
@@ -340,6 +357,7 @@ def assemble_record(
             "sharding": backend.sharding(cfg),
             "precision_scheme": backend.precision_scheme(cfg),
             "comm_pattern": dataclasses.asdict(backend.comm_pattern(cfg)),
+            "settings": backend.settings(cfg),
         },
         "launch": launch or {},
         "comm": comm,

@@ -1,0 +1,80 @@
+"""DeepSpeed ZeRO's analytic communication per step, as the engine behaves with the settings it is given.
+
+Stage 0 all-reduces the gradients at the accumulation boundary. Stages 1 and 2 reduce-scatter the
+gradients into their owners' partitions (stage 1 at the boundary only, stage 2 in every backward) and
+all-gather the updated parameters after the step. Stage 3 gathers the partitioned parameters for every
+micro-batch's forward and reduce-scatters gradients in every backward; what it gathers depends on two
+settings, which ds_config sets explicitly so that each record names them:
+- stage3_param_persistence_threshold: a tensor of at most this many elements is never partitioned (kept
+  whole on every rank), so it is never gathered;
+- stage3_max_reuse_distance: after forward, a module's parameters stay gathered if the engine will use them
+  again before it has fetched this many more parameter elements. Between a block's forward and its
+  backward the engine fetches the later blocks' parameters twice (their forward, then their backward),
+  so a block is re-gathered for backward only when those exceed the distance: for models up to ~500M
+  parameters with the default, every parameter is gathered once per micro-batch.
+"""
+
+from __future__ import annotations
+
+from backends.base import CommPattern, CommTerm, parameter_numels
+from core.config import RunConfig
+
+PERSISTENCE_THRESHOLD = 100_000  # DeepSpeed's default stage3_param_persistence_threshold
+MAX_REUSE_DISTANCE = 1_000_000_000  # DeepSpeed's default stage3_max_reuse_distance
+
+
+def stage3_settings() -> dict:
+    return {
+        "stage3_param_persistence_threshold": PERSISTENCE_THRESHOLD,
+        "stage3_max_reuse_distance": MAX_REUSE_DISTANCE,
+    }
+
+
+def partitioned(numels: dict[str, int]) -> dict[str, int]:
+    """The tensors ZeRO-3 partitions (the others persist whole on every rank)."""
+    return {name: n for name, n in numels.items() if n > PERSISTENCE_THRESHOLD}
+
+
+def regathered_for_backward(numels: dict[str, int]) -> int:
+    """Elements of the partitioned block parameters that are released after forward and gathered again
+    for backward: block i's, when the later blocks' partitioned parameters, fetched twice in between,
+    exceed the reuse distance."""
+    part = partitioned(numels)
+    per_block: dict[int, int] = {}
+    for name, n in part.items():
+        if name.startswith("blocks."):
+            index = int(name.split(".")[1])
+            per_block[index] = per_block.get(index, 0) + n
+    total = 0
+    for i, n in per_block.items():
+        fetched_between = 2 * sum(m for j, m in per_block.items() if j > i)
+        if fetched_between >= MAX_REUSE_DISTANCE:
+            total += n
+    return total
+
+
+def zero_comm_pattern(cfg: RunConfig, stage: int, dtype_bytes: int) -> CommPattern:
+    """The terms of a ZeRO `stage` run whose gradients and parameters travel in `dtype_bytes` elements."""
+    n, accum = cfg.spec.n_params, cfg.grad_accum
+    if stage == 0:
+        return CommPattern((CommTerm("all_reduce", n, dtype_bytes, 1, "gradients"),))
+    if stage in (1, 2):
+        return CommPattern(
+            (
+                CommTerm("reduce_scatter", n, dtype_bytes, 1 if stage == 1 else accum, "gradients"),
+                CommTerm("all_gather", n, dtype_bytes, 1, "updated parameters"),
+            )
+        )
+    numels = parameter_numels(cfg)
+    gathered = sum(partitioned(numels).values())
+    terms = [CommTerm("all_gather", gathered, dtype_bytes, accum, "partitioned parameters (forward)")]
+    again = regathered_for_backward(numels)
+    if again:
+        terms.append(CommTerm("all_gather", again, dtype_bytes, accum, "parameters re-gathered for backward"))
+    terms.append(CommTerm("reduce_scatter", n, dtype_bytes, accum, "gradients"))
+    persistent = n - gathered
+    return CommPattern(
+        tuple(terms),
+        f"stage3_param_persistence_threshold={PERSISTENCE_THRESHOLD} ({persistent:,} elements in tensors "
+        f"kept whole on every rank), stage3_max_reuse_distance={MAX_REUSE_DISTANCE}",
+    )
