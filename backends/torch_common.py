@@ -96,18 +96,43 @@ class TorchTrainer(Trainer):
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+    def math_mode(self) -> dict:
+        """Whether cuBLAS runs this worker's fp32 matmuls in TF32, as torch left it (not changed here).
+
+        Read from torch.backends.cuda.matmul.fp32_precision (torch >= 2.9; "tf32" also after
+        set_float32_matmul_precision("high"/"medium"), allow_tf32 = True or TORCH_ALLOW_TF32_CUBLAS_OVERRIDE),
+        else the legacy allow_tf32, which torch 2.9+ refuses to read once the new API set the flag.
+        TF32 needs compute capability 8.0+, and NVIDIA_TF32_OVERRIDE=0 turns it off in cuBLAS itself."""
+        if self.device.type != "cuda":
+            return {"tf32": None}
+        matmul = torch.backends.cuda.matmul
+        precision = getattr(matmul, "fp32_precision", None)
+        if precision in ("tf32", "ieee", "bf16", "none"):
+            setting = f"torch.backends.cuda.matmul.fp32_precision={precision}"
+            switch = precision == "tf32"
+        else:
+            switch = bool(matmul.allow_tf32)
+            setting = f"torch.backends.cuda.matmul.allow_tf32={switch}"
+        capable = torch.cuda.get_device_capability(self.device) >= (8, 0)
+        return {
+            "tf32": switch and capable and os.environ.get("NVIDIA_TF32_OVERRIDE") != "0",
+            "tf32_setting": setting,
+        }
+
+    def reset_peak_memory(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+
     def memory(self) -> dict:
+        """The caching allocator's peaks (allocated by tensors, reserved from the driver) since the reset
+        after warm-up; empty on CPU. No NVML 'used' figure: one sample at the end of the run is not the peak,
+        and it counts the CUDA context and every other process and allocator on the device."""
         if self.device.type != "cuda":
             return {}
-        out = {
+        return {
             "allocated_peak": torch.cuda.max_memory_allocated(self.device),
             "reserved_peak": torch.cuda.max_memory_reserved(self.device),
         }
-        try:  # NVML's view: includes the CUDA context and other allocators
-            out["nvml_used"] = torch.cuda.device_memory_used(self.device)
-        except Exception:  # noqa: BLE001 - NVML is optional
-            pass
-        return out
 
     def model_state_bytes(self) -> dict:
         params = list(self.model.parameters())

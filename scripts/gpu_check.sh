@@ -1,27 +1,174 @@
 #!/usr/bin/env bash
-# The prepared GPU check for a session that is lent a GPU machine (see the device tool's README):
-# exercises the CUDA paths that CPU CI cannot — NCCL process groups, autocast bf16/fp16 with GradScaler,
-# the allocator's peak stats and NVML, and MFU from the device-peak table — with the machine's own python3
-# (it ships torch with CUDA, pandas, rich, psutil, scipy). Records land in ${OUT:-gpu-results}.
-#   bash scripts/gpu_check.sh            # about 3-5 minutes on one H200
+# The prepared GPU check for a session that is lent a GPU machine (see the device tool's README): exercises,
+# on ONE GPU, the CUDA paths that CPU CI cannot, with the machine's own python3 (it ships torch with CUDA,
+# pandas, rich, psutil, scipy; TensorFlow, Paddle and DeepSpeed are used only where they import with a GPU,
+# else skipped with the reason printed):
+#   - NCCL process groups, autocast bf16/fp16 with GradScaler, MFU from the device-peak table;
+#   - (4) the fp32 math mode each worker records (TF32 or not) and the MFU taken from it;
+#   - (6) batch preparation (data_prep, outside the timed region) against the step time;
+#   - (7) tf-mwms: what synchronize() still waits for after the loss read-back (if TF sees the GPU);
+#   - (9) allocator peaks reset after warm-up, against the model-state bytes; torch-fsdp vs torch-ddp, 1 rank;
+#   - the device contract under CUDA_VISIBLE_DEVICES=0: the GPU each rank record says it ran on.
+# One summary line per record at the end. Records and logs land in ${CHECK_DIR:-gpu-results}; where OUT is
+# set (the device tool's folder that comes back), the summary and a tarball of them are copied there.
+#   bash scripts/gpu_check.sh            # about 4-6 minutes on one H200 (torch only); under 8 with all
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${OUT:-gpu-results}; mkdir -p "$out"
+dir=${CHECK_DIR:-gpu-results}; mkdir -p "$dir"
 py=${PYTHON:-python3}
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/nvidia-smi.txt"
-run() { echo "== harness run $*"; PYTHONUNBUFFERED=1 "$py" -m harness run --device cuda --out "$out" --timeout 300 "$@" 2>&1 | tail -n 16; }
-run --backend torch-ddp  --gpus 1 --workload small --precision bf16 --micro-batch 8 --steps 20
-run --backend torch-ddp  --gpus 1 --workload small --precision fp16 --micro-batch 8 --steps 10
-run --backend torch-ddp  --gpus 1 --workload small --precision fp32 --micro-batch 4 --steps 10
-run --backend torch-fsdp --gpus 1 --workload small --precision bf16 --micro-batch 8 --steps 20
-run --backend torch-ddp  --gpus 1 --workload 1b    --precision bf16 --micro-batch 2 --activation-checkpointing --steps 10
-"$py" - "$out" <<'PY'
-import json, sys, pathlib
-for p in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
-    r = json.loads(p.read_text()); s = r["summary"]; c = r["config"]
-    mfu = f"{s['mfu']:.1%}" if s["mfu"] is not None else "n/a"
-    alloc = f"{s['peak_allocated_bytes'] / 2**30:.1f} GiB" if s["peak_allocated_bytes"] else "n/a"
-    tps = f"{s['throughput_tokens_per_s']:,.0f}" if s["throughput_tokens_per_s"] else "n/a"
-    print(f"{r['backend_info']['label']:12s} {c['workload']:6s} {c['precision']:5s} {r['status']:7s} "
-          f"tok/s {tps:>10s}  MFU {mfu:>6s}  peak alloc {alloc}  versions {r['environment']['versions']}")
+budget=${CHECK_BUDGET_S:-420}  # optional runs are skipped once this many seconds are spent
+SECONDS=0
+nvidia-smi --query-gpu=index,name,uuid,pci.bus_id,memory.total,driver_version --format=csv | tee "$dir/nvidia-smi.txt"
+
+run() {
+    echo "== [${SECONDS}s] harness run $*"
+    PYTHONUNBUFFERED=1 "$py" -m harness run --device cuda --out "$dir" --timeout 240 "$@" 2>&1 | tail -n 6
+}
+skip() { echo "== SKIPPED $1: $2"; }
+in_budget() {  # in_budget NAME: false (and says so) once the budget is spent
+    if ((SECONDS > budget)); then skip "$1" "${SECONDS}s spent of the ${budget}s budget"; return 1; fi
+}
+why_not() {  # why_not MODULE: empty if MODULE imports and sees a GPU, else the reason
+    local said
+    said=$("$py" - "$1" 2>/dev/null <<'PY' | sed -n 's/^WHY://p'
+import sys
+name = sys.argv[1]
+try:
+    if name == "tensorflow":
+        import tensorflow as tf
+        ok = bool(tf.config.list_physical_devices("GPU"))
+    elif name == "paddle":
+        import paddle
+        ok = paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
+    else:
+        __import__(name)
+        ok = True
+except Exception as e:  # noqa: BLE001
+    print(f"WHY:python3 -c 'import {name}' fails: {type(e).__name__}: {str(e)[:120]}")
+else:
+    print("WHY:ok" if ok else f"WHY:{name} imports but sees no GPU (a CPU-only build?)")
 PY
+)
+    [[ $said == ok ]] || echo "${said:-the import check of $1 died without a word}"
+}
+
+# (4) + (6): fp32 on torch: the recorded math mode (torch's default: no TF32) and the MFU taken from it.
+run --backend torch-ddp --gpus 1 --workload small --precision fp32 --micro-batch 4 --steps 10 --warmup 3
+# (9): one rank each, same workload: peaks after warm-up, against the model-state bytes.
+run --backend torch-fsdp --gpus 1 --workload small --precision fp32 --micro-batch 4 --steps 10 --warmup 3 \
+    --compute-method none
+# Device contract: the user's mask, the isolated method asked for (1 rank: no counterfactual to place).
+CUDA_VISIBLE_DEVICES=0 run --backend torch-ddp --gpus 1 --workload tiny --steps 5 --warmup 2 \
+    --compute-method isolated
+reason=$(why_not deepspeed)
+if [[ -n $reason ]]; then skip "deepspeed (device contract)" "$reason"
+elif in_budget deepspeed; then
+    CUDA_VISIBLE_DEVICES=0 run --backend deepspeed --gpus 1 --workload tiny --steps 5 --warmup 2 \
+        --compute-method isolated
+fi
+
+# (7): TensorFlow on the GPU: a harness run (records TF's TF32 switch), then the synchronize() probe.
+reason=$(why_not tensorflow)
+if [[ -n $reason ]]; then skip "tf-mwms (7)" "$reason"
+elif in_budget tf-mwms; then
+    run --backend tf-mwms --gpus 1 --workload small --precision fp32 --micro-batch 4 --steps 10 --warmup 3 \
+        --compute-method none
+    echo "== [${SECONDS}s] tf-mwms synchronize() probe"
+    CUDA_VISIBLE_DEVICES=0 PROBE_DEVICE=cuda "$py" - <<'PY' 2>&1 | grep -E "^probe|Error|Traceback"
+import os, statistics, sys, time
+sys.path.insert(0, os.getcwd())
+from backends.tf_mwms.worker import make_trainer
+from core.config import RunConfig
+from workloads.data import Shard, make_source, micro_batches
+from workloads.spec import resolve
+
+workload = os.environ.get("PROBE_WORKLOAD", "small")
+cfg = RunConfig("tf-mwms", workload, resolve(workload), 1, os.environ["PROBE_DEVICE"], micro_batch=4)
+trainer = make_trainer(cfg)
+source = make_source(cfg.spec.vocab_size, cfg.spec.seq_len, cfg.global_batch, cfg.seed)
+shard = Shard(0, 1, cfg.micro_batch, cfg.grad_accum)
+steps, tails, counted = [], [], []
+for step in range(10):
+    batches = micro_batches(source, shard, step)
+    trainer.synchronize()
+    t0 = time.perf_counter()
+    trainer.step(batches)  # returns after the loss read-back
+    t1 = time.perf_counter()
+    trainer.synchronize()  # what it still waits for: the all-reduce and optimizer tail
+    t2 = time.perf_counter()
+    counted.append(int(trainer.optimizer.iterations.numpy()) == step + 1)
+    steps.append(t1 - t0), tails.append(t2 - t1)
+ms = lambda xs: f"{statistics.median(xs[3:]) * 1e3:.2f} ms"  # noqa: E731
+print(f"probe tf-mwms {workload}: step to loss read-back {ms(steps)}, then synchronize() {ms(tails)} "
+      f"(median of 7 after 3 warm-up); optimizer step counter == steps after every sync: {all(counted)}")
+PY
+fi
+
+# Paddle on the GPU: records Paddle's cuBLAS TF32 switch, peaks after warm-up, a real device sync.
+reason=$(why_not paddle)
+if [[ -n $reason ]]; then skip "paddle-fleet" "$reason"
+elif in_budget paddle-fleet; then
+    run --backend paddle-fleet --gpus 1 --workload small --precision fp32 --micro-batch 4 --steps 10 --warmup 3 \
+        --compute-method none
+fi
+
+# Mixed precision and a large model (as before this check covered the issues above).
+in_budget "torch-ddp bf16" && run --backend torch-ddp --gpus 1 --workload small --precision bf16 --micro-batch 8 --steps 10
+in_budget "torch-ddp fp16" && run --backend torch-ddp --gpus 1 --workload small --precision fp16 --micro-batch 8 --steps 10
+in_budget "torch-ddp 1b" && run --backend torch-ddp --gpus 1 --workload 1b --precision bf16 --micro-batch 2 \
+    --activation-checkpointing --steps 5 --warmup 2
+
+echo "== [${SECONDS}s] one line per record"
+"$py" - "$dir" <<'PY' | tee "$dir/summary.txt"
+import csv, json, pathlib, statistics, sys
+
+root = pathlib.Path(sys.argv[1])
+smi = list(csv.reader((root / "nvidia-smi.txt").read_text().splitlines()))[1:]
+physical = {}  # device name -> the nvidia-smi indices of GPUs of that name
+for row in smi:
+    physical.setdefault(row[1].strip(), []).append(row[0].strip())
+
+
+def per_step_max(ranks, key):
+    return [max(s) for s in zip(*[r.get(key) or [] for r in ranks])]
+
+
+def med_ms(xs):
+    return f"{statistics.median(xs) * 1e3:8.2f} ms" if xs else "     n/a   "
+
+
+def gib(b):
+    return f"{b / 2**30:5.2f} GiB" if b else "  n/a    "
+
+
+for p in sorted(root.glob("*.json")):
+    r = json.loads(p.read_text()); s = r.get("summary") or {}; c = r["config"]
+    ranks = [k for k in r.get("ranks", []) if k.get("status") == "ok"]
+    mfu = f"{s['mfu']:.1%}" if s.get("mfu") is not None else "n/a"
+    tps = f"{s['throughput_tokens_per_s']:,.0f}" if s.get("throughput_tokens_per_s") else "n/a"
+    tf32 = sorted({str((k.get("math_mode") or {}).get("tf32")) for k in ranks}) or ["n/a"]
+    settings = sorted({(k.get("math_mode") or {}).get("tf32_setting") or "-" for k in ranks})
+    state = s.get("model_state_bytes_per_rank")
+    alloc = s.get("peak_allocated_bytes")
+    scope = sorted({(k.get("memory") or {}).get("peak_rss_scope", "?") for k in ranks})
+    step, prep = per_step_max(ranks, "step_times"), per_step_max(ranks, "data_prep")
+    ratio = f"{statistics.median(prep) / statistics.median(step):.1%}" if prep and step else "n/a"
+    devices = [k.get("device") for k in r.get("ranks", [])]
+    iso = [k.get("device") for k in r.get("isolated_ranks", [])]
+    where = ", ".join(f"{d} = GPU {'/'.join(physical.get(d, ['?']))}" for d in devices)
+    print(
+        f"{r['backend_info']['label']:12s} {c['workload']:5s} {c['precision']:4s} {r['status']:6s} "
+        f"tok/s {tps:>9s}  MFU {mfu:>6s} (peak {s.get('device_peak_precision', '?')})  tf32 {'/'.join(tf32)}  "
+        f"peak alloc {gib(alloc)} vs model state {gib(state)}"
+        f"{f' (x{alloc / state:.2f})' if alloc and state else ''} [{'/'.join(scope)}]  "
+        f"data_prep {med_ms(prep)} vs step {med_ms(step)} ({ratio})"
+    )
+    print(f"    math mode: {'; '.join(settings)}   ranks on: {where or 'n/a'}   isolated workers on: "
+          f"{', '.join(iso) if iso else 'none (1 rank: no counterfactual)' if c['world_size'] == 1 else 'none'}"
+          f"{'   error: ' + str(r.get('error'))[:200] if r['status'] != 'ok' else ''}")
+PY
+echo "== done in ${SECONDS}s"
+if [[ -n ${OUT:-} && -d ${OUT:-} ]]; then
+    cp "$dir/summary.txt" "$OUT/gpu_check_summary.txt"
+    tar czf "$OUT/gpu_check_results.tar.gz" "$dir"
+fi

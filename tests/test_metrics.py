@@ -1,5 +1,7 @@
 """Derived figures on hand-made records with known answers."""
 
+import dataclasses
+
 import pytest
 import record_factory as factory
 
@@ -126,3 +128,50 @@ def test_isolated_counterfactual_gives_t_compute():
     s = summarize(record(compute=[[0.15] * 3, [0.16] * 3], method="isolated"))
     assert s["compute_method"] == "isolated" and s["t_compute_s"] == pytest.approx(0.16)
     assert s["exposed_comm_ratio"] == pytest.approx(0.2)
+
+
+def test_t_compute_is_each_process_median_then_the_slowest():
+    # Out of lockstep: rank 0 slow in step 0, rank 1 in step 2. A per-step max would give [0.3, 0.1, 0.3]
+    # (median 0.3); each rank's median is 0.1 and 0.1: t_compute 0.1.
+    s = summarize(record(compute=[[0.3, 0.1, 0.1], [0.1, 0.1, 0.3]]))
+    assert s["t_compute_s"] == pytest.approx(0.1)
+    s = summarize(record(compute=[[0.3, 0.1, 0.1], [0.1, 0.1, 0.3]], method="isolated"))
+    assert s["t_compute_s"] == pytest.approx(0.1) and "median per worker" in s["t_compute_detail"]
+
+
+def test_isolated_counterfactual_of_a_sharded_stack_discounts_the_optimizer_it_does_not_share():
+    # An isolated ZeRO-1 worker steps AdamW over all parameters (0.04 s of each 0.2 s step); a rank of the
+    # 4-rank run steps a quarter of them: t_compute = 0.2 - 3/4 x 0.04 = 0.17.
+    cfg = factory.config("deepspeed-zero3", 4, steps=3)
+    cfg = dataclasses.replace(cfg, backend_options={"zero_stage": 1, "offload_optimizer": False})
+    ranks = [factory.rank_record(r, [0.25] * 3) for r in range(4)]
+    workers = [{**factory.rank_record(0, [0.2] * 3), "optimizer_step_times": [0.04] * 3} for _ in range(4)]
+    rec = factory.assemble(cfg, "zero1", ranks, isolated_ranks=workers, environment=factory.environment())
+    s = summarize(rec)
+    assert s["t_compute_s"] == pytest.approx(0.17) and "(N-1)/N" in s["t_compute_detail"]
+    assert s["exposed_comm_ratio"] == pytest.approx((0.25 - 0.17) / 0.25)
+    # without the optimizer's times it says so instead of guessing
+    workers = [factory.rank_record(0, [0.2] * 3) for _ in range(4)]
+    rec = factory.assemble(cfg, "zero1", ranks, isolated_ranks=workers, environment=factory.environment())
+    assert summarize(rec)["t_compute_s"] is None
+
+
+def test_peaks_are_matched_by_exact_device_name():
+    assert device_peak_flops("NVIDIA RTX A1000", "bf16") is None  # not an A100
+    assert device_peak_flops("NVIDIA A100-SXM4-80GB", "bf16") == 312e12
+    assert device_peak_flops("NVIDIA H100 NVL", "bf16") == 835.5e12  # not the SXM's 989
+    assert device_peak_flops("NVIDIA H200 NVL", "bf16") == 835.5e12
+    assert device_peak_flops("NVIDIA H200", "bf16") == 989e12
+
+
+def test_fp32_mfu_uses_the_tf32_peak_when_every_rank_ran_tf32():
+    tokens_per_device_s = 4 * 2 * 2 * 128 / 0.2 / 2
+    r = record(device="NVIDIA H100 80GB HBM3")
+    assert summarize(r)["mfu"] == pytest.approx(TINY_FLOPS_PER_TOKEN * tokens_per_device_s / 67e12)
+    for rank in r["ranks"]:
+        rank["math_mode"] = {"tf32": True}
+    s = summarize(r)
+    assert s["device_peak_precision"] == "tf32" and s["tf32"] is True
+    assert s["mfu"] == pytest.approx(TINY_FLOPS_PER_TOKEN * tokens_per_device_s / 494.5e12)
+    r["ranks"][1]["math_mode"] = {"tf32": False}  # disagreeing ranks: the plain fp32 peak
+    assert summarize(r)["device_peak_precision"] == "fp32"

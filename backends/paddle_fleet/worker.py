@@ -113,10 +113,31 @@ class FleetTrainer(Trainer):
         return float(paddle.add_n(losses))
 
     def synchronize(self) -> None:
+        """On GPU, a device-wide sync of this worker's GPU (paddle.device.synchronize of the current
+        place: cudaDeviceSynchronize, so also the communication streams); CPU ops finish as they run."""
         if self.cfg.device == "cuda":
             paddle.device.synchronize()
 
+    def math_mode(self) -> dict:
+        """Whether cuBLAS runs fp32 matmuls in TF32: Paddle's cuBLAS TF32 switch (phi's allow_tf32_cublas,
+        on by default in CUDA builds; paddle.base.core.set/get_cublas_switch, no FLAGS_ entry; not changed
+        here), on a GPU of compute capability 8.0+, unless NVIDIA_TF32_OVERRIDE=0 turns TF32 off in cuBLAS."""
+        if self.cfg.device != "cuda":
+            return {"tf32": None}
+        switch = bool(paddle.base.core.get_cublas_switch())
+        capable = tuple(paddle.device.cuda.get_device_capability()) >= (8, 0)
+        return {
+            "tf32": switch and capable and os.environ.get("NVIDIA_TF32_OVERRIDE") != "0",
+            "tf32_setting": f"paddle.base.core.get_cublas_switch()={switch}",
+        }
+
+    def reset_peak_memory(self) -> None:
+        if self.cfg.device == "cuda":
+            paddle.device.cuda.reset_max_memory_allocated()
+            paddle.device.cuda.reset_max_memory_reserved()
+
     def memory(self) -> dict:
+        """The GPU allocator's peaks since the reset after warm-up; empty on CPU."""
         if self.cfg.device != "cuda":
             return {}
         return {

@@ -17,6 +17,7 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from tensorflow.python.eager import context as tf_context  # noqa: E402
 
 from backends.loop import Trainer, cpu_name  # noqa: E402
 from backends.tf_mwms import TFOptions  # noqa: E402
@@ -131,7 +132,39 @@ class MWMSTrainer(Trainer):
             losses.append(self.strategy.experimental_local_results(per_replica)[0])
         return float(tf.add_n(losses)) / len(batches)
 
+    def synchronize(self) -> None:
+        """Wait until this worker's device has finished all queued work: the last step's all-reduce,
+        optimizer apply and buffer resets (on GPU, apply() returns once its ops are enqueued, and the loss
+        read-back is only bound to wait for the loss). A SyncDevice op on this worker's own device blocks
+        until its GPU stream is idle (a no-op kernel on CPU, where ops finish before the call returns), then
+        any async-eager queue is drained. Not tf.test.experimental.sync_devices(): it syncs every logical
+        device, and under MWMS those include the other workers' devices, which this eager context cannot run
+        ops on ("Haven't set up remote eager worker")."""
+        for device in self.strategy.extended.worker_devices:
+            with tf.device(device):
+                tf.raw_ops.SyncDevice()
+        if not tf.config.experimental.get_synchronous_execution():
+            tf_context.async_wait()
+
+    def math_mode(self) -> dict:
+        """Whether fp32 matmuls run in TF32: TensorFlow's switch (on by default; not changed here), on a GPU
+        of compute capability 8.0+, unless NVIDIA_TF32_OVERRIDE=0 turns TF32 off in cuBLAS itself."""
+        gpus = tf.config.list_physical_devices("GPU")
+        if not gpus:
+            return {"tf32": None}
+        switch = tf.config.experimental.tensor_float_32_execution_enabled()
+        capability = tf.config.experimental.get_device_details(gpus[0]).get("compute_capability", (0, 0))
+        return {
+            "tf32": switch and tuple(capability) >= (8, 0) and os.environ.get("NVIDIA_TF32_OVERRIDE") != "0",
+            "tf32_setting": f"tf.config.experimental.tensor_float_32_execution_enabled()={switch}",
+        }
+
+    def reset_peak_memory(self) -> None:
+        if tf.config.list_physical_devices("GPU"):
+            tf.config.experimental.reset_memory_stats("GPU:0")
+
     def memory(self) -> dict:
+        """The GPU allocator's peak since the reset after warm-up; empty on CPU."""
         if not tf.config.list_physical_devices("GPU"):
             return {}
         return {"allocated_peak": tf.config.experimental.get_memory_info("GPU:0")["peak"]}
