@@ -15,7 +15,7 @@ from workloads.spec import PRESETS
 pytestmark = pytest.mark.unit
 
 # The tiny preset by hand: tok_emb 2048 x 128 = 262,144; pos_emb 128 x 128 = 16,384; ln_f 2 x 128 = 256
-# (the root's: 278,784); two blocks of 396,544 (793,088); 1,071,872 in all. Only tok_emb has more than
+# (the root's: 278,784); four blocks of 198,272 (793,088); 1,071,872 in all. Only tok_emb has more than
 # 100,000 elements (the largest block tensors have 65,536).
 TINY = 1_071_872
 TINY_ROOT = 278_784

@@ -36,6 +36,10 @@ def test_two_worker_record_has_every_field_and_loss_decreases(out):
         settings = r["process_settings"]  # as they reached the worker through torchrun
         assert settings["OMP_NUM_THREADS"] == str(rec["config"]["threads_per_worker"])
         assert int(settings["MALLOC_TRIM_THRESHOLD_"]) > 0 and r["minor_faults_per_step"] >= 0
+        # the batches are prepared before the step's clock starts: preparing them takes measurable time,
+        # taking them inside the step does not (a prefetching loader's view of the data wait)
+        assert min(r["data_prep"]) > 10 * max(r["data_wait"]) and max(r["data_wait"]) < 1e-4
+        assert r["memory"]["peak_rss_scope"] == "after warm-up"
     s = rec["summary"]
     for key in (
         "throughput_tokens_per_s",

@@ -98,6 +98,18 @@ def test_hung_rank_ends_the_run_at_the_collective_timeout(results, kept):
 
 
 @pytest.mark.slow
+def test_deepspeed_ranks_give_up_at_the_collective_timeout(results, kept):
+    """DeepSpeed's process group gets --collective-timeout too (it used to get the run's --timeout)."""
+    record = run_record(
+        results, "--backend", "deepspeed", "--zero-stage", "1", *RUN[2:], "--inject-fault", "1:2:hang",
+        "--collective-timeout", "10", "--timeout", "400", expect_rc=1, timeout=520,
+    )
+    assert record["status"] == "timeout" and record["error"]["rank"] == 1
+    assert "gave up waiting in a collective for rank(s) [1]" in record["error"]["message"]
+    assert record["launch"]["elapsed_s"] < 200
+
+
+@pytest.mark.slow
 def test_run_timeout_kills_every_process_and_says_which_ranks_had_not_finished(results, kept):
     record, _ = faulty_run(results, "--inject-fault", "0:1:hang", timeout_s=20)
     assert record["status"] == "timeout" and record["error"]["unfinished_ranks"] == [0, 1]
