@@ -101,8 +101,20 @@ def test_hung_rank_ends_the_run_at_the_collective_timeout(results, kept):
 def test_deepspeed_ranks_give_up_at_the_collective_timeout(results, kept):
     """DeepSpeed's process group gets --collective-timeout too (it used to get the run's --timeout)."""
     record = run_record(
-        results, "--backend", "deepspeed", "--zero-stage", "1", *RUN[2:], "--inject-fault", "1:2:hang",
-        "--collective-timeout", "10", "--timeout", "400", expect_rc=1, timeout=520,
+        results,
+        "--backend",
+        "deepspeed",
+        "--zero-stage",
+        "1",
+        *RUN[2:],
+        "--inject-fault",
+        "1:2:hang",
+        "--collective-timeout",
+        "10",
+        "--timeout",
+        "400",
+        expect_rc=1,
+        timeout=520,
     )
     assert record["status"] == "timeout" and record["error"]["rank"] == 1
     assert "gave up waiting in a collective for rank(s) [1]" in record["error"]["message"]
