@@ -5,6 +5,8 @@ import dataclasses
 import pytest
 import record_factory as factory
 
+import harness.analyze.summary as summary_view
+import harness.run.runner as runner
 from harness.analyze.metrics import comm_bytes_per_rank, device_peak_flops, per_step_max, summarize
 
 pytestmark = pytest.mark.unit
@@ -175,3 +177,14 @@ def test_fp32_mfu_uses_the_tf32_peak_when_every_rank_ran_tf32():
     assert s["mfu"] == pytest.approx(TINY_FLOPS_PER_TOKEN * tokens_per_device_s / 494.5e12)
     r["ranks"][1]["math_mode"] = {"tf32": False}  # disagreeing ranks: the plain fp32 peak
     assert summarize(r)["device_peak_precision"] == "fp32"
+
+
+def test_a_failing_analysis_still_leaves_a_record_with_the_raw_ranks(monkeypatch, capsys):
+    def broken(record):
+        raise KeyError("an analysis bug")
+
+    monkeypatch.setattr(runner, "summarize", broken)
+    rec = record()
+    assert rec["summary"] == {"error": "KeyError: 'an analysis bug'"} and len(rec["ranks"]) == 2
+    summary_view.print_summary(rec)
+    assert "no summary: KeyError" in capsys.readouterr().out

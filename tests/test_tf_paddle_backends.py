@@ -1,69 +1,51 @@
 """tf-mwms and paddle-fleet end to end through `harness run`: they train the same model on the same data as
 torch-ddp and report the same losses, with 1 and 2 workers, and write the full record.
 
-Every run reads the global batch of torch-ddp's 2 x 8 sequences, laid out to exercise each path: 1 worker
-accumulates two micro-batches of 8 (accumulation alone); 2 workers all-reduce every step (MWMS's
-replica gradients, 8 each), or accumulate two micro-batches of 4 under no_sync and sync once (Paddle).
+They run on the drawn shape of tests/test_equivalence.py (RECORD_SHAPE), whose torch-ddp reference they
+share; every run reads torch-ddp's global batch of 2 x B sequences, laid out to exercise each path: 1 worker
+accumulates two micro-batches of B (accumulation alone); 2 workers all-reduce every step (MWMS's replica
+gradients, B each), or accumulate two micro-batches of B/2 under no_sync and sync once (Paddle). The same
+losses on other shapes, and MWMS with accumulation: tests/test_equivalence.py.
 """
 
 import dataclasses
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 from conftest import run_record
+from test_equivalence import CROSS_FRAMEWORK_LOSS_ATOL, RECORD_SHAPE, STEPS, assert_same_losses, ddp_reference
 
 from backends import get_backend
 from core.config import InvalidConfig, RunConfig
 from workloads.spec import PRESETS
 
 BACKENDS = ("tf-mwms", "paddle-fleet")
-COMMON = ["--workload", "tiny", "--steps", "5", "--warmup", "0", "--compute-steps", "2", "--timeout", "180"]
-ACCUMULATE = ["--micro-batch", "4", "--grad-accum", "2"]
-LAYOUTS = {
-    ("tf-mwms", 1): ["--micro-batch", "8", "--grad-accum", "2"],
-    ("tf-mwms", 2): ["--micro-batch", "8"],
-    ("paddle-fleet", 1): ["--micro-batch", "8", "--grad-accum", "2"],
-    ("paddle-fleet", 2): ACCUMULATE,
-}
-# Losses of 5 fp32 AdamW steps vs torch-ddp (losses ~7.6): measured max |diff| 2.4e-6 (TF) and 9.5e-7
-# (Paddle); 3e-5 is the cross-framework bound of tests/test_crossframework.py. For scale, MWMS
-# all-reducing the position embedding's sparse gradient (fixed in the tf-mwms worker) moved the second
-# step's loss by 5e-5.
-LOSS_ATOL = 3e-5
-N = PRESETS["tiny"].n_params
+COMPUTE_STEPS = ["--compute-steps", "2"]
+# (backend, workers) -> micro-batches accumulated per step
+LAYOUTS = {("tf-mwms", 1): 2, ("tf-mwms", 2): 1, ("paddle-fleet", 1): 2, ("paddle-fleet", 2): 2}
+SPEC = RECORD_SHAPE.spec
+N = SPEC.n_params
 # Optimizer bytes beyond the two fp32 AdamW moments, counted from each framework's own state: Keras keeps
-# an int64 iteration count and an fp32 learning rate; Paddle a beta1 and a beta2 power per tensor (52).
-OPTIMIZER_EXTRA = {"tf-mwms": 8 + 4, "paddle-fleet": 52 * 2 * 4}
+# an int64 iteration count and an fp32 learning rate; Paddle a beta1 and a beta2 power per tensor.
+OPTIMIZER_EXTRA = {"tf-mwms": 8 + 4, "paddle-fleet": len(SPEC.parameter_shapes()) * 2 * 4}
 
 
 @pytest.fixture(scope="module")
 def ddp_losses(tmp_path_factory):
-    rec = run_record(
-        tmp_path_factory.mktemp("ddp"),
-        "--backend",
-        "torch-ddp",
-        "--gpus",
-        "2",
-        "--micro-batch",
-        "8",
-        "--compute-method",
-        "none",
-        *COMMON,
-    )
-    return rec["summary"]["losses"]
+    return ddp_reference(RECORD_SHAPE, tmp_path_factory)["summary"]["losses"]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("gpus", [1, 2])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_trains_like_torch_ddp_with_a_full_record(out, ddp_losses, backend, gpus):
-    rec = run_record(out, "--backend", backend, "--gpus", gpus, *LAYOUTS[backend, gpus], *COMMON)
+    layout = RECORD_SHAPE.args(gpus=gpus, accum=LAYOUTS[backend, gpus])
+    rec = run_record(out, "--backend", backend, *layout, *COMPUTE_STEPS)
     assert rec["status"] == "ok" and rec["error"] is None
     assert [r["rank"] for r in rec["ranks"]] == list(range(gpus))
     for r in rec["ranks"]:
-        assert len(r["step_times"]) == len(r["losses"]) == len(r["data_wait"]) == 5
+        assert len(r["step_times"]) == len(r["losses"]) == len(r["data_wait"]) == STEPS
         assert r["memory"]["peak_rss"] > 50e6 and r["device"].startswith("cpu")
         state = r["model_state_bytes"]  # fp32 params, grads and AdamW moments, unsharded
         assert (state["params"], state["grads"]) == (4 * N, 4 * N)
@@ -73,7 +55,9 @@ def test_trains_like_torch_ddp_with_a_full_record(out, ddp_losses, backend, gpus
         )
         assert r["process_settings"]["MALLOC_MMAP_THRESHOLD_"]  # reached the worker through the launcher
     s = rec["summary"]
-    np.testing.assert_allclose(s["losses"], ddp_losses, rtol=0, atol=LOSS_ATOL)
+    assert_same_losses(
+        s["losses"], ddp_losses, f"{backend} x {gpus} on {RECORD_SHAPE}", CROSS_FRAMEWORK_LOSS_ATOL
+    )
     assert s["loss_last"] < s["loss_first"]
     assert s["throughput_tokens_per_s"] > 0 and s["model_state_bytes_per_rank"] > 0
     assert 0.0 <= s["exposed_comm_ratio"] < 1.0
@@ -92,17 +76,16 @@ def test_paddle_sharding_stage_1_shards_the_optimizer_state(out, ddp_losses):
         out,
         "--backend",
         "paddle-fleet",
-        "--gpus",
-        "2",
         "--sharding-stage",
         "1",
         "--compute-method",
         "none",
-        *ACCUMULATE,
-        *COMMON,
+        *RECORD_SHAPE.args(accum=2),
+        *COMPUTE_STEPS,
     )
     assert rec["status"] == "ok" and rec["backend_info"]["sharding"] == "optimizer"
-    np.testing.assert_allclose(rec["summary"]["losses"], ddp_losses, rtol=0, atol=LOSS_ATOL)
+    what = f"paddle sharding 1 on {RECORD_SHAPE}"
+    assert_same_losses(rec["summary"]["losses"], ddp_losses, what, CROSS_FRAMEWORK_LOSS_ATOL)
     held = [r["model_state_bytes"]["optimizer"] for r in rec["ranks"]]
     assert sum(held) == 8 * N + OPTIMIZER_EXTRA["paddle-fleet"] and max(held) < 0.9 * sum(held)
 

@@ -8,15 +8,14 @@ import sys
 import numpy as np
 import pytest
 from conftest import harness, run_record
+from test_equivalence import RECORD_SHAPE, STEPS, assert_same_losses, ddp_reference
 
 from backends import get_backend
 from backends.base import WORKER_SCRIPT
 from backends.deepspeed_zero import ds_config
 from core.config import RunConfig
-from harness.analyze.metrics import comm_bytes_per_rank
 from workloads.spec import PRESETS, ModelSpec
 
-TEN_STEPS = ["--workload", "tiny", "--steps", "10", "--warmup", "0", "--timeout", "180"]
 # label -> the `harness run` arguments that select it
 FAMILY = {
     "torch-fsdp": ["--backend", "torch-fsdp"],
@@ -25,12 +24,6 @@ FAMILY = {
     "deepspeed-zero3": ["--backend", "deepspeed", "--zero-stage", "3"],
     "horovod": ["--backend", "horovod"],
 }
-# fp32, 2 ranks. With two ranks every reduction adds the same two numbers (a + b == b + a) and halving is
-# exact, so gradients agree with DDP's bit for bit; what may differ is how AdamW's elementwise update is
-# vectorised over flat (ZeRO) or per-tensor buffers, a few ulps per step. 1e-5 on a loss of ~7.6 allows
-# that to grow for 10 steps; a real difference (a skipped or doubled step, different weight decay, one
-# rank's gradients) moves the loss by >1e-3 within a few steps.
-LOSS_ATOL = 1e-5
 
 
 def config(backend: str, *cli: str, gpus=2, precision="fp32", **fields) -> RunConfig:
@@ -53,54 +46,42 @@ def config(backend: str, *cli: str, gpus=2, precision="fp32", **fields) -> RunCo
 
 # ------------------------------------------------------------------------------------------ without launching
 @pytest.mark.parametrize(
-    "backend,cli,precision,label,sharding,pattern",
+    "backend,cli,precision,label,sharding,element_bytes",
     [
-        ("torch-fsdp", [], "fp32", "torch-fsdp", "parameters", ("sharded", 4, 0, 2)),
-        ("torch-fsdp", [], "bf16", "torch-fsdp", "parameters", ("sharded", 2, 0, 2)),
+        ("torch-fsdp", [], "fp32", "torch-fsdp", "parameters", {4}),
+        ("torch-fsdp", [], "bf16", "torch-fsdp", "parameters", {2}),
         (
             "torch-fsdp",
             ["--fp32-reduce", "--reshard-after-forward", "off"],
             "bf16",
             "torch-fsdp-noreshard-fp32reduce",
             "parameters",
-            ("sharded", 2, 4, 1),
+            {2, 4},  # bf16 gathers, fp32 reduce-scatter
         ),
-        ("deepspeed", [], "bf16", "deepspeed-zero3", "parameters", ("sharded", 2, 0, 2)),
-        ("deepspeed", ["--zero-stage", "0"], "fp32", "deepspeed-zero0", "none", ("allreduce", 4, 0, 2)),
-        ("deepspeed", ["--zero-stage", "1"], "fp32", "deepspeed-zero1", "optimizer", ("allreduce", 4, 0, 2)),
+        ("deepspeed", [], "bf16", "deepspeed-zero3", "parameters", {2}),
+        ("deepspeed", ["--zero-stage", "0"], "fp32", "deepspeed-zero0", "none", {4}),
+        ("deepspeed", ["--zero-stage", "1"], "fp32", "deepspeed-zero1", "optimizer", {4}),
         (
             "deepspeed",
             ["--zero-stage", "2", "--offload-optimizer"],
             "fp16",
             "deepspeed-zero2-offload",
             "gradients",
-            ("allreduce", 2, 0, 2),
+            {2},
         ),
-        ("horovod", [], "bf16", "horovod", "none", ("allreduce", 4, 0, 2)),
-        (
-            "horovod",
-            ["--hvd-compression", "fp16"],
-            "fp32",
-            "horovod-fp16comp",
-            "none",
-            ("allreduce", 2, 0, 2),
-        ),
+        ("horovod", [], "bf16", "horovod", "none", {4}),  # autocast keeps fp32 gradients
+        ("horovod", ["--hvd-compression", "fp16"], "fp32", "horovod-fp16comp", "none", {2}),
     ],
 )
 @pytest.mark.unit
-def test_adapter_labels_sharding_and_comm_pattern(backend, cli, precision, label, sharding, pattern):
+def test_adapter_labels_sharding_and_communicated_dtypes(
+    backend, cli, precision, label, sharding, element_bytes
+):
+    """Labels, sharding and the element size each collective moves; the volumes themselves, term by term:
+    tests/test_comm_patterns.py."""
     adapter, cfg = get_backend(backend), config(backend, *cli, precision=precision)
-    p = adapter.comm_pattern(cfg)
     assert (adapter.label(cfg), adapter.sharding(cfg)) == (label, sharding)
-    assert (p.kind, p.dtype_bytes, p.reduce_dtype_bytes, p.param_gathers) == pattern
-
-
-@pytest.mark.unit
-def test_sharded_volume_counts_gathers_and_reduce_dtype_separately():
-    # bf16 all-gathers forward + backward, fp32 reduce-scatter: (N-1)/N x P x (2 + 2 + 4)
-    assert comm_bytes_per_rank("sharded", 1000, 2, 4, reduce_dtype_bytes=4) == pytest.approx(0.75 * 1000 * 8)
-    # parameters kept gathered from forward to backward: one all-gather and one reduce-scatter
-    assert comm_bytes_per_rank("sharded", 1000, 4, 2, param_gathers=1) == pytest.approx(0.5 * 1000 * 8)
+    assert {t.dtype_bytes for t in adapter.comm_pattern(cfg).terms} == element_bytes
 
 
 @pytest.mark.unit
@@ -111,6 +92,7 @@ def test_deepspeed_config_is_built_from_the_run():
     assert ds_config(cfg) == {
         "train_micro_batch_size_per_gpu": 4,
         "gradient_accumulation_steps": 3,
+        "gradient_clipping": 0.0,  # said: DeepSpeed's default clips to 1.0 (tests/test_equivalence.py)
         "bf16": {"enabled": True},
         "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
         "zero_force_ds_cpu_optimizer": False,
@@ -199,17 +181,9 @@ def test_bad_backend_options_are_usage_errors(args, expected, out):
 # --------------------------------------------------------------------------------------------------- training
 @pytest.fixture(scope="module")
 def ddp_run(tmp_path_factory):
-    return run_record(
-        tmp_path_factory.mktemp("ddp"),
-        "--backend",
-        "torch-ddp",
-        "--gpus",
-        "2",
-        *TEN_STEPS,
-        "--compute-method",
-        "none",
-        "--dump-weights",
-    )
+    """torch-ddp on the drawn shape the full-record tests run on (tests/test_equivalence.py), shared with
+    the other test modules that need it: one launch per session."""
+    return ddp_reference(RECORD_SHAPE, tmp_path_factory)
 
 
 def final_weights(rec):
@@ -224,14 +198,13 @@ ISOLATED = {"torch-fsdp", "deepspeed-zero3", "horovod"}
 @pytest.mark.slow
 @pytest.mark.parametrize("label", FAMILY)
 def test_two_workers_train_the_same_model_as_ddp_with_a_full_record(label, ddp_run, out):
+    """On RECORD_SHAPE; the same losses on other shapes and with accumulation: tests/test_equivalence.py."""
     method = "isolated" if label in ISOLATED else "none"
-    rec = run_record(
-        out, *FAMILY[label], "--gpus", "2", *TEN_STEPS, "--compute-method", method, "--dump-weights"
-    )
+    rec = run_record(out, *FAMILY[label], *RECORD_SHAPE.args(), "--compute-method", method, "--dump-weights")
     s = rec["summary"]
     assert rec["status"] == "ok" and rec["backend_info"]["label"] == label
-    assert len(s["losses"]) == 10 and s["loss_last"] < s["loss_first"] - 0.1
-    np.testing.assert_allclose(s["losses"], ddp_run["summary"]["losses"], rtol=0, atol=LOSS_ATOL)
+    assert len(s["losses"]) == STEPS and s["loss_last"] < s["loss_first"]
+    assert_same_losses(s["losses"], ddp_run["summary"]["losses"], f"{label} on {RECORD_SHAPE}")
     reference, weights = final_weights(ddp_run), final_weights(rec)  # gathered from the shards where sharded
     for name in reference.files:  # ~1e-6 seen (ZeRO's flat AdamW); one AdamW step moves a weight ~3e-4
         np.testing.assert_allclose(weights[name], reference[name], rtol=0, atol=5e-6, err_msg=name)
@@ -245,14 +218,15 @@ def test_two_workers_train_the_same_model_as_ddp_with_a_full_record(label, ddp_r
     ):
         assert s[key] is not None and s[key] > 0, key
     for r in rec["ranks"]:
-        assert len(r["step_times"]) == len(r["data_wait"]) == 10 and r["versions"]["torch"]
+        assert len(r["step_times"]) == len(r["data_wait"]) == STEPS and r["versions"]["torch"]
         assert set(r["model_state_bytes"]) == {"params", "grads", "optimizer", "total"}
         settings = r["process_settings"]  # as they reached the worker through the backend's launcher
         assert settings["OMP_NUM_THREADS"] == str(rec["config"]["threads_per_worker"])
         assert settings["MALLOC_TRIM_THRESHOLD_"]
     if method == "isolated":  # t_compute from two world-1 launches of the same backend, side by side
         assert rec["comm"] == {"t_compute_method": "isolated"} and len(rec["isolated_ranks"]) == 2
-        assert all(r["status"] == "ok" and len(r["step_times"]) == 10 for r in rec["isolated_ranks"])
+        # two launches of the isolated workers, their steps joined (--isolated-repeats 2)
+        assert all(r["status"] == "ok" and len(r["step_times"]) == 2 * STEPS for r in rec["isolated_ranks"])
         assert s["t_compute_s"] > 0 and 0 <= s["exposed_comm_ratio"] < 1
 
 

@@ -18,7 +18,8 @@ gets the same configuration. This package is not called `deepspeed` because the 
 import sys
 from dataclasses import dataclass
 
-from backends.base import WORKER_SCRIPT, Backend, CommPattern, LaunchPlan, Options, option
+from backends.base import WORKER_SCRIPT, Backend, LaunchPlan, Options, option
+from backends.deepspeed_zero.comm import stage3_settings, zero_comm_pattern
 from core.process import Process
 
 STAGES = (0, 1, 2, 3)
@@ -42,13 +43,18 @@ class DeepSpeedOptions(Options):
 
 def ds_config(cfg) -> dict:
     """The DeepSpeed configuration of a run. AdamW is the client optimizer (workloads.torch_model), so no
-    "optimizer" section; no gradient clipping, as for every backend. With bf16/fp16 DeepSpeed keeps
-    low-precision parameters and gradients plus fp32 master weights; fp16 uses its dynamic loss scaling."""
+    "optimizer" section. No gradient clipping, as for every backend (workloads.spec.OptimizerSpec): that
+    must be said, since DeepSpeed 0.19 clips to a global norm of 1.0 when "gradient_clipping" is absent
+    (deepspeed/runtime/constants.py GRADIENT_CLIPPING_DEFAULT), at every ZeRO stage; a gradient norm over 1
+    then scales the step's gradients down, which AdamW's scale invariance hides for a step or two only.
+    With bf16/fp16 DeepSpeed keeps low-precision parameters and gradients plus fp32 master weights; fp16
+    uses its dynamic loss scaling."""
     opts = DeepSpeedOptions.from_dict(cfg.backend_options)
-    zero = {"stage": opts.zero_stage}
+    zero = {"stage": opts.zero_stage, **(stage3_settings() if opts.zero_stage == 3 else {})}
     config = {
         "train_micro_batch_size_per_gpu": cfg.micro_batch,
         "gradient_accumulation_steps": cfg.grad_accum,
+        "gradient_clipping": 0.0,
         "zero_optimization": zero,
     }
     if cfg.precision in ("bf16", "fp16"):
@@ -87,9 +93,12 @@ class DeepSpeed(Backend):
 
     def comm_pattern(self, cfg):
         """Gradients are reduced, and ZeRO-3 parameters gathered, in the engine's communication dtype:
-        the model's dtype (bf16/fp16 parameters under mixed precision)."""
-        kind = "sharded" if self.stage(cfg) == 3 else "allreduce"
-        return CommPattern(kind, ELEMENT_BYTES[cfg.precision])
+        the model's dtype (bf16/fp16 parameters under mixed precision); the terms per stage: comm.py."""
+        return zero_comm_pattern(cfg, self.stage(cfg), ELEMENT_BYTES[cfg.precision])
+
+    def settings(self, cfg):
+        """The engine's configuration, as handed to deepspeed.initialize (gradient_clipping included)."""
+        return ds_config(cfg)
 
     def worker_env(self, cfg):
         env = super().worker_env(cfg)

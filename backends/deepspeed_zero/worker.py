@@ -17,6 +17,7 @@ from datetime import timedelta
 
 import deepspeed
 import torch
+from deepspeed.utils import groups
 
 from backends.deepspeed_zero import ds_config
 from backends.torch_common import TorchTrainer
@@ -38,9 +39,15 @@ class DeepSpeedTrainer(TorchTrainer):
     def __init__(self, cfg):
         super().__init__(cfg)
         self.scaler = None  # fp16 loss scaling is the engine's own
+        timeout = timedelta(seconds=cfg.collective_timeout)
         deepspeed.init_distributed(
-            dist_backend="nccl" if self.device.type == "cuda" else "gloo",
-            timeout=timedelta(seconds=cfg.collective_timeout),
+            dist_backend="nccl" if self.device.type == "cuda" else "gloo", timeout=timeout
+        )
+        # ZeRO's collectives run on DeepSpeed's clone of the world group, which it makes with
+        # dist.new_group() and so torch's default timeout (30 min), not init_distributed's. Make that clone
+        # here, with the run's collective timeout, so a hung peer ends the run on time.
+        groups._WORLD_GROUP = torch.distributed.new_group(
+            ranks=range(torch.distributed.get_world_size()), timeout=timeout
         )
         model = self.build_model()
         optimizer = make_optimizer(model)  # parameter groups built before ZeRO-3 partitions the parameters

@@ -26,6 +26,9 @@ def print_summary(record: dict, stream=sys.stdout) -> None:
     """A short human summary of one run record."""
     cfg, s, env = record["config"], record["summary"], record["environment"]
     console = Console(file=stream, width=100)
+    if "step_time_s" not in s:  # the figures could not be derived; the raw rank records are in the record
+        console.print(f"status {record['status']}; no summary: {s.get('error')}", markup=False)
+        return
     title = (
         f"{record['backend_info']['label']} · {cfg['workload']} · {cfg['world_size']} x {cfg['device']} "
         f"workers · {cfg['precision']} · status {record['status']}"

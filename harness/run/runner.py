@@ -366,5 +366,8 @@ def assemble_record(
         "environment": environment or {},
         "sweep": sweep,
     }
-    record["summary"] = summarize(record)
+    try:
+        record["summary"] = summarize(record)
+    except Exception as exc:  # noqa: BLE001 - the raw ranks are the result; never lose them to an analysis bug
+        record["summary"] = {"error": f"{type(exc).__name__}: {exc}"}
     return record
