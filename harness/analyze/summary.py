@@ -22,10 +22,10 @@ def fmt(x, spec="{:.3g}") -> str:
     return "n/a" if x is None else spec.format(x)
 
 
-def print_summary(record: dict, stream=sys.stdout) -> None:
+def print_summary(record: dict, stream=None) -> None:
     """A short human summary of one run record."""
     cfg, s, env = record["config"], record["summary"], record["environment"]
-    console = Console(file=stream, width=100)
+    console = Console(file=stream or sys.stdout, width=100)
     if "step_time_s" not in s:  # the figures could not be derived; the raw rank records are in the record
         console.print(f"status {record['status']}; no summary: {s.get('error')}", markup=False)
         return
