@@ -10,6 +10,7 @@ import pytest
 from conftest import harness
 
 from core.process import free_port
+from harness.cli import main
 from harness.run.doctor import data_check, import_check
 
 
@@ -100,6 +101,7 @@ def test_data_check_reads_the_token_file_as_the_ranks_do(tmp_path):
     assert data_check(None, "tiny", 2, 8, 1).got == "synthetic tokens: nothing to read here"
 
 
-def test_unknown_backend_is_a_usage_error():
-    proc = harness("doctor", "--backends", "nope")
-    assert proc.returncode == 2 and "unknown backend 'nope'" in proc.stderr
+@pytest.mark.unit
+def test_unknown_backend_is_a_usage_error(capsys):
+    assert main(["doctor", "--backends", "nope"]) == 2
+    assert "unknown backend 'nope'" in capsys.readouterr().err
