@@ -12,6 +12,11 @@ measure the neighbours too. The power of the default gate against a 5% slowdown 
 
 Options this script does not know are passed to `harness run` instead of RUN_ARGS (give them all).
 
+With `--pool M` it launches M runs per side once (interleaved the same way) and draws each of the K trials
+from that pool: `--repeats` runs of A against as many of B (A/A) and of S (slowdown), without replacement
+within a trial. Far fewer launches (3M instead of 3 x repeats x K), at a price: the trials share runs, so
+they are not independent draws and the counts are estimates of the rates, not K independent outcomes.
+
 tests/test_regression_ci.py runs one round of the same procedure (`measure_round`).
 """
 
@@ -90,6 +95,21 @@ def measure_round(
     return a, b, s, delay
 
 
+def judge_pool(a: list[dict], b: list[dict], s: list[dict], settings: dict) -> dict:
+    """One gate on one trial drawn from the pool (trimmed records, as load_all returns them)."""
+    aa = compare_runs(a, b, **settings)
+    slow = compare_runs(a, s, **settings)
+    aa_tp, slow_tp = aa["comparisons"][0]["metrics"][0], slow["comparisons"][0]["metrics"][0]
+    return {
+        "aa_flagged": aa["result"] != "ok",
+        "aa_throughput_change": aa_tp["change"],
+        "aa_verdicts": [m["verdict"] for m in aa["comparisons"][0]["metrics"]],
+        "slowdown_detected": slow_tp["verdict"] == "regression",
+        "slowdown_throughput_change": slow_tp["change"],
+        "mdc": slow_tp.get("minimum_detectable_change"),
+    }
+
+
 def gate(text: str) -> dict:
     """'median:0.05' -> compare settings: the per-run statistic and the throughput threshold."""
     statistic, threshold = text.split(":")
@@ -132,6 +152,9 @@ def main() -> int:
         default=DELAY_FRACTION,
         help=f"injected sleep per step as a fraction of A1's median step time (default {DELAY_FRACTION})",
     )
+    p.add_argument(
+        "--pool", type=int, help="launch this many runs per side once and draw the K trials from them"
+    )
     p.add_argument("--workdir", type=Path, help="keep the records here (default: a temporary directory)")
     p.add_argument("--json", type=Path, help="write per-round results here")
     args, run_args = p.parse_known_args()
@@ -144,7 +167,11 @@ def main() -> int:
     rounds = []
     with tempfile.TemporaryDirectory(prefix="distbench-aa-") as tmp:
         root = args.workdir or Path(tmp)
-        for k in range(args.k):
+        if args.pool:
+            a, b, s, delay = measure_round(root / "pool", args.pool, run_args, args.delay_fraction)
+            pools = [load_all([side]) for side in (a, b, s)]
+            rng = np.random.default_rng(0)
+        for k in range(args.k if not args.pool else 0):
             a, b, s, delay = measure_round(
                 root / f"round{k:03d}", args.repeats, run_args, args.delay_fraction
             )
@@ -159,6 +186,19 @@ def main() -> int:
                     f"({r['slowdown_throughput_change']:+.1%})",
                     flush=True,
                 )
+    for k in range(args.k if args.pool else 0):
+        draw = [[pool[i] for i in rng.choice(len(pool), args.repeats, replace=False)] for pool in pools]
+        verdicts = {name: judge_pool(*draw, g) for name, g in zip(names, gates)}
+        rounds.append({"round": k, "delay_s": delay, "gates": verdicts})
+        for name, r in verdicts.items():
+            print(
+                f"trial {k + 1}/{args.k} {name:12s} A/A {'FLAGGED' if r['aa_flagged'] else 'ok'} "
+                f"({r['aa_throughput_change']:+.1%}); slowdown "
+                f"{'detected' if r['slowdown_detected'] else 'MISSED'} "
+                f"({r['slowdown_throughput_change']:+.1%}, "
+                f"MDC {r['mdc'] if r['mdc'] is None else format(r['mdc'], '.1%')})",
+                flush=True,
+            )
     summary = {
         name: {
             "false_positives": sum(r["gates"][name]["aa_flagged"] for r in rounds),
@@ -171,6 +211,7 @@ def main() -> int:
             f"gate {name}: A/A false positives {c['false_positives']}/{args.k}; injected slowdown "
             f"({args.delay_fraction:.0%} of a step) detected {c['detected']}/{args.k}; "
             f"{args.repeats} runs per side"
+            + (f", drawn from a pool of {args.pool} per side" if args.pool else "")
         )
     if args.json:
         args.json.write_text(
