@@ -39,22 +39,9 @@ from harness.analyze.compare import compare_runs  # noqa: E402
 
 DELAY_FRACTION = 0.3
 # Tiny, short and single-threaded: a round of 3 x 3 runs takes about a minute on 2 cores.
-RUN_ARGS = [
-    "--backend",
-    "torch-ddp",
-    "--gpus",
-    "1",
-    "--workload",
-    "tiny",
-    "--steps",
-    "20",
-    "--warmup",
-    "2",
-    "--threads-per-worker",
-    "1",
-    "--timeout",
-    "180",
-]
+RUN_ARGS = (
+    "--backend torch-ddp --gpus 1 --workload tiny --steps 20 --warmup 2 --threads-per-worker 1 --timeout 180"
+).split()
 
 
 def launch(out: Path, run_args: list[str], delay: float = 0.0) -> dict:
@@ -96,7 +83,8 @@ def measure_round(
 
 
 def judge_pool(a: list[dict], b: list[dict], s: list[dict], settings: dict) -> dict:
-    """One gate on one trial drawn from the pool (trimmed records, as load_all returns them)."""
+    """One gate on one trial (trimmed records, as load_all returns them): is the A/A pair flagged (anything
+    at all), is the slowdown caught?"""
     aa = compare_runs(a, b, **settings)
     slow = compare_runs(a, s, **settings)
     aa_tp, slow_tp = aa["comparisons"][0]["metrics"][0], slow["comparisons"][0]["metrics"][0]
@@ -118,16 +106,7 @@ def gate(text: str) -> dict:
 
 def judge(a: Path, b: Path, s: Path, settings: dict) -> dict:
     """One gate on one round: is the A/A pair flagged (anything at all), is the slowdown caught?"""
-    aa = compare_runs(load_all([a]), load_all([b]), **settings)
-    slow = compare_runs(load_all([a]), load_all([s]), **settings)
-    aa_tp, slow_tp = aa["comparisons"][0]["metrics"][0], slow["comparisons"][0]["metrics"][0]
-    return {
-        "aa_flagged": aa["result"] != "ok",
-        "aa_throughput_change": aa_tp["change"],
-        "aa_verdicts": [m["verdict"] for m in aa["comparisons"][0]["metrics"]],
-        "slowdown_detected": slow_tp["verdict"] == "regression",
-        "slowdown_throughput_change": slow_tp["change"],
-    }
+    return judge_pool(load_all([a]), load_all([b]), load_all([s]), settings)
 
 
 def main() -> int:

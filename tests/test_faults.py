@@ -20,22 +20,10 @@ from processes import leftovers
 
 from core.records import load_record, load_records
 
-RUN = [
-    "--backend",
-    "torch-ddp",
-    "--gpus",
-    "2",
-    "--steps",
-    "4",
-    "--warmup",
-    "1",
-    "--compute-method",
-    "none",
-    "--threads-per-worker",
-    "1",
-    "--device",
-    "cpu",
-]
+RUN = (
+    "--backend torch-ddp --gpus 2 --steps 4 --warmup 1 --compute-method "
+    "none --threads-per-worker 1 --device cpu"
+).split()
 
 
 @pytest.fixture(scope="module")

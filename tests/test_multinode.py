@@ -24,20 +24,7 @@ from harness.run.nodes import check_run_id, read_hosts, requested_world
 from harness.run.options import build_config
 from harness.usage import UsageError
 
-TINY = [
-    "--steps",
-    "3",
-    "--warmup",
-    "1",
-    "--compute-method",
-    "none",
-    "--threads-per-worker",
-    "1",
-    "--device",
-    "cpu",
-    "--timeout",
-    "150",
-]
+TINY = "--steps 3 --warmup 1 --compute-method none --threads-per-worker 1 --device cpu --timeout 150".split()
 
 
 def run_args(*argv) -> argparse.Namespace:

@@ -19,34 +19,12 @@ pytestmark = pytest.mark.unit
 
 LAYOUTS = {
     "1node-cpu": ["--gpus", "2", "--device", "cpu"],
-    "2nodes-cpu": [
-        "--nodes",
-        "2",
-        "--gpus-per-node",
-        "1",
-        "--hosts",
-        "a,b",
-        "--master",
-        "a:29500",
-        "--run-id",
-        "plan-x",
-        "--device",
-        "cpu",
-    ],
-    "2nodes-cuda8": [
-        "--nodes",
-        "2",
-        "--gpus-per-node",
-        "8",
-        "--hosts",
-        "a,b",
-        "--master",
-        "a:29500",
-        "--run-id",
-        "plan-x",
-        "--device",
-        "cuda",
-    ],
+    "2nodes-cpu": (
+        "--nodes 2 --gpus-per-node 1 --hosts a,b --master a:29500 --run-id plan-x --device cpu"
+    ).split(),
+    "2nodes-cuda8": (
+        "--nodes 2 --gpus-per-node 8 --hosts a,b --master a:29500 --run-id plan-x --device cuda"
+    ).split(),
 }
 
 
@@ -84,10 +62,7 @@ def test_plan_exits_0_and_writes_nothing(backend, layout, tmp_path, monkeypatch,
 
 @pytest.mark.parametrize(
     "layout, slots, include",
-    [
-        ("2nodes-cpu", 1, None),
-        ("2nodes-cuda8", 8, "--include=a:0,1,2,3,4,5,6,7@b:0,1,2,3,4,5,6,7"),
-    ],
+    [("2nodes-cpu", 1, None), ("2nodes-cuda8", 8, "--include=a:0,1,2,3,4,5,6,7@b:0,1,2,3,4,5,6,7")],
 )
 def test_deepspeed_plan_shows_its_hostfile_instead_of_writing_it(
     layout, slots, include, tmp_path, monkeypatch, capsys
@@ -129,19 +104,7 @@ def test_a_sweep_takes_the_options_of_every_backend_it_sweeps(monkeypatch):
     for name in ("torch-ddp", "deepspeed"):  # plannable whatever is installed here
         monkeypatch.setattr(type(get_backend(name)), "availability", lambda self: (True, ""))
     args = make_parser().parse_args(
-        [
-            "sweep",
-            "--backends",
-            "torch-ddp,deepspeed",
-            "--zero-stage",
-            "1",
-            "--gpus",
-            "1",
-            "--repeats",
-            "1",
-            "--device",
-            "cpu",
-        ]
+        "sweep --backends torch-ddp,deepspeed --zero-stage 1 --gpus 1 --repeats 1 --device cpu".split()
     )
     runs, skipped = sweep_plan(args)
     assert skipped == {}

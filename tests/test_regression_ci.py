@@ -21,22 +21,9 @@ from harness.cli import main
 pytestmark = pytest.mark.slow
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "aa_false_positive.py"
-RUN_ARGS = [
-    "--backend",
-    "torch-ddp",
-    "--gpus",
-    "1",
-    "--workload",
-    "tiny",
-    "--steps",
-    "12",
-    "--warmup",
-    "2",
-    "--threads-per-worker",
-    "1",
-    "--timeout",
-    "120",
-]
+RUN_ARGS = (
+    "--backend torch-ddp --gpus 1 --workload tiny --steps 12 --warmup 2 --threads-per-worker 1 --timeout 120"
+).split()
 GATE = ["--statistic", "min", "--threshold", "0.10"]
 DELAY_FRACTION = 0.3
 

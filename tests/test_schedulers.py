@@ -18,22 +18,10 @@ from processes import leftovers
 from harness.cli import main
 from harness.run.schedulers import JOB_KINDS, manifest
 
-RUN = [
-    "--backend",
-    "torch-ddp",
-    "--steps",
-    "3",
-    "--warmup",
-    "1",
-    "--compute-method",
-    "none",
-    "--threads-per-worker",
-    "1",
-    "--device",
-    "cpu",
-    "--timeout",
-    "150",
-]
+RUN = (
+    "--backend torch-ddp --steps 3 --warmup 1 --compute-method none "
+    "--threads-per-worker 1 --device cpu --timeout 150"
+).split()
 
 # Stand-ins with Slurm's semantics: scontrol expands the node list (one name per line); srun starts one task
 # per node at once, each with its SLURM_NODEID, and waits for all.

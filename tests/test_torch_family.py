@@ -238,26 +238,10 @@ def test_two_workers_train_the_same_model_as_ddp_with_a_full_record(label, ddp_r
 # bf16, where every backend keeps 16 bytes per parameter unsharded (DDP autocast and FSDP: fp32 parameters,
 # gradients and moments; DeepSpeed: bf16 parameters and gradients, fp32 master and moments). In fp32
 # DeepSpeed still keeps a separate fp32 master copy, 20 bytes per parameter.
-WIDE = [
-    "--workload",
-    "tiny",
-    "--d-model",
-    "384",
-    "--layers",
-    "2",
-    "--micro-batch",
-    "1",
-    "--steps",
-    "1",
-    "--warmup",
-    "0",
-    "--precision",
-    "bf16",
-    "--compute-method",
-    "none",
-    "--timeout",
-    "180",
-]
+WIDE = (
+    "--workload tiny --d-model 384 --layers 2 --micro-batch 1 --steps 1 "
+    "--warmup 0 --precision bf16 --compute-method none --timeout 180"
+).split()
 WIDE_PARAMS = ModelSpec(**{**PRESETS["tiny"].to_dict(), "d_model": 384, "d_ff": 1536, "n_layers": 2}).n_params
 
 

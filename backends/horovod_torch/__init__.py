@@ -13,15 +13,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from backends.base import (
-    WORKER_SCRIPT,
-    Backend,
-    LaunchPlan,
-    Options,
-    device_mask,
-    gradient_allreduce,
-    option,
-)
+from backends.base import WORKER_SCRIPT, Backend, LaunchPlan, Options, device_mask, gradient_allreduce, option
 from core.process import Process
 
 COMPRESSIONS = ("none", "fp16")
