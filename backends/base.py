@@ -140,11 +140,14 @@ def gradient_allreduce(cfg: RunConfig, dtype_bytes: int) -> CommPattern:
 
 @dataclass
 class LaunchPlan:
-    """What starting one node's share of a run takes: the processes, and the files they read (absolute
-    path -> content), which the runner writes before starting them."""
+    """What starting one node's share of a run takes: the processes, the files they read (absolute
+    path -> content), which the runner writes before starting them, and `leftovers`: glob patterns of what
+    the framework creates outside the run directory and leaves when its processes end (shared-memory
+    segments), which the runner removes once they all have, however they ended."""
 
     processes: list[Process]
     files: dict[Path, str] = field(default_factory=dict)
+    leftovers: list[str] = field(default_factory=list)
 
 
 class Backend(ABC):

@@ -287,7 +287,7 @@ def test_horovod_node1_isolated_workers_wait_for_node0s_launcher(tmp_path, monke
     monkeypatch.delenv(CUDA_MASK, raising=False)  # a one-GPU mask here would refuse 2 ranks per node
     calls, lock = [], threading.Lock()
 
-    def fake_run_processes(processes, log_path, timeout_s, cwd=None):
+    def fake_run_processes(processes, log_path, timeout_s, cwd=None, leftovers=None):
         start = time.monotonic()
         if Path(log_path).name == "launcher.log":  # node 0's horovodrun, running every node's ranks
             time.sleep(1.0)

@@ -3,7 +3,9 @@ unreachable host, a busy master port, a missing framework) makes it exit 1."""
 
 from __future__ import annotations
 
+import os
 import socket
+import time
 
 import numpy as np
 import pytest
@@ -11,7 +13,7 @@ from conftest import harness
 
 from core.process import free_port
 from harness.cli import main
-from harness.run.doctor import data_check, import_check
+from harness.run.doctor import STALE_LOCK_S, data_check, extensions_lock_check, import_check
 
 
 def test_doctor_runs_every_check_and_fails_on_an_unreachable_host_and_a_busy_port(tmp_path):
@@ -99,6 +101,20 @@ def test_data_check_reads_the_token_file_as_the_ranks_do(tmp_path):
     )
     assert data_check(tmp_path / "missing.bin", "tiny", 2, 8, 1).status == "FAIL"
     assert data_check(None, "tiny", 2, 8, 1).got == "synthetic tokens: nothing to read here"
+
+
+@pytest.mark.unit
+def test_a_killed_op_builds_lock_is_found_before_deepspeed_runs_hang_on_it(tmp_path):
+    lock = tmp_path / "py311_cpu" / "deepspeed_shm_comm" / "lock"
+    lock.parent.mkdir(parents=True)
+    now = time.time()
+    assert extensions_lock_check(tmp_path, True, now).status == "ok"
+    lock.touch()
+    assert extensions_lock_check(tmp_path, True, now).status == "ok"  # a build under way holds it
+    os.utime(lock, (now - STALE_LOCK_S - 1, now - STALE_LOCK_S - 1))
+    stale = extensions_lock_check(tmp_path, True, now)
+    assert stale.status == "FAIL" and f"rm {lock}" in stale.got
+    assert extensions_lock_check(tmp_path, False, now).status == "warn"  # deepspeed was not asked for
 
 
 @pytest.mark.unit

@@ -188,19 +188,20 @@ def test_sweep_killed_with_sigkill_loses_nothing_and_resume_completes_it(tmp_pat
 
 def test_a_launcher_that_ignores_sigterm_is_killed_when_the_harness_dies(tmp_path):
     """The harness is SIGKILLed; its launcher ignores the kernel's SIGTERM (as one caught mid-start can):
-    the reaper must SIGKILL it after the grace period instead of leaving it running."""
+    the reaper must SIGKILL it after the grace period instead of leaving it running, and remove what the
+    run leaves outside its directory (a framework's shared-memory segment, here a file standing for one)."""
     from harness.run.launch import KILL_GRACE_S
 
-    ready = tmp_path / "launcher-ready"
+    ready, segment = tmp_path / "launcher-ready", tmp_path / "segment_0"
     launcher = (
         f"import pathlib, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-        f"pathlib.Path({str(ready)!r}).touch(); time.sleep(600)"
+        f"pathlib.Path({str(segment)!r}).touch(); pathlib.Path({str(ready)!r}).touch(); time.sleep(600)"
     )
     harness_side = (
         f"import sys; from pathlib import Path; from core.process import Process; "
         f"from harness.run.launch import run_processes; "
         f"run_processes([Process([sys.executable, '-c', {launcher!r}, {str(tmp_path)!r}])], "
-        f"Path({str(tmp_path / 'launch.log')!r}), 600)"
+        f"Path({str(tmp_path / 'launch.log')!r}), 600, leftovers=[{str(tmp_path / 'segment_*')!r}])"
     )
     proc = subprocess.Popen([sys.executable, "-c", harness_side], cwd=REPO)
     deadline = time.monotonic() + 60
@@ -210,6 +211,26 @@ def test_a_launcher_that_ignores_sigterm_is_killed_when_the_harness_dies(tmp_pat
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert not leftovers(tmp_path, wait_s=KILL_GRACE_S + 10), "the launcher outlived the killed harness"
+    deadline = time.monotonic() + 10  # the reaper removes them just after the kill
+    while segment.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not segment.exists(), "the reaper left the run's leftovers"
+
+
+@pytest.mark.subprocess
+def test_a_run_that_ends_leaves_nothing_outside_its_directory(tmp_path):
+    from core.process import Process
+    from harness.run.launch import run_processes
+
+    make = "import pathlib, sys; [pathlib.Path(sys.argv[1], f'segment_{r}').touch() for r in (0, 1)]"
+    for exit_code in (0, 3):  # a clean exit and a failed one
+        result = run_processes(
+            [Process([sys.executable, "-c", f"{make}; sys.exit({exit_code})", str(tmp_path)])],
+            tmp_path / "launch.log",
+            60,
+            leftovers=[str(tmp_path / "segment_*")],
+        )
+        assert result.returncodes == [exit_code] and not list(tmp_path.glob("segment_*"))
 
 
 def test_corrupt_and_foreign_files_are_named_and_skipped(tmp_path, capsys):

@@ -3,6 +3,7 @@ really shards. Training runs go through `harness run`; the adapters are also che
 
 import argparse
 import dataclasses
+import glob
 import sys
 
 import numpy as np
@@ -12,7 +13,7 @@ from test_equivalence import RECORD_SHAPE, STEPS, assert_same_losses, ddp_refere
 
 from backends import get_backend
 from backends.base import WORKER_SCRIPT
-from backends.deepspeed_zero import ds_config
+from backends.deepspeed_zero import ds_config, shm_segments
 from core.config import RunConfig
 from harness.cli import main
 from workloads.spec import PRESETS, ModelSpec
@@ -101,6 +102,22 @@ def test_deepspeed_config_is_built_from_the_run():
     assert "bf16" not in ds_config(config("deepspeed")) and "fp16" in ds_config(
         config("deepspeed", precision="fp16")
     )
+
+
+@pytest.mark.unit
+def test_deepspeed_builds_its_ops_inside_the_environment_unless_told_otherwise(tmp_path, monkeypatch):
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "venv"))
+    monkeypatch.setattr(sys, "base_prefix", "/usr")
+    [proc] = get_backend("deepspeed").launch(config("deepspeed"), tmp_path, 29123, []).processes
+    assert proc.env["TORCH_EXTENSIONS_DIR"] == str(tmp_path / "venv" / "distbench" / "torch_extensions")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "mine"))
+    [proc] = get_backend("deepspeed").launch(config("deepspeed"), tmp_path, 29123, []).processes
+    assert proc.env["TORCH_EXTENSIONS_DIR"] == str(tmp_path / "mine")
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR")
+    monkeypatch.setattr(sys, "base_prefix", sys.prefix)  # no virtual environment: torch's own default
+    [proc] = get_backend("deepspeed").launch(config("deepspeed"), tmp_path, 29123, []).processes
+    assert "TORCH_EXTENSIONS_DIR" not in proc.env
 
 
 @pytest.mark.unit
@@ -203,7 +220,10 @@ ISOLATED = {"torch-fsdp", "deepspeed-zero3", "horovod"}
 def test_two_workers_train_the_same_model_as_ddp_with_a_full_record(label, ddp_run, out):
     """On RECORD_SHAPE; the same losses on other shapes and with accumulation: tests/test_equivalence.py."""
     method = "isolated" if label in ISOLATED else "none"
+    segments_before = set(glob.glob(shm_segments("*")))
     rec = run_record(out, *FAMILY[label], *RECORD_SHAPE.args(), "--compute-method", method, "--dump-weights")
+    # DeepSpeed's CPU all-reduce leaves ~70 MB of /dev/shm per rank per launch unless the harness removes it
+    assert set(glob.glob(shm_segments("*"))) <= segments_before
     s = rec["summary"]
     assert rec["status"] == "ok" and rec["backend_info"]["label"] == label
     assert len(s["losses"]) == STEPS and s["loss_last"] < s["loss_first"]

@@ -15,14 +15,36 @@ gets the same configuration. This package is not called `deepspeed` because the 
 (backends/) is on sys.path, where that name would shadow the real library.
 """
 
+import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from backends.base import WORKER_SCRIPT, Backend, LaunchPlan, Options, option
 from backends.deepspeed_zero.comm import stage3_settings, zero_comm_pattern
 from core.process import Process
 
 STAGES = (0, 1, 2, 3)
+EXTENSIONS_SUBDIR = Path("distbench") / "torch_extensions"  # setup.sh builds DeepSpeed's CPU op there
+
+
+def shm_segments(port: int) -> str:
+    """The shared-memory buffers (tens of MB per rank) of DeepSpeed's CPU all-reduce op for the run whose
+    master port is `port`: `deepspeed_allreduce_buffer_<uid>_<MASTER_ADDR>_<MASTER_PORT>_<rank>`, created by
+    each rank when its process group starts and never unlinked, so every run would leave them in RAM."""
+    return f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_*_{port}_*"
+
+
+def extensions_dir() -> Path | None:
+    """Where DeepSpeed's JIT-built ops live: the user's TORCH_EXTENSIONS_DIR if set, else a folder inside
+    this virtual environment (None outside one: torch's default). Per environment, because torch keys the
+    build on the folder alone: environments sharing ~/.cache rebuild each other's op on every switch, and a
+    build killed there leaves a `lock` file on which every later run waits for ever."""
+    if os.environ.get("TORCH_EXTENSIONS_DIR"):
+        return Path(os.environ["TORCH_EXTENSIONS_DIR"])
+    return Path(sys.prefix) / EXTENSIONS_SUBDIR if sys.prefix != sys.base_prefix else None
+
+
 SHARDING = {0: "none", 1: "optimizer", 2: "gradients", 3: "parameters"}
 ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
@@ -104,6 +126,8 @@ class DeepSpeed(Backend):
         env = super().worker_env(cfg)
         if cfg.device == "cpu":
             env["DS_ACCELERATOR"] = "cpu"
+        if extensions := extensions_dir():
+            env["TORCH_EXTENSIONS_DIR"] = str(extensions)
         return env
 
     def launch(self, cfg, run_dir, port, devices):
@@ -133,4 +157,8 @@ class DeepSpeed(Backend):
             argv.append(f"--include=localhost:{','.join(devices)}")
         else:
             argv.append(f"--num_gpus={cfg.local_procs}")
-        return LaunchPlan([Process(argv + [str(WORKER_SCRIPT), str(run_dir)], self.worker_env(cfg))], files)
+        return LaunchPlan(
+            [Process(argv + [str(WORKER_SCRIPT), str(run_dir)], self.worker_env(cfg))],
+            files,
+            leftovers=[shm_segments(port)],
+        )

@@ -16,11 +16,13 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from backends import all_backends, backend_names, get_backend
+from backends.deepspeed_zero import extensions_dir
 from core.process import REPO_ROOT, free_port
 from core.records import DEFAULT_OUT
 from harness.run.devices import visible_gpus
@@ -33,6 +35,7 @@ MIN_FREE_BYTES = 1 << 30  # results are small, but logs and weight dumps are not
 IMPORT_TIMEOUT_S = 180
 COLLECTIVE_TIMEOUT_S = 120
 CONNECT_TIMEOUT_S = 3.0
+STALE_LOCK_S = 15 * 60  # no JIT build of one op takes this long here; a lock this old is a killed build's
 PROBE = REPO_ROOT / "backends" / "allreduce_probe.py"
 
 
@@ -233,6 +236,23 @@ def disk_check(out: Path) -> Check:
     )
 
 
+def extensions_lock_check(root: Path | None, required: bool, now: float) -> Check:
+    """torch's JIT build guards each op's folder with a `lock` file and waits, with no limit, while one is
+    there; a build that was killed leaves it, and every DeepSpeed run then hangs until its timeout."""
+    root = root or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "torch_extensions"
+    stale = sorted(
+        lock for lock in root.glob("**/lock") if lock.is_file() and now - lock.stat().st_mtime > STALE_LOCK_S
+    )
+    got = f"{len(stale)} stale, remove with: rm {shlex.join(map(str, stale))}" if stale else "none"
+    return Check(
+        "DeepSpeed op build locks",
+        f"find {root} -name lock",
+        f"no lock older than {STALE_LOCK_S // 60} min (a killed build's)",
+        got,
+        "ok" if not stale else ("FAIL" if required else "warn"),
+    )
+
+
 # ------------------------------------------------------------------------------------------------ command
 def selected(text: str | None) -> tuple[list, bool]:
     """The backends to check, and whether the user named them (then a missing framework fails)."""
@@ -256,6 +276,8 @@ def cmd_doctor(args) -> int:
     with ThreadPoolExecutor(max_workers=len(modules) or 1) as pool:  # one subprocess per framework, at once
         checks = list(pool.map(lambda m: import_check(m, m in required), modules))
     checks.append(device_check(device, per_node))
+    if any(b.name == "deepspeed" for b in backends):
+        checks.append(extensions_lock_check(extensions_dir(), named, time.time()))
     if any(c.name == "framework torch" and c.status == "ok" for c in checks):
         checks.append(collective_check("gloo"))
         if device == "cuda" and len(visible_gpus()) >= 2:

@@ -9,6 +9,7 @@ SIGKILL): a launcher caught mid-start by SIGTERM can otherwise linger.
 
 from __future__ import annotations
 
+import glob
 import os
 import signal
 import subprocess
@@ -79,6 +80,15 @@ def kill_sessions(leaders: list[int]) -> None:
     psutil.wait_procs(alive, timeout=KILL_GRACE_S)
 
 
+def remove_leftovers(patterns: list[str]) -> None:
+    """Remove what the framework left outside the run directory (see LaunchPlan.leftovers)."""
+    for path in (p for pattern in patterns for p in glob.glob(pattern)):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
 def start_reaper() -> subprocess.Popen:
     """`python -m harness.run.reaper` in its own session, told each started process's pid on its stdin. If
     the harness dies, its stdin closes without "done" and it kills those sessions (see
@@ -106,15 +116,21 @@ def tell_reaper(reaper: subprocess.Popen, line: str, last: bool = False) -> None
 
 
 def run_processes(
-    processes: list[Process], log_path: Path, timeout_s: float, cwd: Path | None = None
+    processes: list[Process],
+    log_path: Path,
+    timeout_s: float,
+    cwd: Path | None = None,
+    leftovers: list[str] | None = None,
 ) -> LaunchResult:
     """Run processes concurrently, all output to one log; kill everything on timeout, Ctrl-C, or once a
-    process has failed and the others have not exited within FAILURE_GRACE_S."""
+    process has failed and the others have not exited within FAILURE_GRACE_S; then remove `leftovers`."""
     start = time.monotonic()
     popens = []
     reaper = start_reaper()
     with open(log_path, "ab") as log:
         try:
+            for pattern in leftovers or []:
+                tell_reaper(reaper, f"leftover {pattern}")
             for proc in processes:
                 popens.append(
                     subprocess.Popen(
@@ -142,5 +158,6 @@ def run_processes(
                 time.sleep(0.1)
         finally:
             kill_tree(popens)  # also reaps any stragglers (daemons, grandchildren) of a clean exit
+            remove_leftovers(leftovers or [])
             tell_reaper(reaper, "done", last=True)  # nothing left for it to do
     return LaunchResult([p.returncode for p in popens], False, time.monotonic() - start)

@@ -182,7 +182,13 @@ def launch_node(backend: Backend, cfg: RunConfig, run_dir: Path) -> LaunchResult
     write_json_atomic(run_dir / "config.json", dataclasses.replace(cfg, node_rank=0).to_dict())
     plan = node_plan(backend, cfg, run_dir, cfg.master_port or free_port())
     write_files(plan.files)
-    return run_processes(plan.processes, node_log(run_dir, cfg, "launcher"), cfg.timeout_s, cwd=REPO_ROOT)
+    return run_processes(
+        plan.processes,
+        node_log(run_dir, cfg, "launcher"),
+        cfg.timeout_s,
+        cwd=REPO_ROOT,
+        leftovers=plan.leftovers,
+    )
 
 
 def run_isolated(backend: Backend, cfg: RunConfig, run_dir: Path) -> str | None:
@@ -200,6 +206,7 @@ def run_isolated(backend: Backend, cfg: RunConfig, run_dir: Path) -> str | None:
             node_log(run_dir, cfg, "isolated"),
             cfg.timeout_s,
             cwd=REPO_ROOT,
+            leftovers=[pattern for plan in plans for pattern in plan.leftovers],
         )
         if not result.ok:
             return (
