@@ -234,9 +234,11 @@ def run_training(trainer: Trainer, cfg: RunConfig, weights_path: Path | None = N
     ):
         first = cfg.warmup + cfg.steps
         for step in range(first, first + cfg.compute_steps + 1):
-            t, _, _, _ = timed_step(step, False)
+            t, _, loss, _ = timed_step(step, False)
             if step > first:
                 compute_times.append(t)
+            if trainer.rank == 0:
+                print(f"step {step:4d} loss {loss:.4f} time {t * 1e3:8.1f} ms (compute-only)", flush=True)
 
     memory = {"peak_rss": peak_rss_bytes(), "peak_rss_scope": peak_rss_scope, **trainer.memory()}
     return {

@@ -30,12 +30,17 @@ def harness(*args, timeout=300) -> subprocess.CompletedProcess:
 
 def run_record(out: Path, *args, expect_rc=0, timeout=300) -> dict:
     """`harness run ARGS --out OUT`, check its exit code, and return the record it wrote."""
+    return run_with_output(out, *args, expect_rc=expect_rc, timeout=timeout)[0]
+
+
+def run_with_output(out: Path, *args, expect_rc=0, timeout=300) -> tuple[dict, str]:
+    """run_record, and what `harness run` printed (its progress lines: stdout is not a terminal here)."""
     before = set(out.glob("*.json")) if out.exists() else set()
     proc = harness("run", *args, "--out", out, timeout=timeout)
     assert proc.returncode == expect_rc, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     new = sorted(set(out.glob("*.json")) - before)
     assert len(new) == 1, f"expected one new record in {out}, got {new}"
-    return json.loads(new[0].read_text())
+    return json.loads(new[0].read_text()), proc.stdout
 
 
 @pytest.fixture

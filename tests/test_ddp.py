@@ -5,7 +5,7 @@ import json
 import numpy as np
 import psutil
 import pytest
-from conftest import run_record
+from conftest import run_record, run_with_output
 
 pytestmark = pytest.mark.slow
 FAST = ["--steps", "6", "--warmup", "1", "--timeout", "180"]
@@ -97,20 +97,45 @@ def test_isolated_counterfactual_cross_check(out):
     """DDP measures t_compute both ways: N isolated single-process workers and the ranks' own sync-off
     steps. Both are the same compute on the same machine, so they must agree (a counterfactual on the
     wrong shard, world size or device, or without the other workers' contention, would not)."""
-    rec = run_record(out, "--backend", "torch-ddp", "--gpus", "2", "--compute-method", "isolated", *FAST)
+    rec, shown = run_with_output(
+        out, "--backend", "torch-ddp", "--gpus", "2", "--compute-method", "isolated", *FAST
+    )
     assert rec["comm"] == {"t_compute_method": "isolated"} and len(rec["isolated_ranks"]) == 2
+    # while it ran: each phase in order, read from rank 0's log (plain lines: stdout is not a terminal)
+    assert_phases(
+        shown,
+        "launching",
+        "warm-up",
+        "measured",
+        "isolated counterfactual (launch 1/2)",
+        "isolated counterfactual (launch 2/2)",
+        "writing the record",
+        "ok",
+    )
+    assert "measured 6/6: step 6 loss" in shown
     # two launches of the isolated workers (--isolated-repeats 2), their steps joined
     assert all(r["status"] == "ok" and len(r["step_times"]) == 12 for r in rec["isolated_ranks"])
     assert all(len(r["launch_median_step_times"]) == 2 for r in rec["isolated_ranks"])
-    no_sync = run_record(out, "--backend", "torch-ddp", "--gpus", "2", "--compute-method", "no_sync", *FAST)
+    no_sync, shown = run_with_output(
+        out, "--backend", "torch-ddp", "--gpus", "2", "--compute-method", "no_sync", *FAST
+    )
+    assert_phases(shown, "launching", "warm-up", "measured", "compute-only", "writing the record", "ok")
     isolated, sync_off = rec["summary"]["t_compute_s"], no_sync["summary"]["t_compute_s"]
     assert abs(isolated / sync_off - 1) < 0.25, (isolated, sync_off)
 
 
+def assert_phases(shown: str, *phases: str) -> None:
+    """The progress lines name each phase, in this order (a phase's first line starts with its name)."""
+    firsts = [line.split("] ", 1)[1] for line in shown.splitlines() if line.startswith("[")]
+    at = [next((i for i, line in enumerate(firsts) if line.startswith(p)), None) for p in phases]
+    assert None not in at and at == sorted(at), f"phases {phases} at {at} in:\n{shown}"
+
+
 def test_failing_rank_is_recorded_with_its_log_and_nothing_is_left_behind(out):
-    rec = run_record(
+    rec, shown = run_with_output(
         out, "--backend", "torch-ddp", "--gpus", "2", "--inject-fault", "1:2:raise", *FAST, expect_rc=1
     )
+    assert_phases(shown, "launching", "warm-up", "measured", "writing the record", "failed")
     assert rec["status"] == "failed"
     assert rec["error"]["rank"] == 1 and "injected fault at step 2" in rec["error"]["message"]
     assert any("injected fault" in line for line in rec["error"]["log_tail"])

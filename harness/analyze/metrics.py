@@ -125,18 +125,37 @@ def compute_time(
     return rank_median_max(series), detail
 
 
+def tokens_per_step(cfg: dict) -> int:
+    return cfg["micro_batch"] * cfg["grad_accum"] * cfg["world_size"] * cfg["spec"]["seq_len"]
+
+
+def per_step_series(record: dict) -> dict[str, list[float]]:
+    """The run's curves over its measured steps, as the summary derives them: the loss averaged over the
+    ranks, the step time and data wait of the slowest rank, and the tokens per second that step time
+    gives. Empty lists where no rank reported."""
+    ranks = [r for r in record.get("ranks", []) if r.get("status") == "ok"]
+    step_times = per_step_max(ranks, "step_times")
+    return {
+        "loss": [float(np.mean(step)) for step in zip(*[r["losses"] for r in ranks])] if ranks else [],
+        "step_time_s": step_times,
+        "tokens_per_s": [tokens_per_step(record["config"]) / t for t in step_times if t > 0],
+        "data_wait_s": per_step_max(ranks, "data_wait"),
+    }
+
+
 def summarize(record: dict) -> dict:
     """The derived figures of one run record. Unmeasurable figures are None, never guessed."""
     cfg, info = record["config"], record.get("backend_info", {})
     spec = ModelSpec(**cfg["spec"])
     world = cfg["world_size"]
     ranks = [r for r in record.get("ranks", []) if r.get("status") == "ok"]
-    step_times = per_step_max(ranks, "step_times")
+    series = per_step_series(record)
+    step_times = series["step_time_s"]
     t = stats(step_times)
-    tokens_per_step = cfg["micro_batch"] * cfg["grad_accum"] * world * spec.seq_len
+    n_tokens = tokens_per_step(cfg)
     samples_per_step = cfg["micro_batch"] * cfg["grad_accum"] * world
     t_step = t["median"]
-    throughput = tokens_per_step / t_step if t_step else None
+    throughput = n_tokens / t_step if t_step else None
 
     method = record.get("comm", {}).get("t_compute_method", "none")
     t_compute, t_compute_detail = compute_time(record, method, ranks, info.get("sharding", "none"), world)
@@ -151,7 +170,7 @@ def summarize(record: dict) -> dict:
     exposed_s = (t_step - t_compute) if (t_step and t_compute and t_step > t_compute) else None
     volume_per_exposed_s = volume / exposed_s if (volume and exposed_s) else None
 
-    losses = [float(np.mean(step)) for step in zip(*[r["losses"] for r in ranks])] if ranks else []
+    losses = series["loss"]
     device = ranks[0]["device"] if ranks else None
     tf32_states = {(r.get("math_mode") or {}).get("tf32") for r in ranks}
     peak_kind = peak_precision(cfg["precision"], tf32_states == {True})
@@ -172,7 +191,7 @@ def summarize(record: dict) -> dict:
     data_prep = stats(per_step_max(ranks, "data_prep"))["median"]
     return {
         "step_time_s": t,
-        "tokens_per_step": tokens_per_step,
+        "tokens_per_step": n_tokens,
         "throughput_tokens_per_s": throughput,
         "throughput_samples_per_s": samples_per_step / t_step if t_step else None,
         "per_device_tokens_per_s": per_device,
@@ -189,7 +208,7 @@ def summarize(record: dict) -> dict:
         "comm_bytes_per_rank_per_step": volume,
         "comm_volume_method": comm_volume_method(pattern),
         "volume_per_exposed_s": volume_per_exposed_s,
-        "model_flops_per_step": spec.flops_per_token * tokens_per_step,
+        "model_flops_per_step": spec.flops_per_token * n_tokens,
         "device_peak_flops": peak,
         "device_peak_precision": peak_kind if peak else None,
         "tf32": sorted(tf32_states, key=str)[0] if len(tf32_states) == 1 else None,

@@ -22,6 +22,7 @@ import pandas as pd
 from backends import all_backends
 from core.records import DEFAULT_OUT, load_records, write_atomic
 from harness.analyze.analysis import DEFAULT_NOISE_CV, aggregate, contexts, runs_table
+from harness.analyze.export import write_github_benchmark, write_tensorboard
 from harness.analyze.summary import fmt_bytes
 from harness.usage import EXIT_OK, UsageError, fraction, positive
 
@@ -553,7 +554,18 @@ RESULT_COLUMNS = [
 
 
 def cmd_results(args) -> int:
-    runs = runs_table(load(args.paths))
+    records = load(args.paths)
+    runs = runs_table(records)
+    if args.format == "tensorboard":
+        out = args.output or Path(args.paths[0]) / "tensorboard"
+        folders = write_tensorboard(records, out)
+        print(f"tensorboard: {len(folders)} run(s) under {out} (view with: tensorboard --logdir {out})")
+        return EXIT_OK
+    if args.format == "github-benchmark":
+        out = args.output or Path(args.paths[0]) / "github-benchmark"
+        for path in write_github_benchmark(aggregate(runs, args.noise_cv), runs, out):
+            print(f"{path.stem}: {path}")
+        return EXIT_OK
     table = aggregate(runs, args.noise_cv) if args.aggregate else runs
     if args.csv:
         write_atomic(args.csv, lambda tmp: table.to_csv(tmp, index=False))
@@ -601,5 +613,17 @@ def register(subparsers) -> None:
     p.add_argument("--parquet", type=Path, help="write the table as Parquet")
     p.add_argument(
         "--aggregate", action="store_true", help="one row per backend x N x context instead of per run"
+    )
+    p.add_argument(
+        "--format",
+        choices=("table", "tensorboard", "github-benchmark"),
+        default="table",
+        help="tensorboard: per-step curves of every ok run as event files; github-benchmark: the JSON files "
+        "of github-action-benchmark's customBiggerIsBetter / customSmallerIsBetter tools",
+    )
+    p.add_argument(
+        "--output",
+        type=Path,
+        help="folder for tensorboard / github-benchmark (default: <first path>/<format>)",
     )
     p.set_defaults(func=cmd_results)

@@ -13,9 +13,11 @@ from rich.table import Table
 
 from backends import all_backends, backend_names, get_backend
 from core.config import RunConfig
+from harness.analyze.export import write_tensorboard
 from harness.analyze.summary import print_summary
 from harness.run.nodes import check_run_id, requested_world
 from harness.run.options import add_run_arguments, build_config
+from harness.run.progress import RunDisplay
 from harness.run.runner import execute, run_node, write_record
 from harness.usage import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, positive
 from workloads.spec import PRESETS
@@ -38,9 +40,13 @@ def cmd_run(args) -> int:
             f"node 0 writes the record {args.out / (args.run_id + '.json')}"
         )
         return EXIT_OK if done else EXIT_FAILED
-    record = execute(backend, cfg, args.out, sys.argv, run_id=args.run_id)
+    with RunDisplay(cfg, live=sys.stdout.isatty() and not args.quiet) as display:
+        record = execute(backend, cfg, args.out, sys.argv, run_id=args.run_id, display=display)
+        display.finish(record, tail_lines=0)  # the summary shows the failing rank's lines
     print_summary(record)
     print(f"record: {args.out / (record['run_id'] + '.json')}")
+    for folder in write_tensorboard([record], args.tensorboard) if args.tensorboard else []:
+        print(f"tensorboard: {folder}")
     return EXIT_OK if record["status"] == "ok" else EXIT_FAILED
 
 

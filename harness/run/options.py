@@ -32,6 +32,17 @@ def fault_spec(text: str) -> dict:
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     """Options shared by `run` and `sweep` (everything that defines the work and how it is measured)."""
+    p.add_argument(
+        "--quiet",
+        action="store_true",
+        help="plain progress lines instead of the live display (the default when stdout is not a terminal)",
+    )
+    p.add_argument(
+        "--tensorboard",
+        type=Path,
+        metavar="DIR",
+        help="also write each run's per-step curves as TensorBoard event files under DIR/<run>/",
+    )
     p.add_argument("--workload", default="tiny", help=f"preset: {', '.join(PRESETS)}")
     for flag in OVERRIDES:
         p.add_argument(

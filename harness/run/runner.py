@@ -35,6 +35,7 @@ from harness.run.nodes import (
     wait_for_nodes,
     wait_for_ranks,
 )
+from harness.run.progress import NO_DISPLAY, NoDisplay, RunDisplay
 
 LOG_TAIL_LINES = 30
 
@@ -191,7 +192,9 @@ def launch_node(backend: Backend, cfg: RunConfig, run_dir: Path) -> LaunchResult
     )
 
 
-def run_isolated(backend: Backend, cfg: RunConfig, run_dir: Path) -> str | None:
+def run_isolated(
+    backend: Backend, cfg: RunConfig, run_dir: Path, display: RunDisplay | NoDisplay = NO_DISPLAY
+) -> str | None:
     """The isolated counterfactual: N independent single-process workers started at the same time, each
     on the data shard of one rank, so they contend for the machines as the real run does but never talk;
     launched cfg.isolated_repeats times, one launch after the other, since launch-to-launch variation
@@ -199,6 +202,12 @@ def run_isolated(backend: Backend, cfg: RunConfig, run_dir: Path) -> str | None:
     standing for its own ranks; returns an error message if they failed."""
     for repeat in range(cfg.isolated_repeats):
         plans = isolated_plans(backend, cfg, run_dir, repeat)
+        display.phase(
+            "isolated counterfactual",
+            log=isolated_dir(run_dir, cfg.first_local_rank, repeat) / "rank0.log",
+            total=cfg.warmup + cfg.steps,
+            detail=f"(launch {repeat + 1}/{cfg.isolated_repeats})",
+        )
         for plan in plans:
             write_files(plan.files)
         result = run_processes(
@@ -267,20 +276,31 @@ def execute(
     argv: list[str],
     sweep: dict | None = None,
     run_id: str | None = None,
+    display: RunDisplay | NoDisplay = NO_DISPLAY,
 ) -> dict | None:
     """Run this node's share of `cfg` (all of a one-node run). Node 0 then writes the run record to
     out_dir/<run_id>.json and returns it; another node returns None. `sweep` ({"id", "repeat"}) ties the run
-    to the sweep that launched it; None for a single `harness run`."""
+    to the sweep that launched it; None for a single `harness run`. `display` is told each phase."""
     if cfg.nodes > 1 and not run_id:
         raise ValueError("a multi-node run needs a run id every node agrees on; a random one would split it")
     run_id = run_id or new_run_id(cfg)
-    run_node(backend, cfg, Path(out_dir) / "logs" / run_id, argv)
-    return write_record(backend, cfg, Path(out_dir), run_id, sweep=sweep) if cfg.node_rank == 0 else None
+    run_node(backend, cfg, Path(out_dir) / "logs" / run_id, argv, display)
+    if cfg.node_rank != 0:
+        return None
+    display.phase("writing the record")
+    return write_record(backend, cfg, Path(out_dir), run_id, sweep=sweep)
 
 
-def run_node(backend: Backend, cfg: RunConfig, run_dir: Path, argv: list[str]) -> dict:
+def run_node(
+    backend: Backend,
+    cfg: RunConfig,
+    run_dir: Path,
+    argv: list[str],
+    display: RunDisplay | NoDisplay = NO_DISPLAY,
+) -> dict:
     """Launch this node's ranks, then its share of the isolated counterfactual; returns its node marker."""
     marker = start_node(cfg, run_dir, argv, now_iso())
+    display.phase("launching", log=run_dir / "rank0.log")
     result = launch_node(backend, cfg, run_dir)
     marker = ranks_launched(run_dir, marker, result)
     isolated_error = None
@@ -288,7 +308,7 @@ def run_node(backend: Backend, cfg: RunConfig, run_dir: Path, argv: list[str]) -
         # Where node 0's launcher runs this node's ranks too, they may still be running: wait for them.
         if backend.starts_remote_ranks and cfg.node_rank != 0:
             isolated_error = wait_for_ranks(run_dir, 0, cfg.timeout_s)
-        isolated_error = isolated_error or run_isolated(backend, cfg, run_dir)
+        isolated_error = isolated_error or run_isolated(backend, cfg, run_dir, display)
     return finish_node(run_dir, marker, result, isolated_error)
 
 

@@ -8,6 +8,7 @@ configuration only. Every run writes its own record, failed or not; `--resume` s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import math
 import os
@@ -21,8 +22,10 @@ from backends import backend_names, get_backend
 from backends.base import Backend
 from core.config import RunConfig
 from core.records import config_key, load_records
+from harness.analyze.export import write_tensorboard
 from harness.run.nodes import read_hosts
 from harness.run.options import add_run_arguments, build_config
+from harness.run.progress import RunDisplay, make_progress
 from harness.run.runner import execute
 from harness.usage import EXIT_FAILED, EXIT_OK, UsageError, choice, positive
 
@@ -169,14 +172,33 @@ def cmd_sweep(args) -> int:
         runs, n_done = drop_done(runs, args.out)
         print(f"resume: {n_done} run(s) already recorded ok in {args.out} are skipped")
     start, records = time.monotonic(), []
-    for k, run in enumerate(runs, 1):
-        t0 = time.monotonic()
-        record = execute(
-            run.backend, run.cfg, args.out, sys.argv, sweep={"id": sweep_id, "repeat": run.repeat}
-        )
-        records.append(record)
-        now = time.monotonic()
-        print(progress_line(k, len(runs), run, record, now - t0, now - start, args.repeats), flush=True)
+    live = sys.stdout.isatty() and not args.quiet
+    bars = make_progress(sys.stdout) if live else None
+    overall = bars.add_task("sweep", total=len(runs), status="") if live else None
+    with bars or contextlib.nullcontext():
+        for k, run in enumerate(runs, 1):
+            t0 = time.monotonic()
+            with RunDisplay(run.cfg, live=live, progress=bars) as display:
+                display.phase(f"run {k}/{len(runs)}: {run.backend.name} N={run.cfg.world_size}")
+                record = execute(
+                    run.backend,
+                    run.cfg,
+                    args.out,
+                    sys.argv,
+                    sweep={"id": sweep_id, "repeat": run.repeat},
+                    display=display,
+                )
+                display.finish(record)
+            records.append(record)
+            if args.tensorboard:
+                write_tensorboard([record], args.tensorboard)
+            now = time.monotonic()
+            line = progress_line(k, len(runs), run, record, now - t0, now - start, args.repeats)
+            if live:
+                bars.update(overall, completed=k, status=f"ETA {clock((now - start) / k * (len(runs) - k))}")
+                bars.console.print(line)
+            else:
+                print(line, flush=True)
     failed = [r for r in records if r["status"] != "ok"]
     print(
         f"sweep {sweep_id}: {len(records)} run(s), {len(records) - len(failed)} ok, {len(failed)} failed; "

@@ -1,0 +1,186 @@
+"""What a run is doing while it runs: its phase, step i of n, the latest loss, step time and tokens/s, elapsed
+time and ETA.
+
+Read from what rank 0 already writes (its per-step line in rank0.log, printed after the step's clock has
+stopped), by a thread of the harness process that polls the file: nothing enters a worker's timed region.
+On a terminal it is a live rich display; otherwise, or with --quiet, plain lines (one per phase and a few
+per phase for the steps), so CI logs stay readable. The runner tells it the phases it alone knows
+(launching, the isolated counterfactual's launches, writing the record); the worker's lines tell the rest
+(warm-up, measured, compute-only).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import TextIO
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from core.config import RunConfig
+
+# rank 0's line after each step (backends/loop.py): "step    3 loss 7.6021 time    123.4 ms (warm-up)"
+STEP_LINE = re.compile(r"step\s+(\d+) loss (\S+) time\s+(\S+) ms(?: \(([\w-]+)\))?")
+PHASES = (
+    "launching",
+    "warm-up",
+    "measured",
+    "compute-only",
+    "isolated counterfactual",
+    "writing the record",
+)
+POLL_S = 0.25
+PLAIN_LINES_PER_PHASE = 4  # step lines printed per phase in plain mode, besides the phase's first line
+
+
+def clock(seconds: float) -> str:
+    seconds = max(0, round(seconds))
+    return f"{seconds // 60}:{seconds % 60:02d}"
+
+
+class RunDisplay:
+    """The progress of one run. `live`: a rich display on `progress` (shared by a sweep with its own bar);
+    else plain lines on `stream`. Use as a context manager around the run; `phase()` at each phase the
+    runner starts, with the rank-0 log to follow."""
+
+    def __init__(
+        self, cfg: RunConfig, live: bool, stream: TextIO | None = None, progress: Progress | None = None
+    ):
+        self.cfg = cfg
+        self.tokens_per_step = cfg.global_batch * cfg.spec.seq_len
+        self.live = live
+        self.stream = stream or sys.stdout
+        self.owns_progress = live and progress is None
+        self.progress = progress or (make_progress(self.stream) if live else None)
+        self.task = None
+        self.start = time.monotonic()
+        self.lock = threading.Lock()
+        self.log: Path | None = None
+        self.offset = 0
+        self.name = ""
+        self.total = 0
+        self.done = 0
+        self.printed = 0
+        self.phase_start = self.start
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.follow, daemon=True)
+
+    # ---------------------------------------------------------------------------------------- lifecycle
+    def __enter__(self) -> RunDisplay:
+        if self.owns_progress:
+            self.progress.start()
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+        self.poll()  # the lines written since the last poll
+        if self.progress is not None:
+            if self.task is not None:
+                self.progress.remove_task(self.task)
+            if self.owns_progress:
+                self.progress.stop()
+
+    def phase(self, name: str, log: Path | None = None, total: int = 0, detail: str = "") -> None:
+        """Enter a runner-known phase; follow `log` (rank 0's) from its start if given."""
+        self.poll()
+        with self.lock:
+            if log is not None:
+                self.log, self.offset = log, 0
+            self.enter(name, total, detail)
+
+    def finish(self, record: dict, tail_lines: int = 5) -> None:
+        """The end: the run's status and, on failure, the failing rank's last lines as the record has them
+        (`tail_lines` of them: 0 where the summary printed next shows them all)."""
+        error = record.get("error") or {}
+        self.say(f"{record['status']}" + (f": {error.get('message', '')}" if error else ""))
+        for line in (error.get("log_tail") or [])[-tail_lines:] if tail_lines else []:
+            self.say(f"  | {line}")
+
+    # ------------------------------------------------------------------------------------------ updates
+    def enter(self, name: str, total: int, detail: str = "") -> None:
+        self.name, self.total, self.done, self.printed = name, total, 0, 0
+        self.phase_start = time.monotonic()
+        label = f"{name} {detail}".strip()
+        if self.live:
+            if self.task is not None:
+                self.progress.update(self.task, completed=self.progress.tasks[-1].total or 0)
+                self.progress.remove_task(self.task)
+            self.task = self.progress.add_task(label, total=total or None, status="")
+        else:
+            self.say(f"{label}" + (f": {total} step(s)" if total else ""))
+
+    def step(self, index: int, loss: float, step_ms: float, kind: str | None) -> None:
+        """One of rank 0's step lines; in the main launch its marker says the phase (none: measured)."""
+        if self.name != "isolated counterfactual":
+            name = kind if kind in ("warm-up", "compute-only") else "measured"
+            if name != self.name:
+                totals = {"warm-up": self.cfg.warmup, "measured": self.cfg.steps}
+                self.enter(name, totals.get(name, self.cfg.compute_steps + 1))
+        self.done += 1
+        # tokens/s of the whole run; an isolated worker stands for one rank, so it does 1/N of them
+        share = self.cfg.world_size if self.name == "isolated counterfactual" else 1
+        tokens_per_s = self.tokens_per_step / share / (step_ms / 1e3) if step_ms > 0 else 0.0
+        status = f"step {index} loss {loss:.4f} | {step_ms:.1f} ms | {tokens_per_s:,.0f} tokens/s"
+        if self.live:
+            self.progress.update(self.task, completed=self.done, status=status)
+            return
+        every = max(1, self.total // PLAIN_LINES_PER_PHASE) if self.total else 1
+        if self.done == self.total or self.done % every == 0:
+            left = self.total - self.done
+            eta = (time.monotonic() - self.phase_start) / self.done * left if self.total else None
+            self.say(
+                f"  {self.name} {self.done}/{self.total or '?'}: {status}"
+                + (f" | ETA {clock(eta)}" if eta is not None else "")
+            )
+
+    def say(self, text: str) -> None:
+        if self.live:
+            self.progress.console.print(text)
+        else:
+            print(f"[{clock(time.monotonic() - self.start)}] {text}", file=self.stream, flush=True)
+
+    # ------------------------------------------------------------------------------------------ reading
+    def follow(self) -> None:
+        while not self.stop.wait(POLL_S):
+            self.poll()
+
+    def poll(self) -> None:
+        with self.lock:
+            if self.log is None or not self.log.exists():
+                return
+            with open(self.log, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+            end = chunk.rfind(b"\n") + 1  # a line still being written waits for the next poll
+            self.offset += end
+            for line in chunk[:end].decode(errors="replace").splitlines():
+                if m := STEP_LINE.search(line):
+                    self.step(int(m[1]), float(m[2]), float(m[3]), m[4])
+
+
+def make_progress(stream: TextIO) -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeRemainingColumn(),
+        console=Console(file=stream),
+        transient=False,
+    )
+
+
+class NoDisplay:
+    """What the runner calls when nobody watches (multi-node followers' records, tests, library use)."""
+
+    def phase(self, name: str, log: Path | None = None, total: int = 0, detail: str = "") -> None:
+        pass
+
+
+NO_DISPLAY = NoDisplay()
