@@ -68,9 +68,17 @@ def launch(out: Path, run_args: list[str], delay: float = 0.0) -> dict:
 
 
 def measure_round(
-    workdir: Path, repeats: int = 3, run_args: list[str] = RUN_ARGS, delay_fraction: float = DELAY_FRACTION
+    workdir: Path,
+    repeats: int = 3,
+    run_args: list[str] = RUN_ARGS,
+    delay_fraction: float = DELAY_FRACTION,
+    settle_launches: int = 0,
 ) -> tuple[Path, Path, Path, float]:
-    """Launch A, B (same code) and S (slowed) runs interleaved; returns their directories and the delay."""
+    """Launch A, B (same code) and S (slowed) runs interleaved; returns their directories and the delay.
+    `settle_launches` runs are launched first and dropped: the first launch after the machine idled runs
+    slow (page cache, clock), which would inflate both A1, which sets the delay, and A's spread."""
+    for _ in range(settle_launches):
+        launch(workdir / "settle", run_args)
     a, b, s = (workdir / side for side in "abs")
     first = launch(a, run_args)
     delay = delay_fraction * float(np.median(first["step_times_s"]))
@@ -134,6 +142,12 @@ def main() -> int:
     p.add_argument(
         "--pool", type=int, help="launch this many runs per side once and draw the K trials from them"
     )
+    p.add_argument(
+        "--settle-launches",
+        type=int,
+        default=1,
+        help="launches run and dropped before each round or pool (default 1: the first runs slow)",
+    )
     p.add_argument("--workdir", type=Path, help="keep the records here (default: a temporary directory)")
     p.add_argument("--json", type=Path, help="write per-round results here")
     args, run_args = p.parse_known_args()
@@ -147,12 +161,14 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="distbench-aa-") as tmp:
         root = args.workdir or Path(tmp)
         if args.pool:
-            a, b, s, delay = measure_round(root / "pool", args.pool, run_args, args.delay_fraction)
+            a, b, s, delay = measure_round(
+                root / "pool", args.pool, run_args, args.delay_fraction, args.settle_launches
+            )
             pools = [load_all([side]) for side in (a, b, s)]
             rng = np.random.default_rng(0)
         for k in range(args.k if not args.pool else 0):
             a, b, s, delay = measure_round(
-                root / f"round{k:03d}", args.repeats, run_args, args.delay_fraction
+                root / f"round{k:03d}", args.repeats, run_args, args.delay_fraction, args.settle_launches
             )
             verdicts = {name: judge(a, b, s, g) for name, g in zip(names, gates)}
             rounds.append({"round": k, "delay_s": delay, "gates": verdicts})
