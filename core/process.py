@@ -36,6 +36,23 @@ ALLOCATOR_SETTINGS = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRE
 THREAD_SETTINGS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
+CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
+
+
+def available_cpus(cpu_max: Path = CGROUP_CPU_MAX) -> int:
+    """The CPUs this process may run on, not the machine's: its affinity (what Slurm's task binding, taskset
+    or a container's cpuset gives it), capped by a cgroup v2 CPU quota ("max" or "<quota> <period>",
+    rounded up). os.cpu_count() counts the host's, and N workers sized from it can share one CPU."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        quota, period = cpu_max.read_text().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return cpus
+
+
 def process_settings(threads_per_worker: int) -> dict[str, str]:
     """The environment that fixes how a worker process runs, the same for every backend: its thread count
     (set before the framework starts) and the C allocator's settings. Each rank records what reached it."""

@@ -28,11 +28,25 @@ class RecordError(ValueError):
     """A file that is not a readable distbench run record (or one of a newer schema than this harness)."""
 
 
+def current_umask() -> int:
+    """This process's umask, read without changing it (Linux), else by setting and restoring it."""
+    try:
+        with open("/proc/self/status") as f:
+            return int(next(line for line in f if line.startswith("Umask:")).split()[1], 8)
+    except (OSError, StopIteration, ValueError):
+        mask = os.umask(0o022)
+        os.umask(mask)
+        return mask
+
+
 def write_atomic(path: Path, write) -> None:
-    """Never leave a half-written file: `write(tmp_path)` into a temp file beside `path`, fsync, rename."""
+    """Never leave a half-written file: `write(tmp_path)` into a temp file beside `path`, fsync, rename.
+    The file gets the mode a plain open() would give it (0666 less the umask): mkstemp's 0600 would hide
+    records from a team sharing the results folder, or from a CI step running as another user."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.fchmod(fd, 0o666 & ~current_umask())
     os.close(fd)
     try:
         write(Path(tmp))

@@ -46,6 +46,11 @@ pytestmark = pytest.mark.unit
             "tf-mwms on 2 nodes needs the host of every node",
         ),
         (["run", "--backend", "torch-ddp", "--device", "cuda", "--gpus", "64"], "GPU(s) visible"),
+        (["run", "--backend", "torch-ddp", "--warmup", "-1"], "expected an integer >= 0, got -1"),
+        (["run", "--backend", "torch-ddp", "--compute-steps", "-1"], "expected an integer >= 0, got -1"),
+        (["run", "--backend", "torch-ddp", "--timeout", "-5"], "seconds > 0, got -5"),
+        (["run", "--backend", "torch-ddp", "--collective-timeout", "0"], "seconds > 0, got 0"),
+        (["sweep", "--backends", "torch-ddp", "--gpus", "1", "--timeout", "-5"], "seconds > 0, got -5"),
         (["frobnicate"], "invalid choice"),
     ],
 )

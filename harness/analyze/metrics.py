@@ -143,6 +143,21 @@ def per_step_series(record: dict) -> dict[str, list[float]]:
     }
 
 
+def cpu_oversubscription(record: dict) -> dict | None:
+    """CPU workers on one node asking for more threads than the CPUs they may use (affinity, cgroup quota;
+    the host's count for records made before that was recorded): their step times measure the contention,
+    so the record says so. None on GPUs or when the workers fit."""
+    cfg, env = record["config"], record.get("environment") or {}
+    cpus = env.get("cpus_available") or env.get("cpu_count")
+    if cfg.get("device") != "cpu" or not cpus:
+        return None
+    workers = cfg.get("gpus_per_node") or cfg["world_size"] // cfg.get("nodes", 1)
+    threads = cfg.get("threads_per_worker") or 1
+    if workers * threads <= cpus:
+        return None
+    return {"workers_per_node": workers, "threads_per_worker": threads, "cpus": cpus}
+
+
 def summarize(record: dict) -> dict:
     """The derived figures of one run record. Unmeasurable figures are None, never guessed."""
     cfg, info = record["config"], record.get("backend_info", {})
@@ -223,4 +238,5 @@ def summarize(record: dict) -> dict:
         "model_state_bytes_per_rank": measured_state,
         "model_state_bytes_analytic": analytic_state["total"],
         "model_state_vs_analytic": measured_state / analytic_state["total"] if measured_state else None,
+        "cpu_oversubscribed": cpu_oversubscription(record),
     }

@@ -96,6 +96,15 @@ def print_summary(record: dict, stream=None) -> None:
             f"{fmt(s.get('minor_faults_per_step'), '{:,.1f}')} minor faults per step (slowest rank)",
         ),
     ]
+    if s.get("cpu_oversubscribed"):
+        o = s["cpu_oversubscribed"]
+        rows.append(
+            (
+                "CPU OVERSUBSCRIBED",
+                f"{o['workers_per_node']} workers x {o['threads_per_worker']} thread(s) on "
+                f"{o['cpus']} CPU(s): step times include the contention",
+            )
+        )
     if record.get("error"):
         err = record["error"]
         rows.append(("error", f"rank {err.get('rank')}: {err.get('message')}"))

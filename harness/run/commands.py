@@ -16,7 +16,7 @@ from core.config import RunConfig
 from harness.analyze.export import write_tensorboard
 from harness.analyze.summary import print_summary
 from harness.run.nodes import check_run_id, requested_world
-from harness.run.options import add_run_arguments, build_config
+from harness.run.options import add_run_arguments, build_config, check_out_dir
 from harness.run.progress import RunDisplay
 from harness.run.runner import execute, run_node, write_record
 from harness.usage import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, positive
@@ -31,6 +31,7 @@ def cmd_run(args) -> int:
         print(f"harness: error: backend {backend.name} is unavailable here: {reason}", file=sys.stderr)
         return EXIT_USAGE
     check_run_id(args.run_id, cfg, args.out)
+    check_out_dir(args.out)
     if cfg.node_rank:  # another node's harness only runs its launcher; node 0 writes the record
         node = run_node(backend, cfg, args.out / "logs" / args.run_id, sys.argv)
         done = not node["timed_out"] and all(rc == 0 for rc in node["returncodes"])

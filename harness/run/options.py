@@ -6,14 +6,15 @@ Everything is checked here, before anything launches: bad input is a UsageError 
 from __future__ import annotations
 
 import argparse
-import os
+import tempfile
 from pathlib import Path
 
 from backends import all_backends, backend_names, get_backend
 from core.config import COMPUTE_METHODS, DEVICES, FAULT_KINDS, PRECISIONS, InvalidConfig, RunConfig
+from core.process import available_cpus
 from harness.run.devices import resolve_device
 from harness.run.nodes import add_node_arguments, node_layout
-from harness.usage import UsageError, choice, positive
+from harness.usage import UsageError, choice, non_negative, positive, seconds
 from workloads.spec import OVERRIDES, PRESETS, resolve
 
 DEFAULT_OUT = Path("results")
@@ -28,6 +29,16 @@ def fault_spec(text: str) -> dict:
     if kind not in FAULT_KINDS:
         raise argparse.ArgumentTypeError(f"unknown fault kind '{kind}'; valid: {', '.join(FAULT_KINDS)}")
     return fault
+
+
+def check_out_dir(out: Path) -> None:
+    """`--out` must be a folder this process can write records into: checked before anything launches,
+    so a typo or a read-only mount is one line, not a traceback after the run."""
+    try:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        tempfile.NamedTemporaryFile(dir=out, prefix=".write-check.").close()
+    except OSError as exc:
+        raise UsageError(f"--out {out}: cannot write records there ({exc.strerror or exc})") from None
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
@@ -59,9 +70,11 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--grad-accum", type=positive, default=1)
     p.add_argument("--steps", type=positive, default=20, help="measured steps")
-    p.add_argument("--warmup", type=int, default=3, help="steps run first and excluded from statistics")
     p.add_argument(
-        "--compute-steps", type=int, default=5, help="sync-off steps for t_compute (no_sync method)"
+        "--warmup", type=non_negative, default=3, help="steps run first and excluded from statistics"
+    )
+    p.add_argument(
+        "--compute-steps", type=non_negative, default=5, help="sync-off steps for t_compute (no_sync method)"
     )
     p.add_argument(
         "--isolated-repeats",
@@ -78,10 +91,10 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--activation-checkpointing", action="store_true")
     p.add_argument("--data", help="flat uint16 token file (memory-mapped) instead of synthetic tokens")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=float, default=900.0, help="seconds before the whole run is killed")
+    p.add_argument("--timeout", type=seconds, default=900.0, help="seconds before the whole run is killed")
     p.add_argument(
         "--collective-timeout",
-        type=float,
+        type=seconds,
         help="seconds a collective waits for a dead or hung peer "
         "before the ranks give up (default: --timeout)",
     )
@@ -149,7 +162,7 @@ def build_config(
         raise UsageError(f"backend {backend.name} runs on one node only; drop --nodes/--hosts")
     per_node = n // layout["nodes"]
     device = resolve_device(args.device, per_node) if check_devices or args.device == "auto" else args.device
-    cores = os.cpu_count() or 1
+    cores = available_cpus()
     cfg = RunConfig(
         backend=backend.name,
         workload=args.workload,

@@ -66,6 +66,7 @@ class RunDisplay:
         self.done = 0
         self.printed = 0
         self.phase_start = self.start
+        self.muted = False
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.follow, daemon=True)
 
@@ -140,10 +141,16 @@ class RunDisplay:
             )
 
     def say(self, text: str) -> None:
-        if self.live:
-            self.progress.console.print(text)
-        else:
-            print(f"[{clock(time.monotonic() - self.start)}] {text}", file=self.stream, flush=True)
+        """Print a line; if the reader has gone (`harness run | head`), stop printing, never the run."""
+        if self.muted:
+            return
+        try:
+            if self.live:
+                self.progress.console.print(text)
+            else:
+                print(f"[{clock(time.monotonic() - self.start)}] {text}", file=self.stream, flush=True)
+        except BrokenPipeError:
+            self.muted = True
 
     # ------------------------------------------------------------------------------------------ reading
     def follow(self) -> None:

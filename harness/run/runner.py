@@ -19,7 +19,7 @@ from pathlib import Path
 
 from backends.base import Backend, LaunchPlan
 from core.config import RunConfig
-from core.process import REPO_ROOT, free_port
+from core.process import REPO_ROOT, available_cpus, free_port
 from core.records import SCHEMA_VERSION, git_commit, now_iso, write_atomic, write_json_atomic
 from harness.analyze.metrics import summarize
 from harness.run.devices import isolated_devices, node_devices
@@ -259,6 +259,7 @@ def environment(cfg: RunConfig, ranks: list[dict], argv: list[str], started: str
         "process_settings": first.get("process_settings"),  # as rank 0 got them
         "harness_host": socket.gethostname(),
         "cpu_count": os.cpu_count(),
+        "cpus_available": available_cpus(),  # what this node's workers may use (affinity, cgroup quota)
         "platform": platform.platform(),
         "python": platform.python_version(),
         "versions": first.get("versions", {}),

@@ -11,7 +11,6 @@ import argparse
 import contextlib
 import datetime as dt
 import math
-import os
 import sys
 import time
 import uuid
@@ -21,10 +20,11 @@ from dataclasses import dataclass
 from backends import backend_names, get_backend
 from backends.base import Backend
 from core.config import RunConfig
+from core.process import available_cpus
 from core.records import config_key, load_records
 from harness.analyze.export import write_tensorboard
 from harness.run.nodes import read_hosts
-from harness.run.options import add_run_arguments, build_config
+from harness.run.options import add_run_arguments, build_config, check_out_dir
 from harness.run.progress import RunDisplay, make_progress
 from harness.run.runner import execute
 from harness.usage import EXIT_FAILED, EXIT_OK, UsageError, choice, positive
@@ -96,7 +96,7 @@ def plan(args) -> tuple[list[PlannedRun], dict[str, str]]:
     run_args = batch_args(args, scaling, args.gpus)
     # The same threads for every N: cores shared out over the largest N, so the hardware per worker is
     # constant along the sweep (recorded in each config).
-    threads = args.threads_per_worker or max(1, (os.cpu_count() or 1) // max(args.gpus))
+    threads = args.threads_per_worker or max(1, available_cpus() // max(args.gpus))
     skipped, configs = {}, []
     names = selected_backends(args.backends)
     for name in names:
@@ -159,6 +159,7 @@ def progress_line(
 
 def cmd_sweep(args) -> int:
     runs, skipped = plan(args)
+    check_out_dir(args.out)
     sweep_id = f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
     cfg = runs[0].cfg
     print(
