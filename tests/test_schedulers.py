@@ -228,3 +228,57 @@ def test_k8s_command_writes_the_manifest_for_a_registered_backend(tmp_path):
     assert proc.returncode == 0, proc.stderr
     job = yaml.safe_load((tmp_path / "job.yaml").read_text())
     assert job["kind"] == "PyTorchJob" and set(job["spec"]["pytorchReplicaSpecs"]) == {"Master", "Worker"}
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "name,backend,nodes,expected",
+    [
+        ("My_Run.1", "torch-ddp", 2, "not a DNS-1035 label"),
+        ("9lives", "torch-ddp", 2, "not a DNS-1035 label"),
+        ("a" * 70, "torch-ddp", 2, "not a DNS-1035 label"),
+        ("trailing-", "paddle-fleet", 2, "not a DNS-1035 label"),
+        # 55 + len("-worker-0") = 64 characters: the worker pods' host names would not fit
+        (
+            "h" * 55,
+            "horovod",
+            2,
+            "'" + "h" * 55 + "-worker-1' has 64 characters (at most 63); use at most 54",
+        ),
+        ("p" * 55, "torch-ddp", 2, "-worker-0' has 64 characters"),
+    ],
+)
+def test_job_names_the_operators_would_refuse_are_refused_with_the_rule(
+    name, backend, nodes, expected, capsys
+):
+    code = main(
+        [
+            "k8s",
+            "--nodes",
+            str(nodes),
+            "--image",
+            "img:1",
+            "--name",
+            name,
+            "-o",
+            "-",
+            "run",
+            "--backend",
+            backend,
+        ]
+        + ["--device", "cpu"]
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and expected in err[0], err
+
+
+@pytest.mark.unit
+def test_the_longest_job_name_whose_pods_fit_is_accepted(capsys):
+    assert (
+        main(
+            ["k8s", "--nodes", "2", "--image", "img:1", "--name", "h" * 54, "-o", "-", "run"]
+            + ["--backend", "horovod", "--device", "cpu"]
+        )
+        == 0
+    )
+    assert f"name: {'h' * 54}" in capsys.readouterr().out

@@ -10,6 +10,7 @@ volume on Kubernetes); node 0's harness writes the run record there.
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 import sys
 import uuid
@@ -23,7 +24,9 @@ from harness.run.nodes import LAYOUT_FLAGS, requested_world
 from harness.run.options import build_config
 from harness.usage import EXIT_OK, Parser, UsageError, positive
 
-# The Kubeflow training-operator kind that runs each backend, and how its pods learn their node rank.
+# The Kubeflow job kind that runs each backend, and how its pods learn their node rank: the
+# training-operator (v1.9) serves PyTorchJob, TFJob and PaddleJob (kubeflow.org/v1); MPIJob v2beta1 is
+# served by the standalone mpi-operator v2 (the training-operator's MPIJob is v1: no sshAuthMountPath).
 JOB_KINDS = {
     "torch-ddp": "PyTorchJob",
     "torch-fsdp": "PyTorchJob",
@@ -182,6 +185,37 @@ def replica(replicas: int, c: dict, pvc: str) -> dict:
     }
 
 
+# Kubeflow's operators accept a job name only as a DNS-1035 label, and the pods' host names
+# (<job>-<role>-<index>) are DNS labels too: lowercase letters, digits and '-', starting with a letter,
+# ending with a letter or digit, at most 63 characters.
+DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+DNS_LABEL_MAX = 63
+
+
+def replica_hosts(kind: str, job: str, nodes: int) -> list[str]:
+    """The host names of a job's pods as its operator names them (the longest decides whether they fit)."""
+    if kind == "PyTorchJob":
+        return [f"{job}-master-0", *(f"{job}-worker-{i}" for i in range(nodes - 1))]
+    if kind == "MPIJob":
+        return [f"{job}-launcher", *(f"{job}-worker-{i}" for i in range(nodes))]
+    return [f"{job}-worker-{i}" for i in range(nodes)]
+
+
+def check_job_name(name: str, kind: str, nodes: int) -> None:
+    """Refuse, before writing anything, a name the operator or the pods' DNS would refuse later."""
+    rule = "lowercase letters, digits and '-', starting with a letter and ending with a letter or digit"
+    if not DNS_1035.fullmatch(name) or len(name) > DNS_LABEL_MAX:
+        raise UsageError(
+            f"job name '{name}' is not a DNS-1035 label: {rule}, at most {DNS_LABEL_MAX} characters"
+        )
+    longest = max(reversed(replica_hosts(kind, name, nodes)), key=len)  # of equals, a worker's
+    if len(longest) > DNS_LABEL_MAX:
+        raise UsageError(
+            f"job name '{name}' is too long for its pods' host names: '{longest}' has {len(longest)} "
+            f"characters (at most {DNS_LABEL_MAX}); use at most {DNS_LABEL_MAX - (len(longest) - len(name))}"
+        )
+
+
 def service_names(job: str, role: str, n: int) -> str:
     """The host names the training operator gives a job's pods (one headless service per replica)."""
     return ",".join(f"{job}-{role}-{i}" for i in range(n))
@@ -199,7 +233,7 @@ def manifest(
     workdir: str = "/distbench",
     gpus: bool = True,
 ) -> dict:
-    """The training-operator job that runs `harness run --backend BACKEND HARNESS_ARGS` on `nodes` pods of
+    """The Kubeflow job that runs `harness run --backend BACKEND HARNESS_ARGS` on `nodes` pods of
     `per_node` ranks. Each pod's command finds its node rank in what the operator sets, removes the
     operator's rank variables (our launchers set their own), and runs the harness for its node."""
     kind = JOB_KINDS[backend]
@@ -300,6 +334,7 @@ def cmd_k8s(args) -> int:
     if backend not in JOB_KINDS:
         raise UsageError(f"no Kubeflow job kind for backend '{backend}'; known: {', '.join(JOB_KINDS)}")
     name = args.name or f"distbench-{backend}-{uuid.uuid4().hex[:6]}"
+    check_job_name(name, JOB_KINDS[backend], args.nodes)
     job = manifest(
         backend,
         name,
@@ -372,8 +407,8 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser(
         "k8s",
-        help="write a Kubeflow training-operator manifest for a run "
-        f"({', '.join(sorted(set(JOB_KINDS.values())))})",
+        help="write a Kubeflow manifest for a run: training-operator (PaddleJob, PyTorchJob, TFJob) or "
+        "mpi-operator v2 (MPIJob)",
     )
     p.add_argument("--nodes", type=positive, default=1, help="pods, one per node")
     p.add_argument("--gpus-per-node", type=positive, default=1, help="ranks per pod")
@@ -383,7 +418,11 @@ def register(subparsers) -> None:
         default="distbench-results",
         help=f"ReadWriteMany claim mounted at {RESULTS_MOUNT} in every pod: the run dir and the record",
     )
-    p.add_argument("--name", help="job name, also the run id (default: distbench-<backend>-<random>)")
+    p.add_argument(
+        "--name",
+        help="job name, also the run id (default: distbench-<backend>-<random>): a DNS-1035 label "
+        "whose pods' host names fit in 63 characters",
+    )
     p.add_argument("--namespace", default="default")
     p.add_argument("--workdir", default="/distbench", help="the repo inside the image")
     p.add_argument("-o", "--output", default="-", help="file to write (default: stdout)")
