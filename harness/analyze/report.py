@@ -555,12 +555,12 @@ RESULT_COLUMNS = [
 
 def cmd_results(args) -> int:
     records = load(args.paths)
-    runs = runs_table(records)
     if args.format == "tensorboard":
         out = args.output or Path(args.paths[0]) / "tensorboard"
         folders = write_tensorboard(records, out)
         print(f"tensorboard: {len(folders)} run(s) under {out} (view with: tensorboard --logdir {out})")
         return EXIT_OK
+    runs = runs_table(records)
     if args.format == "github-benchmark":
         out = args.output or Path(args.paths[0]) / "github-benchmark"
         for path in write_github_benchmark(aggregate(runs, args.noise_cv), runs, out):

@@ -25,14 +25,6 @@ from core.config import RunConfig
 
 # rank 0's line after each step (backends/loop.py): "step    3 loss 7.6021 time    123.4 ms (warm-up)"
 STEP_LINE = re.compile(r"step\s+(\d+) loss (\S+) time\s+(\S+) ms(?: \(([\w-]+)\))?")
-PHASES = (
-    "launching",
-    "warm-up",
-    "measured",
-    "compute-only",
-    "isolated counterfactual",
-    "writing the record",
-)
 POLL_S = 0.25
 PLAIN_LINES_PER_PHASE = 4  # step lines printed per phase in plain mode, besides the phase's first line
 
@@ -51,7 +43,6 @@ class RunDisplay:
         self, cfg: RunConfig, live: bool, stream: TextIO | None = None, progress: Progress | None = None
     ):
         self.cfg = cfg
-        self.tokens_per_step = cfg.global_batch * cfg.spec.seq_len
         self.live = live
         self.stream = stream or sys.stdout
         self.owns_progress = live and progress is None
@@ -64,7 +55,6 @@ class RunDisplay:
         self.name = ""
         self.total = 0
         self.done = 0
-        self.printed = 0
         self.phase_start = self.start
         self.muted = False
         self.stop = threading.Event()
@@ -105,12 +95,11 @@ class RunDisplay:
 
     # ------------------------------------------------------------------------------------------ updates
     def enter(self, name: str, total: int, detail: str = "") -> None:
-        self.name, self.total, self.done, self.printed = name, total, 0, 0
+        self.name, self.total, self.done = name, total, 0
         self.phase_start = time.monotonic()
         label = f"{name} {detail}".strip()
         if self.live:
             if self.task is not None:
-                self.progress.update(self.task, completed=self.progress.tasks[-1].total or 0)
                 self.progress.remove_task(self.task)
             self.task = self.progress.add_task(label, total=total or None, status="")
         else:
@@ -126,7 +115,7 @@ class RunDisplay:
         self.done += 1
         # tokens/s of the whole run; an isolated worker stands for one rank, so it does 1/N of them
         share = self.cfg.world_size if self.name == "isolated counterfactual" else 1
-        tokens_per_s = self.tokens_per_step / share / (step_ms / 1e3) if step_ms > 0 else 0.0
+        tokens_per_s = self.cfg.tokens_per_step / share / (step_ms / 1e3) if step_ms > 0 else 0.0
         status = f"step {index} loss {loss:.4f} | {step_ms:.1f} ms | {tokens_per_s:,.0f} tokens/s"
         if self.live:
             self.progress.update(self.task, completed=self.done, status=status)
