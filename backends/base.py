@@ -21,7 +21,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from core.config import RunConfig
+from core.config import COLLECTIVE_OPS, RunConfig
 from core.process import REPO_ROOT, Process, process_settings
 from workloads.spec import PRESETS
 
@@ -163,6 +163,7 @@ class Backend(ABC):
     # True when node 0's launcher starts the ranks of every node itself (horovodrun over ssh): the other
     # nodes then start no ranks, and must not start their isolated workers while node 0's ranks still run.
     starts_remote_ranks: bool = False
+    collective_api: str = ""  # the API `harness commbench` times, for tables
     Options: type[Options] = Options
 
     @property
@@ -174,6 +175,20 @@ class Backend(ABC):
     def worker_module(self) -> str:
         """The module that defines `make_trainer(cfg) -> Trainer`: `worker` beside the adapter."""
         return f"{type(self).__module__}.worker"
+
+    @property
+    def collectives_module(self) -> str:
+        """The module that defines `make_collectives(cfg) -> Collectives` (backends.commbench) for
+        `harness commbench`: `collectives` beside the adapter."""
+        return f"{type(self).__module__}.collectives"
+
+    def commbench_label(self, cfg: RunConfig) -> str:
+        """Name of this stack's collectives in commbench tables: options that change how they run show."""
+        return self.name
+
+    def collective_ops(self, cfg: RunConfig) -> tuple[str, ...]:
+        """The collectives (core.config.COLLECTIVE_OPS' names) this stack's own API offers on cfg's device."""
+        return COLLECTIVE_OPS
 
     def availability(self) -> tuple[bool, str]:
         """(usable here, reason if not), decided without importing the framework."""

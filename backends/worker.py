@@ -1,7 +1,8 @@
 """Entry point of every worker process: `python backends/worker.py RUN_DIR`, started by a launcher.
 
 It sends this rank's stdout/stderr (the framework's native logs too) to RUN_DIR/rank{R}.log, builds the
-backend's Trainer, runs the shared timed loop, and writes RUN_DIR/rank{R}.json atomically — also when the
+backend's Trainer and runs the shared timed loop (or, for `harness commbench`, its Collectives and their
+timing loop), and writes RUN_DIR/rank{R}.json atomically — also when the
 rank fails, so the harness can say which rank broke and why.
 """
 
@@ -14,6 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backends import get_backend  # noqa: E402
+from backends.commbench import run_collectives  # noqa: E402
 from backends.loop import failure_record, rank_from_env, record_termination, run_training  # noqa: E402
 from core.config import RunConfig  # noqa: E402
 from core.process import die_with_parent  # noqa: E402
@@ -35,10 +37,15 @@ def main(run_dir: Path) -> int:
     redirect_output(run_dir / f"rank{rank}.log")
     cfg = RunConfig.from_dict(json.loads((run_dir / "config.json").read_text()))
     try:
-        module = importlib.import_module(get_backend(cfg.backend).worker_module)
-        trainer = module.make_trainer(cfg)
-        record = run_training(trainer, cfg, run_dir / "weights_rank0.npz" if cfg.dump_weights else None)
-        trainer.close()
+        backend = get_backend(cfg.backend)
+        if cfg.commbench:  # `harness commbench`: time the stack's collectives instead of training
+            comm = importlib.import_module(backend.collectives_module).make_collectives(cfg)
+            record = run_collectives(comm, cfg)
+            comm.close()
+        else:
+            trainer = importlib.import_module(backend.worker_module).make_trainer(cfg)
+            record = run_training(trainer, cfg, run_dir / "weights_rank0.npz" if cfg.dump_weights else None)
+            trainer.close()
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a recorded result
         record = failure_record(exc)
         print(record["traceback"], file=sys.stderr, flush=True)

@@ -15,6 +15,9 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 DEVICES = ("auto", "cuda", "cpu")
 COMPUTE_METHODS = ("auto", "no_sync", "isolated", "none")
 FAULT_KINDS = ("raise", "exit", "sigkill", "hang", "oom")
+# The collectives `harness commbench` measures, by the names nccl-tests and torch.distributed share.
+COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
+COMMBENCH_DTYPES = {"fp32": 4, "bf16": 2}  # element bytes
 
 
 class InvalidConfig(ValueError):
@@ -59,6 +62,8 @@ class RunConfig:
     step_delay_s: float = 0.0  # test-only injected per-step slowdown (regression tests); 0 in real use
     fault: dict | None = None  # test-only fault injection {"rank", "step", "kind"}; see backends.base
     dump_weights: bool = False  # rank 0 saves its final weights (neutral names) for equivalence tests
+    # Set for `harness commbench`: the workers time collectives (CommbenchSpec's fields) instead of training.
+    commbench: dict | None = None
 
     def __post_init__(self):
         if not self.gpus_per_node:
@@ -107,6 +112,36 @@ class RunConfig:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1, sort_keys=True)
+
+
+@dataclass(frozen=True)
+class CommbenchSpec:
+    """What `harness commbench` measures: every op at every size, each timed `iters` times after `warmup`
+    untimed calls, on every rank."""
+
+    ops: tuple[str, ...]
+    """Collectives, by COLLECTIVE_OPS' names, in the order they run."""
+    sizes: tuple[int, ...]
+    """Message sizes in bytes, as nccl-tests counts them: the whole buffer of all_reduce and broadcast, the
+    gathered output of all_gather, the input that reduce_scatter splits, each rank's send buffer of
+    all_to_all. Multiples of world size x element bytes, so every rank's share is whole."""
+    dtype: str = "fp32"
+    """Element type, a key of COMMBENCH_DTYPES."""
+    iters: int = 20
+    """Timed calls per op and size; the figures are medians over them."""
+    warmup: int = 5
+    """Untimed calls first (connection set-up, buffer registration, algorithm selection)."""
+
+    @property
+    def element_bytes(self) -> int:
+        return COMMBENCH_DTYPES[self.dtype]
+
+    def to_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "ops": list(self.ops), "sizes": list(self.sizes)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> CommbenchSpec:
+        return cls(**{**d, "ops": tuple(d["ops"]), "sizes": tuple(d["sizes"])})
 
 
 def migrate_config(d: dict) -> dict:

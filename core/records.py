@@ -19,7 +19,9 @@ from workloads.spec import PRESETS, ModelSpec
 DEFAULT_OUT = Path("results")  # where records go unless --out says otherwise
 
 # 2: config.gpus -> config.world_size (+ gpus_per_node); comm.method -> comm.t_compute_method.
-SCHEMA_VERSION = 2
+# 3: "kind": "training" (every earlier record) or "commbench" (`harness commbench`).
+SCHEMA_VERSION = 3
+KINDS = ("training", "commbench")
 STATUSES = ("ok", "failed", "crashed", "oom", "timeout")
 REQUIRED_KEYS = ("schema_version", "run_id", "status", "config", "ranks", "summary", "environment")
 
@@ -101,6 +103,9 @@ def migrate(record: dict) -> dict:
                 **info,
                 "comm_pattern": legacy_comm_pattern(info["comm_pattern"], record["config"]),
             }
+    if record["schema_version"] == 2:
+        record = {**record, "schema_version": 3, "kind": "training"}
+        record.setdefault("migrated_from", 2)
     return record
 
 
@@ -148,15 +153,19 @@ def record_paths(paths) -> list[Path]:
     return out
 
 
-def load_records(paths, warn=True) -> list[dict]:
-    """Every readable record; a corrupt or foreign file is reported by name and skipped."""
+def load_records(paths, warn=True, kind: str | None = "training") -> list[dict]:
+    """Every readable record of `kind` (None: of any kind); a corrupt or foreign file is reported by name
+    and skipped, a record of another kind silently (training and commbench records share a folder)."""
     records = []
     for path in record_paths(paths):
         try:
-            records.append(load_record(path))
+            record = load_record(path)
         except RecordError as exc:
             if warn:
                 print(f"warning: skipping {exc}", file=sys.stderr)
+            continue
+        if kind is None or record.get("kind") == kind:
+            records.append(record)
     return records
 
 
@@ -253,6 +262,22 @@ def config_key(record: dict, device: str | None = None) -> ConfigKey:
     """The configuration of a record (or of {"config": ..., "backend_info": {"label": ...}} for a run still to
     be made); `device` overrides the record's own device ("*" to match across devices)."""
     cfg = record["config"]
+    if record.get("kind") == "commbench":  # the stack's collectives: no model, batch or steps
+        bench = cfg["commbench"]
+        return ConfigKey(
+            label=(record.get("backend_info") or {}).get("label") or cfg["backend"],
+            workload="commbench " + ",".join(bench["ops"]),
+            world_size=cfg["world_size"],
+            precision=bench["dtype"],
+            scaling="-",
+            batch=f"{len(bench['sizes'])} sizes {bench['sizes'][0]}-{bench['sizes'][-1]} B",
+            settings=", ".join(
+                ([f"{cfg.get('nodes', 1)} node(s)"] if cfg.get("nodes", 1) > 1 else [])
+                + ([f"{cfg['threads_per_worker']} thread(s)/worker"] if cfg["device"] == "cpu" else [])
+                + [f"{bench['warmup']}+{bench['iters']} calls"]
+            ),
+            device=device or str(device_name(record)),
+        )
     return ConfigKey(
         label=(record.get("backend_info") or {}).get("label") or cfg["backend"],
         workload=workload_name(cfg),

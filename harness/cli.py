@@ -10,10 +10,10 @@ import os
 import sys
 
 from harness.analyze import baseline, compare, history, report
-from harness.run import commands, doctor, plan, schedulers, sweep
+from harness.run import commands, commbench, doctor, plan, schedulers, sweep
 from harness.usage import EXIT_OK, EXIT_USAGE, Parser, UsageError
 
-COMMAND_MODULES = (commands, sweep, report, compare, baseline, history, plan, schedulers, doctor)
+COMMAND_MODULES = (commands, commbench, sweep, report, compare, baseline, history, plan, schedulers, doctor)
 
 
 def make_parser() -> Parser:

@@ -25,7 +25,12 @@ def test_two_worker_record_has_every_field_and_loss_decreases(out):
         "--timeout",
         "180",
     )
-    assert rec["status"] == "ok" and rec["error"] is None and rec["schema_version"] == 2
+    assert (
+        rec["status"] == "ok"
+        and rec["error"] is None
+        and rec["schema_version"] == 3
+        and rec["kind"] == "training"
+    )
     assert [r["rank"] for r in rec["ranks"]] == [0, 1]
     for r in rec["ranks"]:
         assert len(r["step_times"]) == len(r["losses"]) == len(r["data_wait"]) == 20

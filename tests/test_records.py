@@ -51,7 +51,7 @@ def test_the_files_are_schema_1():
 @pytest.mark.parametrize("n, method", [(1, "none"), (2, "no_sync")])
 def test_load_record_migrates_to_today_s_schema(n, method):
     record = load_record(RECORDS[n])
-    assert record["schema_version"] == SCHEMA_VERSION == 2 and record["migrated_from"] == 1
+    assert record["schema_version"] == SCHEMA_VERSION == 3 and record["migrated_from"] == 1
     cfg = record["config"]
     assert cfg["world_size"] == n and cfg["gpus_per_node"] == n and "gpus" not in cfg
     assert record["comm"]["t_compute_method"] == method and "method" not in record["comm"]
@@ -122,7 +122,7 @@ def test_compare_schema_1_baseline_with_runs_recorded_today(v1, tmp_path, capsys
             environment=old["environment"],
             sweep=old["sweep"],
         )
-        assert record["schema_version"] == 2 and "migrated_from" not in record
+        assert record["schema_version"] == 3 and "migrated_from" not in record
         write_json_atomic(today / f"{record['run_id']}.json", record)
     out = tmp_path / "compare.json"
     assert main(["compare", str(baseline), str(today), "--json", str(out)]) == 0
@@ -144,7 +144,7 @@ def test_a_newer_schema_is_refused_with_one_line(v1, tmp_path, capsys):
     records, baseline = v1
     future = tmp_path / "future.json"
     future.write_text(json.dumps({**json.loads(RECORDS[2].read_text()), "schema_version": 99}))
-    with pytest.raises(RecordError, match="schema_version 99, this harness reads 1 to 2"):
+    with pytest.raises(RecordError, match="schema_version 99, this harness reads 1 to 3"):
         load_record(future)
     assert main(["compare", str(baseline), str(future)]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -169,4 +169,4 @@ def test_real_sweep_records_a_failure_goes_on_and_resumes(tmp_path):
         (2, "failed"),
     ]
     assert len({r["sweep"]["id"] for r in records}) == 2
-    assert json.loads((tmp_path / f"{records[0]['run_id']}.json").read_text())["schema_version"] == 2
+    assert json.loads((tmp_path / f"{records[0]['run_id']}.json").read_text())["schema_version"] == 3

@@ -95,6 +95,7 @@ class DeepSpeed(Backend):
     Mixed precision keeps bf16/fp16 parameters and gradients with fp32 master weights."""
 
     name, framework, launcher, also_requires = "deepspeed", "torch", "deepspeed", ("deepspeed",)
+    collective_api = "deepspeed.comm"
     compute_methods = ("isolated",)
     mixed_precision = "master"
     Options = DeepSpeedOptions

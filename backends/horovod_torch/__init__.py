@@ -35,6 +35,7 @@ class Horovod(Backend):
     counterfactual. Node 0's horovodrun starts every node's workers."""
 
     name, framework, launcher, also_requires = "horovod", "torch", "horovodrun", ("horovod",)
+    collective_api = "horovod.torch"
     compute_methods = ("isolated",)
     starts_remote_ranks = True
     Options = HorovodOptions

@@ -58,6 +58,7 @@ class PaddleFleet(Backend):
     name = "paddle-fleet"
     framework = "paddle"
     launcher = "paddle.distributed.launch"
+    collective_api = "paddle.distributed"
     compute_methods = ("no_sync", "isolated")
     Options = PaddleOptions
 
@@ -102,6 +103,12 @@ class PaddleFleet(Backend):
         return CommPattern(
             tuple(terms), "" if stage == 1 else "stages 2/3: per-micro-batch reduction assumed"
         )
+
+    def collective_ops(self, cfg):
+        """Paddle's gloo process group (CPU) implements no reduce_scatter or all_to_all."""
+        if cfg.device == "cuda":
+            return super().collective_ops(cfg)
+        return ("all_reduce", "all_gather", "broadcast")
 
     def launch(self, cfg, run_dir, port, devices):
         """One launcher per node. Alone (one node, or an isolated worker): --ips 127.0.0.1 --start_port

@@ -56,6 +56,7 @@ class TFMultiWorkerMirrored(Backend):
     name = "tf-mwms"
     framework = "tensorflow"
     launcher = "TF_CONFIG per worker process"
+    collective_api = "tf.distribute replica context (MWMS)"
     compute_methods = ("isolated",)  # MWMS has no switch that turns the gradient all-reduce off
     Options = TFOptions
 
@@ -78,6 +79,15 @@ class TFMultiWorkerMirrored(Backend):
         """Gradients of the fp32 variables (also under a mixed policy), accumulated in local buffers and
         all-reduced once per step by apply_gradients."""
         return gradient_allreduce(cfg, 4)
+
+    def commbench_label(self, cfg):
+        collective = self.options(cfg).collective
+        return self.name + ("" if collective == "auto" else f"-{collective}")
+
+    def collective_ops(self, cfg):
+        """The replica context's all_reduce and all_gather: TensorFlow's distribute API offers a training
+        loop no reduce-scatter, broadcast or all-to-all."""
+        return ("all_reduce", "all_gather")
 
     def launch(self, cfg, run_dir, port, devices):
         """One process per worker, each shown only its own GPU (devices[i]), so MWMS has exactly one

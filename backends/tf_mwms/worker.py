@@ -32,6 +32,15 @@ COLLECTIVES = {
 }
 
 
+def sync_worker_devices(strategy) -> None:
+    """Block until this worker's devices are idle (see MWMSTrainer.synchronize for why this way)."""
+    for device in strategy.extended.worker_devices:
+        with tf.device(device):
+            tf.raw_ops.SyncDevice()
+    if not tf.config.experimental.get_synchronous_execution():
+        tf_context.async_wait()
+
+
 def nbytes(variable) -> int:
     return int(np.prod(variable.shape)) * tf.as_dtype(variable.dtype).size
 
@@ -140,11 +149,7 @@ class MWMSTrainer(Trainer):
         any async-eager queue is drained. Not tf.test.experimental.sync_devices(): it syncs every logical
         device, and under MWMS those include the other workers' devices, which this eager context cannot run
         ops on ("Haven't set up remote eager worker")."""
-        for device in self.strategy.extended.worker_devices:
-            with tf.device(device):
-                tf.raw_ops.SyncDevice()
-        if not tf.config.experimental.get_synchronous_execution():
-            tf_context.async_wait()
+        sync_worker_devices(self.strategy)
 
     def math_mode(self) -> dict:
         """Whether fp32 matmuls run in TF32: TensorFlow's switch (on by default; not changed here), on a GPU

@@ -7,6 +7,7 @@ class TorchDDP(Backend):
     name = "torch-ddp"
     framework = "torch"
     launcher = "torchrun"
+    collective_api = "torch.distributed"
     compute_methods = ("no_sync", "isolated")
 
     def comm_pattern(self, cfg):

@@ -31,6 +31,7 @@ class TorchFSDP(Backend):
     name = "torch-fsdp"
     framework = "torch"
     launcher = "torchrun"
+    collective_api = "torch.distributed (FSDP2's)"
     # With gradient sync off FSDP would still all-gather every parameter, so only the isolated
     # counterfactual measures compute without communication.
     compute_methods = ("isolated",)

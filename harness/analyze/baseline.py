@@ -60,7 +60,8 @@ def trim(record: dict) -> dict:
         "backend_info": record.get("backend_info", {}),
         "environment": record["environment"],
         "summary": record["summary"],
-        "step_times_s": per_step_max(ok_ranks, "step_times"),
+        "kind": record.get("kind", "training"),
+        "step_times_s": per_step_max(ok_ranks, "step_times") if record.get("kind") != "commbench" else [],
     }
 
 
@@ -118,7 +119,7 @@ def load_runs(path) -> list[dict]:
         return load_file(path / BASELINE_FILE)
     if path.is_file():
         return load_file(path)
-    runs = [trim(r) for r in load_records([path])]
+    runs = [trim(r) for r in load_records([path], kind=None)]
     if not runs:
         raise InputError(f"{path}: no distbench run records (*.json) in this directory")
     return runs

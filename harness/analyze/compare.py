@@ -19,6 +19,8 @@ Runs are matched by their configuration (core.records.ConfigKey). For each match
   default.
 - Peak memory per rank (RSS on CPU, allocator peak on GPU) and model-state bytes per rank regress when
   they grow by more than `--memory-threshold`; they are near-deterministic, so there is no test.
+- commbench records (`harness commbench`) are gated per op the same way: a run's value is its time index
+  (harness.analyze.collectives.op_time_index), tested like step times, with the same threshold.
 - Improvements (the same rules in the other direction) are reported and never fail the gate.
 
 Exit codes: 0 no regression; 1 a regression, or a candidate run failing where the baseline ran;
@@ -37,6 +39,7 @@ from scipy.stats import t as student_t
 
 from core.records import ConfigKey, config_key, device_name, write_json_atomic
 from harness.analyze.baseline import InputError, load_all
+from harness.analyze.collectives import largest_busbw, op_time_index
 from harness.analyze.summary import fmt_bytes
 from harness.usage import EXIT_FAILED, EXIT_OK, UsageError, fraction
 
@@ -55,6 +58,7 @@ CONFIG_FIELDS = (
     "backend_options",
     "compute_method",
     "step_delay_s",
+    "commbench",
 )
 
 
@@ -253,6 +257,56 @@ def compare_memory(base_runs, cand_runs, field, label, limit) -> dict:
     }
 
 
+def compare_collectives(base_runs, cand_runs, threshold, alpha) -> list[dict]:
+    """commbench runs, gated as training runs are: per op, one value per run (its time index: the geometric
+    mean over sizes of the median call time), Welch's t-test on their logarithms, the same threshold."""
+    metrics = []
+    ops = [
+        op
+        for op in base_runs[0]["config"]["commbench"]["ops"]
+        if op in cand_runs[0]["config"]["commbench"]["ops"]
+    ]
+    for op in ops:
+        b = [v for v in (op_time_index(r["summary"], op) for r in base_runs) if v]
+        c = [v for v in (op_time_index(r["summary"], op) for r in cand_runs) if v]
+        metric = {"metric": f"{op}_time_s", "label": f"{op} time", "unit": "s"}
+        if not b or not c:
+            metrics.append(
+                {
+                    **metric,
+                    "baseline": None,
+                    "candidate": None,
+                    "change": None,
+                    "detail": "no samples",
+                    "verdict": "n/a",
+                }
+            )
+            continue
+        sig = significance(b, c, alpha)
+        end_b, end_c = largest_busbw(base_runs[0]["summary"], op), largest_busbw(cand_runs[0]["summary"], op)
+        busbw = ""
+        if end_b and end_c and end_b[1] and end_c[1]:
+            busbw = f"; busbw at {fmt_bytes(end_b[0])}: {end_b[1] / 1e9:.3g} -> {end_c[1] / 1e9:.3g} GB/s"
+        metrics.append(
+            {
+                **metric,
+                "baseline": float(np.exp(np.log(b).mean())),
+                "candidate": float(np.exp(np.log(c).mean())),
+                "change": sig.change,
+                "change_ci": sig.ci,
+                "minimum_detectable_change": sig.mdc,
+                "n_baseline": len(b),
+                "n_candidate": len(c),
+                "test": sig.test,
+                "p_value": sig.p_value,
+                "significant": sig.significant,
+                "detail": f"{sig.describe()} ({len(b)} vs {len(c)} runs, geo-mean over sizes){busbw}",
+                "verdict": verdict(sig.change, threshold, sig.significant),
+            }
+        )
+    return metrics
+
+
 def env_differences(base_runs: list[dict], cand_runs: list[dict]) -> list[str]:
     """'name: baseline value(s) -> candidate value(s)' for every environment or work setting that differs."""
 
@@ -320,18 +374,22 @@ def compare_runs(
                     )
         if not (ok_b and ok_c):
             continue
-        field, label = memory_field(ok_b + ok_c)
+        if ok_b[0].get("kind") == "commbench":
+            metrics = compare_collectives(ok_b, ok_c, threshold, alpha)
+        else:
+            field, label = memory_field(ok_b + ok_c)
+            metrics = [
+                compare_throughput(ok_b, ok_c, threshold, alpha, statistic),
+                compare_memory(ok_b, ok_c, field, label, memory_threshold),
+                compare_memory(
+                    ok_b, ok_c, "model_state_bytes_per_rank", "model state / rank", memory_threshold
+                ),
+            ]
         comparisons.append(
             {
                 "key": key.text(),
                 "match": dataclasses.asdict(key),
-                "metrics": [
-                    compare_throughput(ok_b, ok_c, threshold, alpha, statistic),
-                    compare_memory(ok_b, ok_c, field, label, memory_threshold),
-                    compare_memory(
-                        ok_b, ok_c, "model_state_bytes_per_rank", "model state / rank", memory_threshold
-                    ),
-                ],
+                "metrics": metrics,
                 "environment_differences": env_differences(ok_b, ok_c),
                 "baseline_runs": [r["run_id"] for r in ok_b],
                 "candidate_runs": [r["run_id"] for r in ok_c],
@@ -370,6 +428,8 @@ def fmt_value(metric: dict, side: str) -> str:
         return "n/a"
     if metric["unit"] == "bytes":
         return fmt_bytes(value)
+    if metric["unit"] == "s":
+        return f"{value * 1e6:,.1f} µs"
     return f"{value:,.0f} tok/s ({metric[side + '_step_time_s'] * 1e3:.1f} ms/step)"
 
 
@@ -391,7 +451,9 @@ def markdown(result: dict) -> str:
         f"A regression is throughput down by more than {s['threshold']:.0%} with significantly different "
         f"step times (Welch's t-test on the runs' log step times, alpha {s['alpha']}; step time of a run: "
         f"its {s['statistic']}; MDC: the change these runs would detect 80% of the time), "
-        f"or peak memory / model state up by more than {s['memory_threshold']:.0%}.",
+        f"or peak memory / model state up by more than {s['memory_threshold']:.0%}. A commbench op "
+        "regresses when its time (geometric mean over sizes of the median call) grows by more than the "
+        "threshold, by the same test.",
         "",
         "| configuration | metric | baseline | candidate | change | test | verdict |",
         "|---|---|---|---|---|---|---|",

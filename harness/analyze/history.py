@@ -44,7 +44,8 @@ def select(runs: list[dict], args) -> list[dict]:
     def wanted(r):
         cfg = r["config"]
         return (
-            args.backend in (r["backend_info"].get("label"), cfg["backend"])
+            r.get("kind", "training") == "training"
+            and args.backend in (r["backend_info"].get("label"), cfg["backend"])
             and args.workload == workload_name(cfg)
             and cfg["world_size"] == args.gpus
             and (args.precision is None or cfg["precision"] == args.precision)

@@ -22,6 +22,7 @@ import pandas as pd
 from backends import all_backends
 from core.records import DEFAULT_OUT, load_records, write_atomic
 from harness.analyze.analysis import DEFAULT_NOISE_CV, aggregate, contexts, runs_table
+from harness.analyze.collectives import commbench_aggregate, commbench_rows
 from harness.analyze.export import write_github_benchmark, write_tensorboard
 from harness.analyze.summary import fmt_bytes
 from harness.usage import EXIT_OK, UsageError, fraction, positive
@@ -454,6 +455,91 @@ def build(records: list[dict], at_gpus: int | None, noise_cv: float, with_figure
     return sections
 
 
+def commbench_sections(records: list[dict], with_figures: bool) -> list[Section]:
+    """Each stack's collectives (`harness commbench` records): per device, N and dtype, a table of every
+    op's fitted latency and bandwidth and its busbw at the largest size, and per op busbw against message
+    size, one line per stack (log-log)."""
+    agg = commbench_aggregate(commbench_rows(records))
+    failed = [r for r in records if r["status"] != "ok"]
+    if agg.empty and not failed:
+        return []
+    intro = Section(
+        "Collectives (commbench)",
+        2,
+        [
+            "Each stack's own collective API, started by its launcher: per size, the median over calls of "
+            "the slowest rank's time (from a barrier to the device idle); algbw = size / time and busbw = "
+            "algbw x 2(n-1)/n (all_reduce), (n-1)/n (all_gather, reduce_scatter, all_to_all) or 1 "
+            "(broadcast), as nccl-tests defines them; α and β fitted to t = α + size·busfactor/β. "
+            "Repeated records: the median of their medians."
+        ],
+    )
+    if failed:
+        intro.blocks.append(
+            Table(
+                ["run", "stack", "N", "status", "error"],
+                [
+                    [
+                        r["run_id"],
+                        r["backend_info"]["label"],
+                        str(r["config"]["world_size"]),
+                        r["status"],
+                        str((r.get("error") or {}).get("message")),
+                    ]
+                    for r in failed
+                ],
+            )
+        )
+    sections = [intro]
+    for (device, world, dtype), g in agg.groupby(["device", "world_size", "dtype"]):
+        sec = Section(f"Collectives: {world} ranks · {device} · {dtype}", 3)
+        rows = []
+        for (label, op), h in g.groupby(["label", "op"]):
+            last = h.sort_values("bytes").iloc[-1]
+            rows.append(
+                [
+                    label,
+                    op,
+                    num(value(last.alpha_s) and last.alpha_s * 1e6, "{:,.1f}"),
+                    num(value(last.beta_busbw_Bps) and last.beta_busbw_Bps / 1e9, "{:.3g}"),
+                    nbytes(last.bytes),
+                    num(last.busbw_Bps / 1e9, "{:.3g}"),
+                    str(int(h["runs"].max())),
+                ]
+            )
+        sec.blocks.append(
+            Table(["stack", "op", "α µs", "β GB/s (bus)", "largest size", "busbw GB/s there", "runs"], rows)
+        )
+        if with_figures:
+            sec.blocks.extend(busbw_figures(g))
+        sections.append(sec)
+    return sections
+
+
+def busbw_figures(g: pd.DataFrame) -> list[Figure]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = []
+    for op, h in g.groupby("op"):
+        fig, ax = plt.subplots(figsize=(6.5, 3.4))
+        for label, k in h.groupby("label"):
+            k = k.sort_values("bytes")
+            ax.plot(k["bytes"], k["busbw_Bps"] / 1e9, "o-", ms=3, label=label)
+        ax.set(xscale="log", yscale="log", title=f"{op}: bus bandwidth", xlabel="message size (bytes)")
+        ax.set_ylabel("busbw GB/s")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        buf = io.BytesIO()
+        fig.tight_layout()
+        fig.savefig(buf, format="png", dpi=90)
+        plt.close(fig)
+        out.append(Figure(f"{op}: busbw vs message size", buf.getvalue()))
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ rendering
 def render_md(sections: list[Section]) -> str:
     def cell(s: str) -> str:
@@ -512,17 +598,32 @@ def render_html(sections: list[Section]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- commands
-def load(paths: list[Path]) -> list[dict]:
-    records = load_records(paths)
+def load(paths: list[Path], kind: str = "training") -> list[dict]:
+    records = load_records(paths, kind=kind)
     if not records:
         raise UsageError(
-            f"no run records in {', '.join(map(str, paths))}; run `harness run` or `harness sweep` first"
+            f"no run records ({kind}) in {', '.join(map(str, paths))}; run "
+            + ("`harness commbench`" if kind == "commbench" else "`harness run` or `harness sweep`")
+            + " first"
         )
     return records
 
 
 def cmd_report(args) -> int:
-    sections = build(load(args.paths), args.at_gpus, args.noise_cv, with_figures=args.format == "html")
+    training = load_records(args.paths)
+    collectives = load_records(args.paths, kind="commbench", warn=False)
+    if not training and not collectives:
+        raise UsageError(
+            f"no run records in {', '.join(map(str, args.paths))}; run `harness run`, `harness sweep` or "
+            "`harness commbench` first"
+        )
+    with_figures = args.format == "html"
+    sections = (
+        build(training, args.at_gpus, args.noise_cv, with_figures)
+        if training
+        else [Section("distbench report", 1, [f"{len(collectives)} commbench record(s), no training runs."])]
+    )
+    sections += commbench_sections(collectives, with_figures)
     text = render_html(sections) if args.format == "html" else render_md(sections)
     output = args.output
     if output is None and args.format == "html":
@@ -553,7 +654,31 @@ RESULT_COLUMNS = [
 ]
 
 
+def commbench_results(args) -> int:
+    """`harness results --kind commbench`: the tidy table of collective timings (per record, op and size)."""
+    if args.format != "table":
+        raise UsageError(f"--format {args.format} is for training records; commbench records: table only")
+    rows = commbench_rows(load(args.paths, kind="commbench"))
+    table = commbench_aggregate(rows) if args.aggregate else rows
+    return write_table(table, args, table)
+
+
+def write_table(table: pd.DataFrame, args, shown: pd.DataFrame) -> int:
+    if args.csv:
+        write_atomic(args.csv, lambda tmp: table.to_csv(tmp, index=False))
+        print(f"csv: {args.csv} ({len(table)} rows)")
+    if args.parquet:
+        write_atomic(args.parquet, lambda tmp: table.to_parquet(tmp, index=False))
+        print(f"parquet: {args.parquet} ({len(table)} rows)")
+    if not (args.csv or args.parquet):
+        with pd.option_context("display.width", 250, "display.max_columns", None):
+            print(shown.to_string(index=False))
+    return EXIT_OK
+
+
 def cmd_results(args) -> int:
+    if args.kind == "commbench":
+        return commbench_results(args)
     records = load(args.paths)
     if args.format == "tensorboard":
         out = args.output or Path(args.paths[0]) / "tensorboard"
@@ -567,17 +692,7 @@ def cmd_results(args) -> int:
             print(f"{path.stem}: {path}")
         return EXIT_OK
     table = aggregate(runs, args.noise_cv) if args.aggregate else runs
-    if args.csv:
-        write_atomic(args.csv, lambda tmp: table.to_csv(tmp, index=False))
-        print(f"csv: {args.csv} ({len(table)} rows)")
-    if args.parquet:
-        write_atomic(args.parquet, lambda tmp: table.to_parquet(tmp, index=False))
-        print(f"parquet: {args.parquet} ({len(table)} rows)")
-    if not (args.csv or args.parquet):
-        shown = table if args.aggregate else table[RESULT_COLUMNS]
-        with pd.option_context("display.width", 250, "display.max_columns", None):
-            print(shown.to_string(index=False))
-    return EXIT_OK
+    return write_table(table, args, table if args.aggregate else table[RESULT_COLUMNS])
 
 
 def register(subparsers) -> None:
@@ -613,6 +728,13 @@ def register(subparsers) -> None:
     p.add_argument("--parquet", type=Path, help="write the table as Parquet")
     p.add_argument(
         "--aggregate", action="store_true", help="one row per backend x N x context instead of per run"
+    )
+    p.add_argument(
+        "--kind",
+        choices=("training", "commbench"),
+        default="training",
+        help="which records: training runs (default) or `harness commbench` collective timings (one row "
+        "per record, op and size; --aggregate: per stack, N, op and size over records)",
     )
     p.add_argument(
         "--format",

@@ -21,6 +21,7 @@ from backends.base import Backend, LaunchPlan
 from core.config import RunConfig
 from core.process import REPO_ROOT, available_cpus, free_port
 from core.records import SCHEMA_VERSION, git_commit, now_iso, write_atomic, write_json_atomic
+from harness.analyze.collectives import summarize_commbench
 from harness.analyze.metrics import summarize
 from harness.run.devices import isolated_devices, node_devices
 from harness.run.launch import LaunchResult, run_processes
@@ -42,7 +43,8 @@ LOG_TAIL_LINES = 30
 
 def new_run_id(cfg: RunConfig) -> str:
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
-    return f"{stamp}-{cfg.backend}-{cfg.workload}-n{cfg.world_size}-{uuid.uuid4().hex[:6]}"
+    what = "commbench" if cfg.commbench else cfg.workload
+    return f"{stamp}-{cfg.backend}-{what}-n{cfg.world_size}-{uuid.uuid4().hex[:6]}"
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
@@ -331,7 +333,8 @@ def write_record(
         isolated, comm_error = gather_isolated(run_dir, cfg, markers)
     node0 = markers[0] or {}
     rank_list = [ranks[r] for r in sorted(ranks)]
-    record = assemble_record(
+    assemble = assemble_commbench_record if cfg.commbench else assemble_record
+    record = assemble(
         backend,
         cfg,
         run_id,
@@ -374,6 +377,7 @@ def assemble_record(
         comm["error"] = comm_error
     record = {
         "schema_version": SCHEMA_VERSION,
+        "kind": "training",
         "run_id": run_id,
         "status": status,
         "error": error,
@@ -396,6 +400,46 @@ def assemble_record(
     }
     try:
         record["summary"] = summarize(record)
+    except Exception as exc:  # noqa: BLE001 - the raw ranks are the result; never lose them to an analysis bug
+        record["summary"] = {"error": f"{type(exc).__name__}: {exc}"}
+    return record
+
+
+def assemble_commbench_record(
+    backend: Backend,
+    cfg: RunConfig,
+    run_id: str,
+    ranks: list[dict],
+    *,
+    status: str = "ok",
+    error: dict | None = None,
+    launch: dict | None = None,
+    environment: dict | None = None,
+    sweep: dict | None = None,
+    **_training_only,
+) -> dict:
+    """THE record of a `harness commbench` run (kind "commbench"): the raw per-rank call times, what ran
+    them, and the figures harness.analyze.collectives derives from them."""
+    record = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "commbench",
+        "run_id": run_id,
+        "status": status,
+        "error": error,
+        "config": cfg.to_dict(),
+        "backend_info": {
+            "label": backend.commbench_label(cfg),
+            "framework": backend.framework,
+            "launcher": backend.launcher,
+            "api": backend.collective_api,
+        },
+        "launch": launch or {},
+        "ranks": list(ranks),
+        "environment": environment or {},
+        "sweep": sweep,
+    }
+    try:
+        record["summary"] = summarize_commbench(record) if status == "ok" else {}
     except Exception as exc:  # noqa: BLE001 - the raw ranks are the result; never lose them to an analysis bug
         record["summary"] = {"error": f"{type(exc).__name__}: {exc}"}
     return record

@@ -1,0 +1,140 @@
+"""The worker side of `harness commbench`: the `Collectives` interface each stack implements with its own
+collective API, and THE timing loop they all share. Nothing here imports a framework.
+
+Every op and size is first called once on inputs whose correct output is known (rank r holds r + 1
+everywhere) and checked: a wrong answer fails the run, since a fast wrong collective is no result. The
+timed calls then run on zeros, so in-place all-reduces cannot overflow.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import statistics
+import time
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+from backends.loop import inject_fault, rank_from_env
+from core.config import CommbenchSpec, RunConfig
+from core.process import seen_process_settings
+
+
+class WrongResult(RuntimeError):
+    """A collective returned something other than the known answer."""
+
+
+class Collectives(ABC):
+    """One rank's handle on a stack's collective API: buffers, the call, and the device's synchronisation."""
+
+    framework = ""
+
+    def __init__(self, cfg: RunConfig):
+        self.cfg = cfg
+        self.spec = CommbenchSpec.from_dict(cfg.commbench)
+        self.rank = rank_from_env()
+        self.world_size = cfg.world_size
+        self.device_name = "cpu"
+
+    @abstractmethod
+    def prepare(self, op: str, elements: int, value: float):
+        """Buffers for one call of `op` on a message of `elements` elements (CommbenchSpec.sizes' count),
+        the input filled with `value`; returned as whatever `call` and `result` take."""
+
+    @abstractmethod
+    def call(self, op: str, buffers) -> None:
+        """Issue `op` on `buffers` with this stack's API; returns when the framework does (the loop then
+        synchronises the device)."""
+
+    @abstractmethod
+    def result(self, op: str, buffers) -> np.ndarray:
+        """The output of the last call as a flat float64 numpy array."""
+
+    @abstractmethod
+    def barrier(self) -> None:
+        """Wait until every rank has arrived, so each timed call starts together."""
+
+    def synchronize(self) -> None:
+        """Wait for queued device work (a no-op on CPU, where the calls return when done)."""
+
+    def versions(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        """Tear down process groups so the launcher sees a clean exit."""
+
+
+def expected_output(op: str, elements: int, world: int) -> np.ndarray:
+    """The correct output of `op` when rank r's input is r + 1 everywhere (broadcast's root is rank 0)."""
+    total = world * (world + 1) / 2
+    share = elements // world
+    if op == "all_reduce":
+        return np.full(elements, total)
+    if op == "broadcast":
+        return np.ones(elements)
+    if op == "reduce_scatter":
+        return np.full(share, total)
+    if op in ("all_gather", "all_to_all"):  # chunk k came from rank k
+        return np.repeat(np.arange(1, world + 1, dtype=np.float64), share)
+    raise ValueError(f"unknown collective {op}")
+
+
+def check_output(op: str, got: np.ndarray, elements: int, world: int, dtype: str) -> None:
+    want = expected_output(op, elements, world)
+    tolerance = 1e-2 if dtype == "bf16" else 1e-6  # bf16 holds 8 significant bits: sums round
+    if got.shape != want.shape or not np.allclose(got, want, rtol=tolerance, atol=0):
+        bad = got.shape != want.shape and f"shape {got.shape}, expected {want.shape}"
+        raise WrongResult(
+            f"{op} of {elements} elements over {world} ranks returned a wrong result: "
+            + (bad or f"first values {got[:4].tolist()}, expected {want[:4].tolist()}")
+        )
+
+
+def run_collectives(comm: Collectives, cfg: RunConfig) -> dict:
+    """Time every op at every size; returns the raw rank record (per call times, nothing derived).
+
+    A timed call runs from a barrier to the device being idle again, so each is one collective on its own:
+    unlike nccl-tests, which times a batch of calls back to back, launch overhead is included (the cost a
+    training step pays for a collective issued alone). Fault injection counts (op, size) points as steps."""
+    spec = CommbenchSpec.from_dict(cfg.commbench)
+    points, index = [], 0
+    for op in spec.ops:
+        for size in spec.sizes:
+            inject_fault(cfg, comm.rank, index)
+            index += 1
+            elements = size // spec.element_bytes
+            buffers = comm.prepare(op, elements, comm.rank + 1.0)
+            comm.call(op, buffers)
+            comm.synchronize()
+            check_output(op, comm.result(op, buffers), elements, comm.world_size, spec.dtype)
+            buffers = comm.prepare(op, elements, 0.0)
+            for _ in range(spec.warmup):
+                comm.call(op, buffers)
+            comm.synchronize()
+            times = []
+            for _ in range(spec.iters):
+                comm.barrier()
+                t0 = time.perf_counter()
+                comm.call(op, buffers)
+                comm.synchronize()
+                times.append(time.perf_counter() - t0)
+            points.append({"op": op, "bytes": size, "times": times})
+            if comm.rank == 0:
+                print(
+                    f"commbench {index}/{len(spec.ops) * len(spec.sizes)} {op} {size} B "
+                    f"median {statistics.median(times) * 1e6:.1f} us",
+                    flush=True,
+                )
+    return {
+        "rank": comm.rank,
+        "host": socket.gethostname(),
+        "device": comm.device_name,
+        "pid": os.getpid(),
+        "status": "ok",
+        "collectives": points,
+        "versions": {"python": platform.python_version(), **comm.versions()},
+        "threads": cfg.threads_per_worker,
+        "process_settings": seen_process_settings(),
+    }

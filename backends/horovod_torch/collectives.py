@@ -1,0 +1,71 @@
+"""horovod.torch's collectives for `harness commbench`, started by horovodrun: allreduce, allgather,
+reducescatter, broadcast and alltoall (sums, out of place, as DistributedOptimizer calls them). Each op goes
+through Horovod's background thread and its negotiation cycle (HOROVOD_CYCLE_TIME), as in training."""
+
+import os
+
+import horovod
+import horovod.torch as hvd
+import torch
+
+from backends.commbench import Collectives
+from backends.loop import cpu_name
+from backends.torch_ddp.collectives import DTYPES
+
+
+class HorovodCollectives(Collectives):
+    framework = "torch"
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        torch.set_num_threads(cfg.threads_per_worker)
+        hvd.init()
+        if cfg.device == "cuda":
+            local = int(os.environ.get("HOROVOD_LOCAL_RANK", hvd.local_rank()))
+            torch.cuda.set_device(local)
+            self.device = torch.device("cuda", local)
+            self.device_name = torch.cuda.get_device_name(self.device)
+        else:
+            self.device = torch.device("cpu")
+            self.device_name = cpu_name()
+        self.dtype = DTYPES[self.spec.dtype]
+        self.output = None
+
+    def prepare(self, op, elements, value):
+        source = elements // self.world_size if op == "all_gather" else elements
+        return torch.full((source,), value, dtype=self.dtype, device=self.device)
+
+    def call(self, op, buffers):
+        if op == "all_reduce":
+            self.output = hvd.allreduce(buffers, op=hvd.Sum)
+        elif op == "broadcast":
+            self.output = hvd.broadcast(buffers, root_rank=0)
+        elif op == "all_gather":
+            self.output = hvd.allgather(buffers)
+        elif op == "reduce_scatter":
+            self.output = hvd.reducescatter(buffers, op=hvd.Sum)
+        elif op == "all_to_all":
+            output = hvd.alltoall(buffers)
+            self.output = output[0] if isinstance(output, tuple) else output  # (output, received splits)
+        else:
+            raise ValueError(f"unknown collective {op}")
+
+    def result(self, op, buffers):
+        return self.output.double().cpu().numpy()
+
+    def barrier(self):
+        hvd.barrier()
+
+    def synchronize(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def versions(self):
+        return {"torch": torch.__version__, "horovod": horovod.__version__}
+
+    def close(self):
+        hvd.shutdown()
+
+
+def make_collectives(cfg):
+    return HorovodCollectives(cfg)

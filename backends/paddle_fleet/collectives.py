@@ -1,0 +1,76 @@
+"""paddle.distributed's collectives for `harness commbench`, started by paddle.distributed.launch:
+all_reduce, all_gather, reduce_scatter, broadcast and alltoall_single (NCCL on GPU). On CPU, Paddle's gloo
+process group implements only all_reduce, all_gather and broadcast ("ProcessGroupGLOO does not support
+reduce_scatter / all_to_all"), so the adapter offers only those there."""
+
+from __future__ import annotations
+
+import os
+
+import paddle
+import paddle.distributed as dist
+
+from backends.commbench import Collectives
+from backends.loop import cpu_name
+
+DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+
+
+class PaddleCollectives(Collectives):
+    framework = "paddle"
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        if cfg.device == "cuda":
+            paddle.set_device(f"gpu:{os.environ.get('FLAGS_selected_gpus', '0')}")
+            self.device_name = paddle.device.cuda.get_device_name()
+        else:
+            paddle.set_device("cpu")
+            self.device_name = cpu_name()
+        dist.init_parallel_env()
+        self.dtype = DTYPES[self.spec.dtype]
+
+    def prepare(self, op, elements, value):
+        share = elements // self.world_size
+        source = share if op == "all_gather" else elements
+        send = paddle.full([source], value, dtype=self.dtype)
+        if op in ("all_reduce", "broadcast"):  # in place
+            return (send, send)
+        receive = share if op == "reduce_scatter" else elements
+        return (send, paddle.empty([receive], dtype=self.dtype))
+
+    def call(self, op, buffers):
+        send, receive = buffers
+        if op == "all_reduce":
+            dist.all_reduce(send)
+        elif op == "broadcast":
+            dist.broadcast(send, src=0)
+        elif op == "all_gather":
+            dist.all_gather(receive, send)
+        elif op == "reduce_scatter":
+            dist.reduce_scatter(receive, send)
+        elif op == "all_to_all":
+            dist.alltoall_single(send, receive)
+        else:
+            raise ValueError(f"unknown collective {op}")
+
+    def result(self, op, buffers):
+        return buffers[1].astype("float64").numpy().reshape(-1)
+
+    def barrier(self):
+        dist.barrier()
+
+    def synchronize(self):
+        if self.cfg.device == "cuda":
+            paddle.device.synchronize()
+
+    def versions(self):
+        return {"paddle": paddle.__version__}
+
+    def close(self):
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def make_collectives(cfg):
+    return PaddleCollectives(cfg)
