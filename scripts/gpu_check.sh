@@ -112,6 +112,13 @@ elif in_budget paddle-fleet; then
         --compute-method none
 fi
 
+# harness commbench on NCCL needs one GPU per rank and at least 2 ranks: not on this one-GPU machine. What
+# it can check here: that asking for it is refused before anything launches (exit 2, one line).
+echo "== [${SECONDS}s] harness commbench --gpus 2 on one GPU (must be refused: exit 2)"
+"$py" -m harness commbench --backend torch-ddp --gpus 2 --device cuda --out "$dir/commbench" 2>&1 | tail -n 2
+echo "   exit ${PIPESTATUS[0]}"
+skip "commbench on NCCL (torch.distributed, deepspeed.comm, horovod, paddle, tf)" "needs 2+ GPUs; this machine has one"
+
 # Mixed precision and a large model (as before this check covered the issues above).
 in_budget "torch-ddp bf16" && run --backend torch-ddp --gpus 1 --workload small --precision bf16 --micro-batch 8 --steps 10
 in_budget "torch-ddp fp16" && run --backend torch-ddp --gpus 1 --workload small --precision fp16 --micro-batch 8 --steps 10
