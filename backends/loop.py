@@ -67,6 +67,12 @@ class Trainer(ABC):
         """One optimizer step over this rank's micro-batches (numpy int64 inputs/targets); returns the mean
         micro-batch loss as a float (which waits for the step's work to finish)."""
 
+    def trace_collectives(self, run_steps) -> dict:
+        """Run `run_steps()` (a few full steps after the measured ones; returns their times) under this
+        stack's own profiler and return the collectives it saw: {"method", "steps", "step_times",
+        "collectives": [backends.comm_trace entries]}. A stack without a trace yet runs nothing, says so."""
+        return {"method": None, "reason": f"no collective trace for {self.framework} workers yet"}
+
     def synchronize(self) -> None:
         """Wait for queued device work (a no-op on CPU, where ops run synchronously)."""
 
@@ -176,7 +182,9 @@ def run_training(trainer: Trainer, cfg: RunConfig, weights_path: Path | None = N
     peak RSS are reset after them. Then, if the trainer can switch gradient sync off, `compute_steps` more
     steps run with sync off (after the measured ones, since they let replicas drift); the first of those is
     dropped too, as the switch can itself trigger one-off work. `weights_path`: where to save the final
-    weights of the measured steps (before the sync-off steps move them).
+    weights of the measured steps (before the sync-off steps move them). Between the measured and the
+    compute-only steps, `trace_steps` more run under the stack's profiler for the collective trace
+    (Trainer.trace_collectives); their times are recorded apart, as profiling slows them.
     """
     source = make_source(cfg.spec.vocab_size, cfg.spec.seq_len, cfg.global_batch, cfg.seed, cfg.data_path)
     shard = data_shard(cfg, trainer.rank)
@@ -225,6 +233,23 @@ def run_training(trainer: Trainer, cfg: RunConfig, weights_path: Path | None = N
     if weights is not None and trainer.rank == 0:
         np.savez(weights_path, **weights)
 
+    first = cfg.warmup + cfg.steps
+    comm_trace = None
+    if cfg.trace_comm and cfg.trace_steps and cfg.process_group_size > 1:
+        traced = range(first, first + cfg.trace_steps)
+
+        def traced_steps() -> list[float]:
+            times = []
+            for step in traced:
+                t, _, loss, _ = timed_step(step, True)
+                times.append(t)
+                if trainer.rank == 0:
+                    print(f"step {step:4d} loss {loss:.4f} time {t * 1e3:8.1f} ms (traced)", flush=True)
+            return times
+
+        comm_trace = trainer.trace_collectives(traced_steps)
+        first += cfg.trace_steps
+
     compute_times = []
     if (
         trainer.can_skip_grad_sync
@@ -232,7 +257,6 @@ def run_training(trainer: Trainer, cfg: RunConfig, weights_path: Path | None = N
         and cfg.process_group_size > 1
         and cfg.compute_steps
     ):
-        first = cfg.warmup + cfg.steps
         for step in range(first, first + cfg.compute_steps + 1):
             t, _, loss, _ = timed_step(step, False)
             if step > first:
@@ -254,6 +278,7 @@ def run_training(trainer: Trainer, cfg: RunConfig, weights_path: Path | None = N
         "warmup_losses": warmup_losses,
         "compute_only_step_times": compute_times,
         "optimizer_step_times": list(trainer.optimizer_times[: cfg.steps]),
+        "comm_trace": comm_trace,
         "math_mode": trainer.math_mode(),
         "memory": memory,
         "model_state_bytes": model_state,

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
+import tempfile
 from contextlib import nullcontext
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from backends.comm_trace import torch_collectives
 from backends.loop import Trainer, cpu_name
 from core.config import RunConfig
 from workloads.torch_model import GPT
@@ -95,6 +99,27 @@ class TorchTrainer(Trainer):
     def synchronize(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+    def trace_collectives(self, run_steps) -> dict:
+        """torch.profiler over the traced steps (CPU, and CUDA kernels on GPU, with input shapes): every
+        collective the stack issues through torch.distributed (DDP's buckets, FSDP2's gathers and
+        reduce-scatters, ZeRO's through deepspeed.comm) as c10d ops, timed by their gloo work or NCCL kernel
+        (backends.comm_trace)."""
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+        with profile(activities=activities, record_shapes=True) as prof:
+            step_times = run_steps()
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "trace.json"
+            prof.export_chrome_trace(str(path))
+            events = json.loads(path.read_text())["traceEvents"]
+        return {
+            "method": "torch.profiler",
+            "steps": len(step_times),
+            "step_times": step_times,
+            "collectives": torch_collectives(events, self.cfg.process_group_size),
+        }
 
     def math_mode(self) -> dict:
         """Whether cuBLAS runs this worker's fp32 matmuls in TF32, as torch left it (not changed here).

@@ -40,6 +40,8 @@ class RunConfig:
     compute_steps: int = 5  # sync-off steps for t_compute (no_sync method), after the measured ones
     compute_method: str = "auto"  # auto -> the backend's preferred method
     isolated_repeats: int = 2  # launches of the isolated counterfactual, one after the other
+    trace_comm: bool = True  # profile `trace_steps` steps after the measured ones for the collective trace
+    trace_steps: int = 2
     threads_per_worker: int = 1
     seed: int = 0
     data_path: str | None = None

@@ -14,8 +14,9 @@ import pytest
 
 from backends.commbench import WrongResult, check_output, expected_output
 from harness.analyze.baseline import trim
-from harness.analyze.collectives import bus_factor, fit_alpha_beta, op_time_index, summarize_commbench
+from harness.analyze.collectives import fit_alpha_beta, op_time_index, summarize_commbench
 from harness.analyze.compare import compare_runs
+from harness.analyze.metrics import bus_factor
 from harness.cli import main
 from harness.run.commbench import parse_sizes, whole_shares
 from tests.conftest import harness

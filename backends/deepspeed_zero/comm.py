@@ -1,10 +1,14 @@
 """DeepSpeed ZeRO's analytic communication per step, as the engine behaves with the settings it is given.
 
-Stage 0 all-reduces the gradients at the accumulation boundary. Stages 1 and 2 reduce-scatter the
-gradients into their owners' partitions (stage 1 at the boundary only, stage 2 in every backward) and
-all-gather the updated parameters after the step. Stage 3 gathers the partitioned parameters for every
-micro-batch's forward and reduce-scatters gradients in every backward; what it gathers depends on two
-settings, which ds_config sets explicitly so that each record names them:
+Stage 0 all-reduces the gradients at the accumulation boundary. Stages 1 and 2 reduce each gradient for
+its owner's partition (stage 1 at the boundary only, stage 2 in every backward) and all-gather the updated
+parameters after the step. The reduction is an all-reduce, not a reduce-scatter: DeepSpeed 0.19's
+stage_1_and_2.py sends stage 1's gradients through buffered_reduce_fallback and stage 2's (`reduce_scatter`
+on, its default) through average_tensor -> allreduce_no_retain(rank=owner), both dist.all_reduce of the
+whole bucket, each rank keeping its own slice. The collective trace of a run shows it (c10d::allreduce_ of
+every gradient element), and its bytes are an all-reduce's, 2(N-1)/N of the gradients, not (N-1)/N.
+Stage 3 gathers the partitioned parameters for every micro-batch's forward and reduce-scatters gradients
+in every backward; what it gathers depends on two settings, which ds_config sets explicitly so that each record names them:
 - stage3_param_persistence_threshold: a tensor of at most this many elements is never partitioned (kept
   whole on every rank), so it is never gathered;
 - stage3_max_reuse_distance: after forward, a module's parameters stay gathered if the engine will use them
@@ -61,9 +65,17 @@ def zero_comm_pattern(cfg: RunConfig, stage: int, dtype_bytes: int) -> CommPatte
     if stage in (1, 2):
         return CommPattern(
             (
-                CommTerm("reduce_scatter", n, dtype_bytes, 1 if stage == 1 else accum, "gradients"),
+                CommTerm(
+                    "all_reduce",
+                    n,
+                    dtype_bytes,
+                    1 if stage == 1 else accum,
+                    "gradients (owner keeps its slice)",
+                ),
                 CommTerm("all_gather", n, dtype_bytes, 1, "updated parameters"),
-            )
+            ),
+            "gradients reduced by dist.all_reduce of each bucket (allreduce_no_retain / "
+            "buffered_reduce_fallback in DeepSpeed 0.19), not reduce-scatter",
         )
     numels = parameter_numels(cfg)
     gathered = sum(partitioned(numels).values())

@@ -15,18 +15,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import nnls
 
-from harness.analyze.metrics import stats
-
-
-def bus_factor(op: str, world: int) -> float:
-    """nccl-tests' factor from algorithm to bus bandwidth for `op` over `world` ranks."""
-    if op == "all_reduce":
-        return 2 * (world - 1) / world
-    if op in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (world - 1) / world
-    if op == "broadcast":
-        return 1.0
-    raise ValueError(f"unknown collective {op}")
+from harness.analyze.metrics import bus_factor, stats
 
 
 def slowest_rank_times(per_rank: list[list[float]]) -> list[float]:

@@ -67,11 +67,17 @@ def stats(xs: list[float]) -> dict:
 
 # Bytes each rank sends per element of the whole tensor, by collective, on a ring of N ranks (the nccl-tests
 # convention): all-reduce 2(N-1)/N, all-gather and reduce-scatter (N-1)/N.
-RING_FACTORS = {
-    "all_reduce": lambda n: 2 * (n - 1) / n,
-    "all_gather": lambda n: (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-}
+def bus_factor(op: str, world: int) -> float:
+    """nccl-tests' factor from a collective's size S to the bytes each rank sends in a ring (and from
+    algbw to busbw): 2(n-1)/n for all_reduce; (n-1)/n for all_gather, reduce_scatter and all_to_all; 1 for
+    broadcast. Used for the analytic volume, the traced volume and commbench alike."""
+    if op == "all_reduce":
+        return 2 * (world - 1) / world
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (world - 1) / world
+    if op == "broadcast":
+        return 1.0
+    raise ValueError(f"unknown collective {op}")
 
 
 def comm_bytes_per_rank(terms: list[dict], world: int) -> float:
@@ -79,7 +85,7 @@ def comm_bytes_per_rank(terms: list[dict], world: int) -> float:
     CommPattern terms) of ring factor x whole-tensor elements x element bytes x times per step."""
     if world <= 1:
         return 0.0
-    return sum(RING_FACTORS[t["op"]](world) * t["elements"] * t["dtype_bytes"] * t["per_step"] for t in terms)
+    return sum(bus_factor(t["op"], world) * t["elements"] * t["dtype_bytes"] * t["per_step"] for t in terms)
 
 
 def comm_volume_method(pattern: dict) -> str:
@@ -88,6 +94,48 @@ def comm_volume_method(pattern: dict) -> str:
         f"{t['per_step']:g} x {t['op']} of {t['what']} ({t['dtype_bytes']}-byte)" for t in pattern["terms"]
     )
     return f"analytic: {terms}" + (f" [{pattern['assumptions']}]" if pattern.get("assumptions") else "")
+
+
+def measured_comm(ranks: list[dict], world: int, terms: list[dict]) -> dict | None:
+    """The collective trace of the profiled steps (backends.comm_trace entries per rank), per op: calls and
+    size (nccl-tests' S) per step, time per step (the slowest rank's), the share of that time the rank's
+    compute ran alongside, and busbw = S x bus factor / time; and the bytes each rank sent per step (S x
+    bus factor, summed), next to the analytic volume. None when no rank traced."""
+    traces = [r.get("comm_trace") for r in ranks]
+    if not traces or any(not t or not t.get("method") for t in traces):
+        reasons = {(t or {}).get("reason") for t in traces} - {None}
+        return {"method": None, "reason": "; ".join(sorted(reasons)) or "not traced"} if traces else None
+    steps = traces[0]["steps"]
+    ops: dict[str, dict] = {}
+    for op in sorted({c["op"] for t in traces for c in t["collectives"]}):
+        per_rank = [[c for c in t["collectives"] if c["op"] == op] for t in traces]
+        sizes = [sum(c["size_bytes"] or 0 for c in calls) / steps for calls in per_rank]
+        times = [sum(c["time_s"] or 0 for c in calls) / steps for calls in per_rank]
+        overlapped = sum(c["overlapped_s"] or 0 for calls in per_rank for c in calls)
+        total_time = sum(times) * steps
+        ops[op] = {
+            "calls_per_step": len(per_rank[0]) / steps,
+            "size_bytes_per_step": sizes[0],
+            "ranks_agree": len(set(sizes)) == 1,
+            "time_s_per_step": max(times),
+            "overlap_fraction": overlapped / total_time if total_time else None,
+            "busbw_Bps": sizes[0] * bus_factor(op, world) / max(times) if max(times) else None,
+            "dtypes": sorted({str(c["dtype"]) for calls in per_rank for c in calls}),
+            "analytic_size_bytes_per_step": sum(
+                t["elements"] * t["dtype_bytes"] * t["per_step"] for t in terms if t["op"] == op
+            ),
+        }
+    sent = sum(o["size_bytes_per_step"] * bus_factor(op, world) for op, o in ops.items())
+    analytic_bytes = comm_bytes_per_rank(terms, world)
+    traced_steps = per_step_max([{"t": t["step_times"]} for t in traces], "t")
+    return {
+        "method": traces[0]["method"],
+        "steps": steps,
+        "ops": ops,
+        "bytes_per_rank_per_step": sent,
+        "vs_analytic": sent / analytic_bytes if analytic_bytes else None,
+        "traced_step_time_s": float(np.median(traced_steps)) if traced_steps else None,
+    }
 
 
 def rank_median_max(series: list[list[float]]) -> float | None:
@@ -222,6 +270,7 @@ def summarize(record: dict) -> dict:
         "exposed_comm_ratio": exposed,
         "comm_bytes_per_rank_per_step": volume,
         "comm_volume_method": comm_volume_method(pattern),
+        "comm_measured": measured_comm(ranks, world, pattern["terms"]) if world > 1 else None,
         "volume_per_exposed_s": volume_per_exposed_s,
         "model_flops_per_step": spec.flops_per_token * n_tokens,
         "device_peak_flops": peak,

@@ -22,6 +22,24 @@ def fmt(x, spec="{:.3g}") -> str:
     return "n/a" if x is None else spec.format(x)
 
 
+def measured_comm_text(m: dict | None) -> str:
+    """The collective trace's figures in one cell: volume beside the analytic, then per op."""
+    if not m:
+        return "n/a (1 rank: no collectives)"
+    if not m.get("method"):
+        return f"n/a ({m.get('reason')})"
+    ops = "; ".join(
+        f"{op} {o['calls_per_step']:g}/step, {fmt_bytes(o['size_bytes_per_step'])}, "
+        f"{o['time_s_per_step'] * 1e3:.1f} ms, {fmt(o['overlap_fraction'], '{:.0%}')} overlapped, "
+        f"busbw {fmt(o['busbw_Bps'] and o['busbw_Bps'] / 1e9, '{:.2f}')} GB/s"
+        for op, o in m["ops"].items()
+    )
+    return (
+        f"{fmt_bytes(m['bytes_per_rank_per_step'])} per rank per step "
+        f"({fmt(m['vs_analytic'], '{:.3f}')} x analytic) by {m['method']} over {m['steps']} step(s): {ops}"
+    )
+
+
 def print_summary(record: dict, stream=None) -> None:
     """A short human summary of one run record."""
     cfg, s, env = record["config"], record["summary"], record["environment"]
@@ -70,6 +88,7 @@ def print_summary(record: dict, stream=None) -> None:
             f"{fmt_bytes(s['comm_bytes_per_rank_per_step'])} ({s['comm_volume_method']}); "
             f"volume / exposed time {fmt_bytes(s['volume_per_exposed_s'])}/s (not a bus bandwidth)",
         ),
+        ("comm measured (trace)", measured_comm_text(s.get("comm_measured"))),
         (
             "peak memory per rank",
             f"RSS {fmt_bytes(s['peak_rss_bytes'])}; allocated {fmt_bytes(s['peak_allocated_bytes'])}; "

@@ -1,0 +1,136 @@
+"""Collectives read out of a framework's own trace of a few profiled steps: which op, how many bytes, how
+long, and how much of that time the rank's compute ran alongside. Framework-free: the workers hand in the
+trace their profiler wrote (a Chrome-trace event list), and the rank record gets one entry per collective.
+
+Sizes follow nccl-tests (`size_bytes`: the whole buffer of all_reduce and broadcast, the gathered output of
+all_gather, the input a reduce_scatter splits, one rank's send buffer of all_to_all), so the figures derived
+from them (harness.analyze.metrics) use the same bus factors as commbench.
+"""
+
+from __future__ import annotations
+
+import math
+
+# torch's c10d ops, as the profiler names them on the issuing thread -> (op, index of the input in Input Dims)
+C10D_OPS = {
+    "c10d::allreduce_": ("all_reduce", 0),
+    "c10d::allreduce_coalesced_": ("all_reduce", 0),
+    "c10d::broadcast_": ("broadcast", 0),
+    "c10d::_allgather_base_": ("all_gather", 1),
+    "c10d::allgather_": ("all_gather", 1),
+    "c10d::allgather_into_tensor_coalesced_": ("all_gather", 1),
+    "c10d::_reduce_scatter_base_": ("reduce_scatter", 1),
+    "c10d::reduce_scatter_": ("reduce_scatter", 1),
+    "c10d::reduce_scatter_tensor_coalesced_": ("reduce_scatter", 1),
+    "c10d::alltoall_base_": ("all_to_all", 1),
+}
+DTYPE_BYTES = {
+    "float": 4,
+    "c10::BFloat16": 2,
+    "c10::Half": 2,
+    "double": 8,
+    "int": 4,
+    "long int": 8,
+    "unsigned char": 1,
+    "signed char": 1,
+    "bool": 1,
+}
+
+
+def elements(dims) -> int:
+    """Elements of a tensor (its shape; [] is a scalar) or of a TensorList's tensors (a list of shapes),
+    from the profiler's Input Dims entry."""
+    if dims and all(isinstance(d, list) for d in dims):
+        return sum(math.prod(d) for d in dims)
+    return math.prod(dims)
+
+
+def union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[list[float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(a, b) for a, b in merged]
+
+
+def overlap(start: float, end: float, busy: list[tuple[float, float]]) -> float:
+    """Seconds of [start, end] covered by the (merged) busy intervals."""
+    return sum(max(0.0, min(end, b) - max(start, a)) for a, b in busy if a < end and b > start)
+
+
+def torch_collectives(trace_events: list[dict], world: int) -> list[dict]:
+    """The collectives of a torch.profiler Chrome trace, one dict per call on this rank.
+
+    The issuing thread's c10d op names the API call and its tensors; the call itself runs asynchronously
+    (gloo: an event `gloo:<op>` on one of gloo's threads; NCCL: an `nccl...Kernel` on a CUDA stream), whose
+    interval is the collective's time. Each c10d op is paired with the first later unpaired work event of
+    the same input size (gloo) or, on GPU, with the next NCCL kernel in issue order. Compute overlap: the
+    part of that interval during which the issuing thread ran aten ops (CPU) or non-NCCL kernels ran (GPU).
+    """
+    spans = [e for e in trace_events if e.get("ph") == "X" and "dur" in e]
+    calls = sorted((e for e in spans if e["name"] in C10D_OPS), key=lambda e: e["ts"])
+    if not calls:
+        return []
+    main_tid = calls[0]["tid"]
+    gloo = sorted((e for e in spans if e["name"].startswith("gloo:")), key=lambda e: e["ts"])
+    kernels = sorted(
+        (e for e in spans if e.get("cat") == "kernel" and "nccl" in e["name"].lower()), key=lambda e: e["ts"]
+    )
+    if kernels:  # GPU: compute is every other kernel on the device
+        busy = union(
+            [
+                (e["ts"], e["ts"] + e["dur"])
+                for e in spans
+                if e.get("cat") == "kernel" and "nccl" not in e["name"].lower()
+            ]
+        )
+    else:  # CPU: compute is the issuing thread's aten ops (the collectives run on gloo's threads)
+        busy = union(
+            [
+                (e["ts"], e["ts"] + e["dur"])
+                for e in spans
+                if e["tid"] == main_tid and e["name"].startswith("aten::")
+            ]
+        )
+    t0 = min(e["ts"] for e in spans)
+    used: set[int] = set()
+    out = []
+    for call in calls:
+        op, which = C10D_OPS[call["name"]]
+        args = call.get("args", {})
+        dims = args.get("Input Dims") or []
+        sent = elements(dims[which]) if len(dims) > which else 0
+        work = None
+        for i, candidate in enumerate(kernels or gloo):
+            if i in used:
+                continue
+            if not kernels:  # gloo: the same input size, started after the call
+                g_dims = candidate.get("args", {}).get("Input Dims") or []
+                if candidate["ts"] < call["ts"] or not g_dims or elements(g_dims[0]) != sent:
+                    continue
+            work = candidate
+            used.add(i)
+            break
+        work_types = (work or {}).get("args", {}).get("Input type") or [None]
+        dtype = next(
+            (t for t in [work_types[0], args.get("dtype"), *args.get("Input type", [])] if t in DTYPE_BYTES),
+            None,
+        )
+        size_elements = sent * world if op == "all_gather" else sent
+        start, duration = (work["ts"], work["dur"]) if work else (call["ts"], None)
+        out.append(
+            {
+                "op": op,
+                "api": call["name"],
+                "elements": size_elements,
+                "dtype": dtype,
+                "size_bytes": size_elements * DTYPE_BYTES[dtype] if dtype in DTYPE_BYTES else None,
+                "group_size": args.get("Group size") or world,
+                "start_s": (start - t0) / 1e6,
+                "time_s": duration / 1e6 if duration is not None else None,
+                "overlapped_s": overlap(start, start + duration, busy) / 1e6 if duration else None,
+            }
+        )
+    return out
