@@ -8,7 +8,8 @@ on, its default) through average_tensor -> allreduce_no_retain(rank=owner), both
 whole bucket, each rank keeping its own slice. The collective trace of a run shows it (c10d::allreduce_ of
 every gradient element), and its bytes are an all-reduce's, 2(N-1)/N of the gradients, not (N-1)/N.
 Stage 3 gathers the partitioned parameters for every micro-batch's forward and reduce-scatters gradients
-in every backward; what it gathers depends on two settings, which ds_config sets explicitly so that each record names them:
+in every backward; what it gathers depends on two settings, which ds_config sets explicitly so that each
+record names them:
 - stage3_param_persistence_threshold: a tensor of at most this many elements is never partitioned (kept
   whole on every rank), so it is never gathered;
 - stage3_max_reuse_distance: after forward, a module's parameters stay gathered if the engine will use them
