@@ -9,6 +9,7 @@ from them (harness.analyze.metrics) use the same bus factors as commbench.
 
 from __future__ import annotations
 
+import json
 import math
 
 # torch's c10d ops, as the profiler names them on the issuing thread -> (op, index of the input in Input Dims)
@@ -131,6 +132,95 @@ def torch_collectives(trace_events: list[dict], world: int) -> list[dict]:
                 "start_s": (start - t0) / 1e6,
                 "time_s": duration / 1e6 if duration is not None else None,
                 "overlapped_s": overlap(start, start + duration, busy) / 1e6 if duration else None,
+            }
+        )
+    return out
+
+
+HOROVOD_OPS = {
+    "ALLREDUCE": "all_reduce",
+    "ALLGATHER": "all_gather",
+    "BROADCAST": "broadcast",
+    "REDUCESCATTER": "reduce_scatter",
+    "ALLTOALL": "all_to_all",
+}
+# The transfer inside an op's row, by the library that did it (Gloo, NCCL, MPI, oneCCL).
+TRANSFER_PREFIXES = ("GLOO_", "NCCL_", "MPI_", "CCL_")
+NUMPY_DTYPE_BYTES = {
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "float64": 8,
+    "int32": 4,
+    "int64": 8,
+    "uint8": 1,
+}
+
+
+def timeline_events(text: str) -> list[dict]:
+    """Horovod's timeline file: a Chrome-trace JSON array that is left open (no closing bracket) until
+    Horovod shuts down, and may end in a comma."""
+    body = text.strip().rstrip(",")
+    if not body.endswith("]"):
+        body += "]"
+    return json.loads(body)
+
+
+def horovod_collectives(events: list[dict], world: int) -> list[dict]:
+    """The collectives of a Horovod timeline, one dict per call on this rank.
+
+    The timeline has a row per tensor: the op (B ALLREDUCE ... E, whose end event carries dtype and shape)
+    with its phases inside (NEGOTIATE_*, MEMCPY_IN_FUSION_BUFFER, then the transfer: GLOO_ALLREDUCE,
+    NCCL_ALLREDUCE, GLOO_BCAST, ...). BROADCAST's end carries no shape: its size is unknown (None).
+    Tensors fused into one buffer share one transfer, so rows whose transfers start together are one call
+    (their elements summed), timed by that transfer. The timeline records no compute, so overlap is not
+    known from it (None)."""
+    transfers: dict[tuple[str, int], dict] = {}
+    stacks: dict[int, list[dict]] = {}
+    for e in events:
+        pid, phase = e.get("pid"), e.get("ph")
+        if phase == "B":
+            stacks.setdefault(pid, []).append(e)
+        elif phase == "E" and stacks.get(pid):
+            begin = stacks[pid].pop()
+            name = begin["name"]
+            if name.startswith(TRANSFER_PREFIXES):
+                stacks.setdefault(("transfer", pid), []).append((name, begin["ts"], e["ts"]))
+            elif name in HOROVOD_OPS and stacks.get(("transfer", pid)):
+                _, start, end = stacks[("transfer", pid)].pop()
+                args = e.get("args") or {}
+                shape = json.loads(args["shape"]) if "shape" in args else None  # ALLGATHER's: the output's
+                count = math.prod(shape) if shape is not None else None
+                call = transfers.setdefault(
+                    (name, start),
+                    {
+                        "op": HOROVOD_OPS[name],
+                        "elements": 0,
+                        "dtype": args.get("dtype"),
+                        "start": start,
+                        "end": end,
+                    },
+                )
+                call["elements"] = (
+                    None if count is None or call["elements"] is None else call["elements"] + count
+                )
+    t0 = min((e["ts"] for e in events if "ts" in e), default=0)
+    out = []
+    for call in sorted(transfers.values(), key=lambda c: c["start"]):
+        element_bytes = NUMPY_DTYPE_BYTES.get(call["dtype"])
+        out.append(
+            {
+                "op": call["op"],
+                "api": "horovod " + call["op"].replace("_", ""),
+                "elements": call["elements"],
+                "dtype": call["dtype"],
+                "size_bytes": call["elements"] * element_bytes
+                if element_bytes and call["elements"]
+                else None,
+                "group_size": world,
+                "start_s": (call["start"] - t0) / 1e6,
+                "time_s": (call["end"] - call["start"]) / 1e6,
+                "overlapped_s": None,
             }
         )
     return out

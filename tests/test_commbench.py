@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import harness
+from processes import leftovers
 
 from backends.commbench import WrongResult, check_output, expected_output
 from harness.analyze.baseline import trim
@@ -19,8 +21,6 @@ from harness.analyze.compare import compare_runs
 from harness.analyze.metrics import bus_factor
 from harness.cli import main
 from harness.run.commbench import parse_sizes, whole_shares
-from tests.conftest import harness
-from tests.processes import leftovers
 
 unit = pytest.mark.unit
 

@@ -38,6 +38,7 @@ def test_two_worker_record_has_every_field_and_loss_decreases(out):
         # fp32 params + grads + AdamW moments, unsharded, plus AdamW's 4-byte step counter per tensor
         assert r["model_state_bytes"]["total"] == 16 * 1_071_872 + 4 * 52
         assert len(r["compute_only_step_times"]) == 5
+        assert len(r["comm_trace"]["step_times"]) == 2  # --trace-steps, after the measured steps
         settings = r["process_settings"]  # as they reached the worker through torchrun
         assert settings["OMP_NUM_THREADS"] == str(rec["config"]["threads_per_worker"])
         assert int(settings["MALLOC_TRIM_THRESHOLD_"]) > 0 and r["minor_faults_per_step"] >= 0
@@ -45,6 +46,10 @@ def test_two_worker_record_has_every_field_and_loss_decreases(out):
         # taking them inside the step does not (a prefetching loader's view of the data wait)
         assert min(r["data_prep"]) > 10 * max(r["data_wait"]) and max(r["data_wait"]) < 1e-4
         assert r["memory"]["peak_rss_scope"] == "after warm-up"
+    m = rec["summary"]["comm_measured"]
+    # every gradient (1,071,872 fp32 parameters, counted by hand) all-reduced once per step in DDP's buckets
+    assert m["method"] == "torch.profiler" and m["ranks_traced"] == 2 and set(m["ops"]) == {"all_reduce"}
+    assert m["ops"]["all_reduce"]["size_bytes_per_step"] == 4 * 1_071_872 and m["vs_analytic"] == 1.0
     s = rec["summary"]
     for key in (
         "throughput_tokens_per_s",

@@ -246,6 +246,13 @@ def test_two_workers_train_the_same_model_as_ddp_with_a_full_record(label, ddp_r
         settings = r["process_settings"]  # as they reached the worker through the backend's launcher
         assert settings["OMP_NUM_THREADS"] == str(rec["config"]["threads_per_worker"])
         assert settings["MALLOC_TRIM_THRESHOLD_"]
+    # The collective trace of the steps after the measured ones, by each stack's own instrument
+    m, n = s["comm_measured"], ModelSpec(**rec["config"]["spec"]).n_params
+    assert m["method"] == ("horovod timeline" if label == "horovod" else "torch.profiler")
+    if label == "horovod":  # DistributedOptimizer all-reduces every fp32 gradient once per step
+        assert m["ops"]["all_reduce"]["size_bytes_per_step"] == 4 * n
+    if label != "deepspeed-zero3":  # ZeRO-3's gathers differ from the analytic model: see its record
+        assert m["vs_analytic"] == pytest.approx(1, abs=0.02)
     if method == "isolated":  # t_compute from two world-1 launches of the same backend, side by side
         assert rec["comm"] == {"t_compute_method": "isolated"} and len(rec["isolated_ranks"]) == 2
         # two launches of the isolated workers, their steps joined (--isolated-repeats 2)
@@ -291,6 +298,11 @@ def test_zero1_and_zero2_shard_the_optimizer_state_not_the_parameters(stage, out
         # Once reduced, DeepSpeed keeps gradients only for this rank's partition, at stage 1 as at stage 2,
         # in a buffer sized by the whole parameters that overlap the partition: a little over half.
         assert 2 * p / 2 <= held["grads"] < 0.65 * 2 * p
+    # Traced: bf16 gradients all-reduced for their owners (plus a few scalar overflow and norm checks),
+    # the updated bf16 parameters all-gathered
+    traced = rec["summary"]["comm_measured"]["ops"]
+    assert traced["all_gather"]["size_bytes_per_step"] == 2 * p
+    assert 2 * p <= traced["all_reduce"]["size_bytes_per_step"] <= 2 * p + 64
     # The analytic ZeRO-1 model keeps whole gradients: one half-gradient more than stage 1 holds.
     s = rec["summary"]
     expected = s["model_state_bytes_analytic"] - (2 * p / 2 if stage == 1 else 0)

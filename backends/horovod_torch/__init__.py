@@ -69,6 +69,14 @@ class Horovod(Backend):
         all-reduced once per step (backward_passes_per_step = the accumulation steps)."""
         return gradient_allreduce(cfg, 2 if self.options(cfg).compression == "fp16" else 4)
 
+    def worker_env(self, cfg):
+        """HOROVOD_TIMELINE=DYNAMIC lets the worker start and stop Horovod's timeline around the traced
+        steps (hvd.start_timeline refuses otherwise); nothing is written until it does."""
+        env = super().worker_env(cfg)
+        if cfg.trace_comm:
+            env["HOROVOD_TIMELINE"] = "DYNAMIC"
+        return env
+
     def launch(self, cfg, run_dir, port, devices):
         """horovodrun is Horovod's multi-node launcher too: on node 0 it starts every node's workers
         (`-H h1:G,h2:G`; over ssh for remote hosts, directly for this machine's own addresses), so the

@@ -5,11 +5,14 @@ micro-batch's backward only. Weights and optimizer state are broadcast from rank
 """
 
 import os
+import tempfile
+from pathlib import Path
 
 import horovod
 import horovod.torch as hvd
 import torch
 
+from backends.comm_trace import horovod_collectives, timeline_events
 from backends.horovod_torch import HorovodOptions
 from backends.torch_common import TorchTrainer
 from workloads.torch_model import make_optimizer
@@ -59,6 +62,23 @@ class HorovodTrainer(TorchTrainer):
         self.optimizer.synchronize()
         with self.optimizer.skip_synchronize():
             super().optimizer_step()
+
+    def trace_collectives(self, run_steps):
+        """Horovod's own timeline over the traced steps (hvd.start_timeline / stop_timeline): every
+        allreduce DistributedOptimizer submits, fused calls as one, timed by their Gloo/NCCL transfer."""
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "timeline.json"
+            hvd.start_timeline(str(path), mark_cycles=False)
+            step_times = run_steps()
+            hvd.stop_timeline()
+            text = path.read_text() if path.exists() else None
+        trace = {"method": "horovod timeline", "steps": len(step_times), "step_times": step_times}
+        if text is None:  # Horovod's coordinator (rank 0) writes the timeline; the others write nothing
+            return {**trace, "collectives": None, "reason": "Horovod writes its timeline on rank 0 only"}
+        return {
+            **trace,
+            "collectives": horovod_collectives(timeline_events(text), self.cfg.process_group_size),
+        }
 
     def versions(self):
         return {**super().versions(), "horovod": horovod.__version__}

@@ -100,25 +100,31 @@ def measured_comm(ranks: list[dict], world: int, terms: list[dict]) -> dict | No
     """The collective trace of the profiled steps (backends.comm_trace entries per rank), per op: calls and
     size (nccl-tests' S) per step, time per step (the slowest rank's), the share of that time the rank's
     compute ran alongside, and busbw = S x bus factor / time; and the bytes each rank sent per step (S x
-    bus factor, summed), next to the analytic volume. None when no rank traced."""
-    traces = [r.get("comm_trace") for r in ranks]
-    if not traces or any(not t or not t.get("method") for t in traces):
-        reasons = {(t or {}).get("reason") for t in traces} - {None}
-        return {"method": None, "reason": "; ".join(sorted(reasons)) or "not traced"} if traces else None
-    steps = traces[0]["steps"]
+    bus factor, summed), next to the analytic volume and per op beside the analytic size; the traced steps'
+    median time (profiling slows them). Only ranks whose instrument wrote a trace count (Horovod's timeline
+    is rank 0's); with none, the reason. None without ranks."""
+    if not ranks:
+        return None
+    traces = [r.get("comm_trace") or {} for r in ranks]
+    traced = [t for t in traces if t.get("method") and t.get("collectives") is not None]
+    if not traced:
+        reasons = {t.get("reason") for t in traces} - {None}
+        return {"method": None, "reason": "; ".join(sorted(reasons)) or "not traced"}
+    untraced = sorted({t["reason"] for t in traces if t.get("collectives") is None and t.get("reason")})
+    steps = traced[0]["steps"]
     ops: dict[str, dict] = {}
-    for op in sorted({c["op"] for t in traces for c in t["collectives"]}):
-        per_rank = [[c for c in t["collectives"] if c["op"] == op] for t in traces]
+    for op in sorted({c["op"] for t in traced for c in t["collectives"]}):
+        per_rank = [[c for c in t["collectives"] if c["op"] == op] for t in traced]
         sizes = [sum(c["size_bytes"] or 0 for c in calls) / steps for calls in per_rank]
         times = [sum(c["time_s"] or 0 for c in calls) / steps for calls in per_rank]
-        overlapped = sum(c["overlapped_s"] or 0 for calls in per_rank for c in calls)
+        overlaps = [c["overlapped_s"] for calls in per_rank for c in calls if c["overlapped_s"] is not None]
         total_time = sum(times) * steps
         ops[op] = {
             "calls_per_step": len(per_rank[0]) / steps,
             "size_bytes_per_step": sizes[0],
             "ranks_agree": len(set(sizes)) == 1,
             "time_s_per_step": max(times),
-            "overlap_fraction": overlapped / total_time if total_time else None,
+            "overlap_fraction": sum(overlaps) / total_time if overlaps and total_time else None,
             "busbw_Bps": sizes[0] * bus_factor(op, world) / max(times) if max(times) else None,
             "dtypes": sorted({str(c["dtype"]) for calls in per_rank for c in calls}),
             "analytic_size_bytes_per_step": sum(
@@ -127,10 +133,12 @@ def measured_comm(ranks: list[dict], world: int, terms: list[dict]) -> dict | No
         }
     sent = sum(o["size_bytes_per_step"] * bus_factor(op, world) for op, o in ops.items())
     analytic_bytes = comm_bytes_per_rank(terms, world)
-    traced_steps = per_step_max([{"t": t["step_times"]} for t in traces], "t")
+    traced_steps = per_step_max([{"t": t["step_times"]} for t in traces if t.get("step_times")], "t")
     return {
-        "method": traces[0]["method"],
+        "method": traced[0]["method"],
         "steps": steps,
+        "ranks_traced": len(traced),
+        "untraced_reason": "; ".join(untraced) or None,
         "ops": ops,
         "bytes_per_rank_per_step": sent,
         "vs_analytic": sent / analytic_bytes if analytic_bytes else None,
@@ -233,6 +241,10 @@ def summarize(record: dict) -> dict:
     exposed_s = (t_step - t_compute) if (t_step and t_compute and t_step > t_compute) else None
     volume_per_exposed_s = volume / exposed_s if (volume and exposed_s) else None
 
+    comm_measured = measured_comm(ranks, world, pattern["terms"]) if world > 1 else None
+    if comm_measured and comm_measured.get("traced_step_time_s") and t_step:
+        comm_measured["trace_cost"] = comm_measured["traced_step_time_s"] / t_step - 1
+
     losses = series["loss"]
     device = ranks[0]["device"] if ranks else None
     tf32_states = {(r.get("math_mode") or {}).get("tf32") for r in ranks}
@@ -270,7 +282,7 @@ def summarize(record: dict) -> dict:
         "exposed_comm_ratio": exposed,
         "comm_bytes_per_rank_per_step": volume,
         "comm_volume_method": comm_volume_method(pattern),
-        "comm_measured": measured_comm(ranks, world, pattern["terms"]) if world > 1 else None,
+        "comm_measured": comm_measured,
         "volume_per_exposed_s": volume_per_exposed_s,
         "model_flops_per_step": spec.flops_per_token * n_tokens,
         "device_peak_flops": peak,

@@ -30,13 +30,15 @@ def measured_comm_text(m: dict | None) -> str:
         return f"n/a ({m.get('reason')})"
     ops = "; ".join(
         f"{op} {o['calls_per_step']:g}/step, {fmt_bytes(o['size_bytes_per_step'])}, "
-        f"{o['time_s_per_step'] * 1e3:.1f} ms, {fmt(o['overlap_fraction'], '{:.0%}')} overlapped, "
+        f"{o['time_s_per_step'] * 1e3:.1f} ms, overlapped {fmt(o['overlap_fraction'], '{:.0%}')}, "
         f"busbw {fmt(o['busbw_Bps'] and o['busbw_Bps'] / 1e9, '{:.2f}')} GB/s"
         for op, o in m["ops"].items()
     )
     return (
         f"{fmt_bytes(m['bytes_per_rank_per_step'])} per rank per step "
-        f"({fmt(m['vs_analytic'], '{:.3f}')} x analytic) by {m['method']} over {m['steps']} step(s): {ops}"
+        f"({fmt(m['vs_analytic'], '{:.3f}')} x analytic) by {m['method']} over {m['steps']} step(s), "
+        f"{m['ranks_traced']} rank(s) traced; traced steps {fmt(m.get('trace_cost'), '{:+.0%}')} vs "
+        f"measured: {ops}"
     )
 
 

@@ -83,6 +83,14 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         help="launches of the isolated counterfactual (isolated method), one after the other",
     )
     p.add_argument(
+        "--trace-comm",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="after the measured steps, profile --trace-steps more with the stack's own instrument for the "
+        "collective trace: measured bytes, time and compute overlap per op (default on)",
+    )
+    p.add_argument("--trace-steps", type=positive, default=2, help="steps profiled for the collective trace")
+    p.add_argument(
         "--compute-method", default="auto", help=f"{', '.join(COMPUTE_METHODS)}: how t_compute is measured"
     )
     p.add_argument(
@@ -176,6 +184,8 @@ def build_config(
         warmup=args.warmup,
         compute_steps=args.compute_steps,
         isolated_repeats=args.isolated_repeats,
+        trace_comm=args.trace_comm,
+        trace_steps=args.trace_steps,
         compute_method=method,
         threads_per_worker=threads or args.threads_per_worker or max(1, cores // per_node),
         seed=args.seed,

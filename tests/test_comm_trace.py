@@ -1,0 +1,167 @@
+"""The collective trace: what each stack's own instrument says it sent, read back into one shape.
+
+Unit tier on hand-made traces in the instruments' formats (torch.profiler's Chrome trace with gloo work
+events, Horovod's timeline); the real runs' traces are checked against known gradient bytes in
+tests/test_ddp.py and tests/test_torch_family.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from backends.comm_trace import horovod_collectives, timeline_events, torch_collectives
+from harness.analyze.metrics import measured_comm
+
+pytestmark = pytest.mark.unit
+
+
+def span(name, ts, dur, tid, **args):
+    return {"ph": "X", "name": name, "ts": ts, "dur": dur, "tid": tid, "pid": 1, "args": args}
+
+
+def test_torch_trace_pairs_each_c10d_call_with_its_gloo_work_and_measures_overlap():
+    """Rank 0 of 2: a DDP bucket all-reduce of 1,000 floats and an FSDP all-gather of a 300-element shard.
+    The all-reduce's gloo work (main thread busy for 30 of its 100 us) is timed, not the enqueue."""
+    main, gloo = 10, 20
+    events = [
+        # issued first, but its work runs after the all-reduce's: pairing goes by size, not by order
+        span("c10d::broadcast_", 30, 2, main, **{"Input Dims": [[[53]], []], "Input type": ["TensorList"]}),
+        span("gloo:broadcast", 160, 10, gloo, **{"Input Dims": [[53]], "Input type": ["int"]}),
+        span("aten::copy_", 60, 30, gloo),  # gloo's own copies are not the rank's compute
+        span("aten::mm", 0, 50, main),
+        span(
+            "c10d::allreduce_",
+            40,
+            5,
+            main,
+            **{"Input Dims": [[[1000]], [], []], "Input type": ["TensorList"]},
+        ),
+        span("aten::mm", 60, 20, main),  # overlaps the all-reduce's work: 60..80
+        span("gloo:all_reduce", 50, 100, gloo, **{"Input Dims": [[1000]], "Input type": ["float"]}),
+        span(
+            "c10d::_allgather_base_",
+            200,
+            5,
+            main,
+            **{"Input Dims": [[600], [300]], "Input type": ["c10::BFloat16", "c10::BFloat16"]},
+        ),
+        span("gloo:all_gather", 210, 40, gloo, **{"Input Dims": [[300]], "Input type": ["c10::BFloat16"]}),
+    ]
+    bcast, reduce, gather = torch_collectives(events, world=2)
+    assert (
+        bcast["op"] == "broadcast" and bcast["time_s"] == pytest.approx(10e-6) and bcast["size_bytes"] == 212
+    )
+    assert (reduce["op"], reduce["elements"], reduce["size_bytes"], reduce["dtype"]) == (
+        "all_reduce",
+        1000,
+        4000,
+        "float",
+    )
+    assert reduce["time_s"] == pytest.approx(100e-6)
+    assert reduce["overlapped_s"] == pytest.approx(20e-6)  # aten::mm 60..80 inside the work's 50..150
+    # nccl-tests' size of an all-gather is the gathered output: 2 ranks x 300 bf16 elements
+    assert (gather["op"], gather["elements"], gather["size_bytes"]) == ("all_gather", 600, 1200)
+    assert gather["time_s"] == pytest.approx(40e-6) and gather["overlapped_s"] == 0
+
+
+def test_a_scalar_collective_counts_one_element():
+    """ZeRO all-reduces scalars (an overflow flag, a norm): Input Dims [] is one element, not none."""
+    events = [
+        span("c10d::allreduce_", 0, 1, 1, **{"Input Dims": [[[]]], "Input type": ["TensorList"]}),
+        span("gloo:all_reduce", 2, 3, 2, **{"Input Dims": [[]], "Input type": ["double"]}),
+    ]
+    (call,) = torch_collectives(events, world=2)
+    assert call["elements"] == 1 and call["size_bytes"] == 8
+
+
+def timeline_text(rows: list[tuple[int, str, int, int, str, str | None]]) -> str:
+    """A Horovod timeline (left unterminated, as Horovod leaves it while running): per tensor row (pid),
+    op, the transfer's start and end, transfer name, shape."""
+    events = []
+    for pid, op, start, end, transfer, shape in rows:
+        events += [
+            {"ph": "B", "name": f"NEGOTIATE_{op}", "ts": start - 50, "pid": pid},
+            {"ph": "E", "ts": start - 40, "pid": pid},
+            {"ph": "B", "name": op, "ts": start - 30, "pid": pid},
+            {"ph": "B", "name": "MEMCPY_IN_FUSION_BUFFER", "ts": start - 20, "pid": pid},
+            {"ph": "E", "ts": start - 10, "pid": pid},
+            {"ph": "B", "name": transfer, "ts": start, "pid": pid},
+            {"ph": "E", "ts": end, "pid": pid},
+            {
+                "ph": "E",
+                "ts": end + 5,
+                "pid": pid,
+                **({"args": {"dtype": "float32", "shape": shape}} if shape else {}),
+            },
+        ]
+    return "[\n" + ",\n".join(json.dumps(e) for e in events) + ","
+
+
+def test_horovod_timeline_counts_a_fused_allreduce_once_with_every_tensor_in_it():
+    text = timeline_text(
+        [
+            (1, "ALLREDUCE", 1000, 1500, "GLOO_ALLREDUCE", "[1000]"),  # fused with pid 2: one transfer
+            (2, "ALLREDUCE", 1000, 1500, "GLOO_ALLREDUCE", "[2, 1500]"),
+            (3, "ALLGATHER", 2000, 2100, "GLOO_ALLGATHER", "[800]"),  # the gathered output's shape
+            (4, "BROADCAST", 3000, 3050, "GLOO_BCAST", None),  # Horovod gives no shape for broadcasts
+        ]
+    )
+    reduce, gather, bcast = horovod_collectives(timeline_events(text), world=2)
+    assert (reduce["op"], reduce["elements"], reduce["size_bytes"]) == ("all_reduce", 4000, 16000)
+    assert reduce["time_s"] == pytest.approx(500e-6) and reduce["overlapped_s"] is None
+    assert (gather["op"], gather["elements"], gather["size_bytes"]) == ("all_gather", 800, 3200)
+    assert bcast["op"] == "broadcast" and bcast["size_bytes"] is None
+
+
+def trace(calls, steps=1, **extra):
+    return {
+        "comm_trace": {
+            "method": "test",
+            "steps": steps,
+            "step_times": [0.2] * steps,
+            "collectives": calls,
+            **extra,
+        }
+    }
+
+
+def call(op, size_bytes, time_s, overlapped_s=None):
+    return {
+        "op": op,
+        "size_bytes": size_bytes,
+        "time_s": time_s,
+        "overlapped_s": overlapped_s,
+        "dtype": "float",
+    }
+
+
+def test_measured_volume_uses_the_ring_factor_and_sits_beside_the_analytic():
+    """4 ranks, 1,000-element fp32 gradients: an all-reduce sends 2(N-1)/N x 4,000 B = 6,000 B per rank."""
+    terms = [{"op": "all_reduce", "elements": 1000, "dtype_bytes": 4, "per_step": 1, "what": "gradients"}]
+    ranks = [trace([call("all_reduce", 4000, 0.01, 0.004)])] + [
+        trace([call("all_reduce", 4000, 0.02, 0.0)])
+    ] * 3
+    m = measured_comm(ranks, 4, terms)
+    assert m["bytes_per_rank_per_step"] == 6000 and m["vs_analytic"] == 1.0
+    op = m["ops"]["all_reduce"]
+    assert op["time_s_per_step"] == 0.02  # the slowest rank's
+    assert op["overlap_fraction"] == pytest.approx(0.004 / 0.07)
+    assert op["busbw_Bps"] == pytest.approx(4000 * 1.5 / 0.02)
+    assert op["analytic_size_bytes_per_step"] == 4000 and op["ranks_agree"]
+
+
+def test_a_rank_without_a_trace_is_left_out_and_an_unknown_overlap_is_not_zero():
+    """Horovod's timeline is rank 0's only: rank 1's reason is kept, its missing data not counted as 0."""
+    ranks = [
+        trace([call("all_reduce", 4000, 0.01)]),
+        trace(None, reason="Horovod writes its timeline on rank 0 only"),
+    ]
+    m = measured_comm(ranks, 2, [])
+    assert m["ranks_traced"] == 1 and "rank 0 only" in m["untraced_reason"]
+    assert m["ops"]["all_reduce"]["overlap_fraction"] is None
+    untraced = measured_comm(
+        [{"comm_trace": {"method": None, "reason": "no trace for tensorflow"}}] * 2, 2, []
+    )
+    assert untraced == {"method": None, "reason": "no trace for tensorflow"}
