@@ -16,7 +16,13 @@ from processes import leftovers
 
 from backends.commbench import WrongResult, check_output, expected_output
 from harness.analyze.baseline import trim
-from harness.analyze.collectives import fit_alpha_beta, op_time_index, summarize_commbench
+from harness.analyze.collectives import (
+    call_time,
+    fit_alpha_beta,
+    op_time_index,
+    predicted_comm,
+    summarize_commbench,
+)
 from harness.analyze.compare import compare_runs
 from harness.analyze.metrics import bus_factor
 from harness.cli import main
@@ -282,3 +288,24 @@ def test_commbench_records_go_to_report_results_and_compare_beside_training_reco
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "all_reduce time" in proc.stdout and "all_gather time" in proc.stdout
+
+
+@unit
+def test_a_traced_call_is_priced_by_commbench_at_its_op_and_size():
+    """Inside the measured sizes log-log interpolation; beyond them the α-β fit."""
+    sizes = [1024, 4096, 16384]
+    bench = summarize_commbench(synthetic_record("all_reduce", 2, sizes, [[[1e-4], [2e-4], [5e-4]]] * 2))
+    assert call_time(bench, "all_reduce", 2048) == pytest.approx(np.sqrt(1e-4 * 2e-4))
+    fit = bench["ops"]["all_reduce"]["fit"]
+    assert call_time(bench, "all_reduce", 1 << 20) == pytest.approx(
+        fit["alpha_s"] + (1 << 20) / fit["beta_busbw_Bps"]
+    )
+    assert call_time(bench, "all_gather", 2048) is None
+    calls = [
+        {"op": "all_reduce", "size_bytes": 4096, "time_s": t, "overlapped_s": None, "dtype": "float"}
+        for t in (6e-4, 2e-4)
+    ]
+    run = {"ranks": [{"comm_trace": {"steps": 1, "collectives": [calls[r]]}} for r in range(2)]}
+    priced = predicted_comm(run, {"summary": bench})["ops"]["all_reduce"]
+    assert priced["predicted_s_per_step"] == pytest.approx(2e-4)
+    assert priced["ratio"] == pytest.approx(3.0) and priced["least_waiting_ratio"] == pytest.approx(1.0)

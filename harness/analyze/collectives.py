@@ -138,3 +138,64 @@ def commbench_aggregate(rows: pd.DataFrame) -> pd.DataFrame:
         a * bus_factor(op, n) for a, op, n in zip(agg["algbw_Bps"], agg["op"], agg["world_size"])
     ]
     return agg
+
+
+def call_time(summary: dict, op: str, size: float) -> float | None:
+    """What commbench says one `op` of `size` bytes takes: its median times interpolated log-log between
+    the measured sizes, the α-β fit outside them; None if the op was not measured."""
+    entry = (summary.get("ops") or {}).get(op)
+    if not entry or not size:
+        return None
+    sizes = np.array([p["bytes"] for p in entry["points"]], float)
+    times = np.array([p["time_s"]["median"] for p in entry["points"]], float)
+    if sizes[0] <= size <= sizes[-1]:
+        return float(np.exp(np.interp(np.log(size), np.log(sizes), np.log(times))))
+    fit = entry.get("fit")
+    if not fit:
+        return None
+    beta = fit["beta_busbw_Bps"]
+    return fit["alpha_s"] + (size * bus_factor(op, summary["world_size"]) / beta if beta else 0.0)
+
+
+def predicted_comm(run: dict, bench: dict) -> dict:
+    """A training run's traced collectives priced by a commbench record of the same stack, device and N.
+    Per op: the traced time per step (the slowest rank's), the same with each call's time taken from the
+    rank that waited least in it (the last to arrive: ranks call the same collectives in the same order),
+    commbench's time for each traced call's op and size summed, and the ratios. Calls commbench did not
+    measure (an op it lacks) are counted, not priced."""
+    traces = [
+        r["comm_trace"] for r in run["ranks"] if (r.get("comm_trace") or {}).get("collectives") is not None
+    ]
+    steps = traces[0]["steps"]
+    out, unpriced = {}, 0
+    for op in sorted({c["op"] for t in traces for c in t["collectives"]}):
+        calls = [[c for c in t["collectives"] if c["op"] == op] for t in traces]
+        slowest = max(sum(c["time_s"] or 0 for c in rank_calls) for rank_calls in calls)
+        least_waiting = sum(min(c["time_s"] or 0 for c in same) for same in zip(*calls))
+        predicted = 0.0
+        for c in calls[0]:
+            t = call_time(bench["summary"], op, c["size_bytes"])
+            unpriced += t is None
+            predicted += t or 0.0
+        out[op] = {
+            "measured_s_per_step": slowest / steps,
+            "least_waiting_s_per_step": least_waiting / steps,
+            "predicted_s_per_step": predicted / steps,
+            "ratio": slowest / predicted if predicted else None,
+            "least_waiting_ratio": least_waiting / predicted if predicted else None,
+        }
+
+    def total(key):
+        return sum(o[key] for o in out.values())
+
+    return {
+        "ops": out,
+        **{
+            key: total(key)
+            for key in ("measured_s_per_step", "least_waiting_s_per_step", "predicted_s_per_step")
+        },
+        "ratio": total("measured_s_per_step") / total("predicted_s_per_step")
+        if total("predicted_s_per_step")
+        else None,
+        "unpriced_calls": unpriced,
+    }

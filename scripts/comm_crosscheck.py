@@ -1,0 +1,109 @@
+"""Does commbench price a training run's communication? For each stack at N ranks: one training run (its
+collective trace gives every call's op, size and time) and one `harness commbench` of the same stack,
+device and N; each traced call is priced at commbench's time for its op and size
+(harness.analyze.collectives.predicted_comm), and the sums per step are set side by side.
+
+    .venv/bin/python scripts/comm_crosscheck.py --backends torch-ddp,horovod --gpus 2 --out /tmp/crosscheck
+
+Run it on a quiet machine: the two measurements are minutes apart and both are timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from harness.analyze.collectives import predicted_comm  # noqa: E402
+
+STACKS = {  # label -> harness flags
+    "torch-ddp": ["--backend", "torch-ddp"],
+    "torch-fsdp": ["--backend", "torch-fsdp"],
+    "deepspeed-zero1": ["--backend", "deepspeed", "--zero-stage", "1"],
+    "deepspeed-zero2": ["--backend", "deepspeed", "--zero-stage", "2"],
+    "deepspeed-zero3": ["--backend", "deepspeed", "--zero-stage", "3"],
+    "horovod": ["--backend", "horovod"],
+}
+
+
+def newest_record(out: Path, before: set) -> dict:
+    (path,) = sorted(set(out.glob("*.json")) - before)
+    return json.loads(path.read_text())
+
+
+def harness(command: str, flags: list[str], out: Path) -> dict:
+    before = set(out.glob("*.json")) if out.exists() else set()
+    argv = [sys.executable, "-m", "harness", command, *flags, "--out", str(out)]
+    subprocess.run(
+        argv, check=True, capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent
+    )
+    return newest_record(out, before)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--backends", default=",".join(STACKS), help=", ".join(STACKS))
+    parser.add_argument("--gpus", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=10, help="measured steps of the training run")
+    parser.add_argument("--trace-steps", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=Path("crosscheck"))
+    args = parser.parse_args()
+    print(
+        "stack            op              traced ms/step (slowest rank, least waiting)  commbench ms/step  "
+        "traced / commbench"
+    )
+    for label in args.backends.split(","):
+        flags = STACKS[label]
+        try:
+            run = harness(
+                "run",
+                [
+                    *flags,
+                    "--gpus",
+                    str(args.gpus),
+                    "--steps",
+                    str(args.steps),
+                    "--trace-steps",
+                    str(args.trace_steps),
+                    "--compute-method",
+                    "none",
+                    "--quiet",
+                ],
+                args.out,
+            )
+            bench = harness(
+                "commbench", ["--backend", flags[1], "--gpus", str(args.gpus), "--sizes", "1K:16M"], args.out
+            )
+        except subprocess.CalledProcessError as exc:
+            print(
+                f"{label:16s} failed: {' '.join(exc.cmd[2:4])} exited {exc.returncode}; see {args.out}",
+                flush=True,
+            )
+            continue
+        result = predicted_comm(run, bench)
+        rows = [(op, o) for op, o in result["ops"].items()] + [
+            ("all", {**result, "least_waiting_ratio": None})
+        ]
+        for op, o in rows:
+            ratio = f"{o['ratio']:.2f}" if o["ratio"] else "n/a"
+            least = f" (least waiting {o['least_waiting_ratio']:.2f})" if o.get("least_waiting_ratio") else ""
+            print(
+                f"{label:16s} {op:15s} {o['measured_s_per_step'] * 1e3:8.2f}, "
+                f"{o['least_waiting_s_per_step'] * 1e3:8.2f}"
+                f"{'':29s} {o['predicted_s_per_step'] * 1e3:17.2f} {ratio:>10s}{least}",
+                flush=True,
+            )
+        print(
+            f"{'':16s} records {run['run_id']}, {bench['run_id']}; unpriced calls {result['unpriced_calls']}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
