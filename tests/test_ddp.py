@@ -129,7 +129,16 @@ def test_isolated_counterfactual_cross_check(out):
     no_sync, shown = run_with_output(
         out, "--backend", "torch-ddp", "--gpus", "2", "--compute-method", "no_sync", *FAST
     )
-    assert_phases(shown, "launching", "warm-up", "measured", "compute-only", "writing the record", "ok")
+    assert_phases(
+        shown,
+        "launching",
+        "warm-up",
+        "measured",
+        "tracing collectives",
+        "compute-only",
+        "writing the record",
+        "ok",
+    )
     isolated, sync_off = rec["summary"]["t_compute_s"], no_sync["summary"]["t_compute_s"]
     assert abs(isolated / sync_off - 1) < 0.25, (isolated, sync_off)
 

@@ -6,7 +6,7 @@ stopped), by a thread of the harness process that polls the file: nothing enters
 On a terminal it is a live rich display; otherwise, or with --quiet, plain lines (one per phase and a few
 per phase for the steps), so CI logs stay readable. The runner tells it the phases it alone knows
 (launching, the isolated counterfactual's launches, writing the record); the worker's lines tell the rest
-(warm-up, measured, compute-only).
+(warm-up, measured, tracing collectives, compute-only).
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from core.config import RunConfig
 
 # rank 0's line after each step (backends/loop.py): "step    3 loss 7.6021 time    123.4 ms (warm-up)"
 STEP_LINE = re.compile(r"step\s+(\d+) loss (\S+) time\s+(\S+) ms(?: \(([\w-]+)\))?")
+# the marker at the end of a step line -> the phase shown (no marker: measured)
+STEP_PHASES = {"warm-up": "warm-up", "compute-only": "compute-only", "traced": "tracing collectives"}
 POLL_S = 0.25
 PLAIN_LINES_PER_PHASE = 4  # step lines printed per phase in plain mode, besides the phase's first line
 
@@ -108,9 +110,13 @@ class RunDisplay:
     def step(self, index: int, loss: float, step_ms: float, kind: str | None) -> None:
         """One of rank 0's step lines; in the main launch its marker says the phase (none: measured)."""
         if self.name != "isolated counterfactual":
-            name = kind if kind in ("warm-up", "compute-only") else "measured"
+            name = STEP_PHASES.get(kind, "measured")
             if name != self.name:
-                totals = {"warm-up": self.cfg.warmup, "measured": self.cfg.steps}
+                totals = {
+                    "warm-up": self.cfg.warmup,
+                    "measured": self.cfg.steps,
+                    "tracing collectives": self.cfg.trace_steps,
+                }
                 self.enter(name, totals.get(name, self.cfg.compute_steps + 1))
         self.done += 1
         # tokens/s of the whole run; an isolated worker stands for one rank, so it does 1/N of them
