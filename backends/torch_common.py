@@ -101,21 +101,27 @@ class TorchTrainer(Trainer):
             torch.cuda.synchronize(self.device)
 
     def trace_collectives(self, run_steps) -> dict:
-        """torch.profiler over the traced steps (CPU, and CUDA kernels on GPU, with input shapes): every
-        collective the stack issues through torch.distributed (DDP's buckets, FSDP2's gathers and
-        reduce-scatters, ZeRO's through deepspeed.comm) as c10d ops, timed by their gloo work or NCCL kernel
-        (backends.comm_trace)."""
-        from torch.profiler import ProfilerActivity, profile
+        """torch's profiler (kineto) over the traced steps, CPU ops with input shapes and, on GPU, CUDA
+        kernels: every collective the stack issues through torch.distributed (DDP's buckets, FSDP2's
+        gathers and reduce-scatters, ZeRO's through deepspeed.comm) as c10d ops, timed by their gloo work or
+        NCCL kernel (backends.comm_trace). Entered through torch.autograd.profiler.profile, the profiler
+        torch.profiler.profile wraps: the wrapper's start imports torch._inductor (about 2 s per run on a
+        CPU VM) to read a CUDA-graphs setting that does not concern this trace."""
+        from torch.autograd import profiler
 
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
-        with profile(activities=activities, record_shapes=True) as prof:
+        with profiler.profile(
+            use_cpu=True,
+            use_device="cuda" if self.device.type == "cuda" else None,
+            record_shapes=True,
+            use_kineto=True,
+        ) as prof:
             step_times = run_steps()
         with tempfile.TemporaryDirectory() as folder:
             path = Path(folder) / "trace.json"
             prof.export_chrome_trace(str(path))
             events = json.loads(path.read_text())["traceEvents"]
         return {
-            "method": "torch.profiler",
+            "method": "torch profiler (kineto)",
             "steps": len(step_times),
             "step_times": step_times,
             "collectives": torch_collectives(events, self.cfg.process_group_size),

@@ -220,9 +220,8 @@ def commbench(out: Path, *args, expect_rc=0, timeout=240) -> dict:
 
 
 SMALL = ("--gpus", "2", "--sizes", "1K,64K", "--iters", "3", "--warmup-iters", "1", "--device", "cpu")
-OFFERED = {
+OFFERED = {  # torch-fsdp's are torch-ddp's: the same module (torch_ddp/collectives.py) and launcher
     "torch-ddp": 5,
-    "torch-fsdp": 5,
     "deepspeed": 5,
     "horovod": 5,
     "tf-mwms": 2,  # all_reduce, all_gather

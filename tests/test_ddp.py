@@ -48,7 +48,11 @@ def test_two_worker_record_has_every_field_and_loss_decreases(out):
         assert r["memory"]["peak_rss_scope"] == "after warm-up"
     m = rec["summary"]["comm_measured"]
     # every gradient (1,071,872 fp32 parameters, counted by hand) all-reduced once per step in DDP's buckets
-    assert m["method"] == "torch.profiler" and m["ranks_traced"] == 2 and set(m["ops"]) == {"all_reduce"}
+    assert (
+        m["method"] == "torch profiler (kineto)"
+        and m["ranks_traced"] == 2
+        and set(m["ops"]) == {"all_reduce"}
+    )
     assert m["ops"]["all_reduce"]["size_bytes_per_step"] == 4 * 1_071_872 and m["vs_analytic"] == 1.0
     s = rec["summary"]
     for key in (

@@ -248,7 +248,7 @@ def test_two_workers_train_the_same_model_as_ddp_with_a_full_record(label, ddp_r
         assert settings["MALLOC_TRIM_THRESHOLD_"]
     # The collective trace of the steps after the measured ones, by each stack's own instrument
     m, n = s["comm_measured"], ModelSpec(**rec["config"]["spec"]).n_params
-    assert m["method"] == ("horovod timeline" if label == "horovod" else "torch.profiler")
+    assert m["method"] == ("horovod timeline" if label == "horovod" else "torch profiler (kineto)")
     if label == "horovod":  # DistributedOptimizer all-reduces every fp32 gradient once per step
         assert m["ops"]["all_reduce"]["size_bytes_per_step"] == 4 * n
     if label != "deepspeed-zero3":  # ZeRO-3's gathers differ from the analytic model: see its record
