@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from backends.comm_trace import horovod_collectives, timeline_events, torch_collectives
+from backends.comm_trace import horovod_collectives, tf_collectives, timeline_events, torch_collectives
 from harness.analyze.metrics import measured_comm
 
 pytestmark = pytest.mark.unit
@@ -165,3 +165,39 @@ def test_a_rank_without_a_trace_is_left_out_and_an_unknown_overlap_is_not_zero()
         [{"comm_trace": {"method": None, "reason": "no trace for tensorflow"}}] * 2, 2, []
     )
     assert untraced == {"method": None, "reason": "no trace for tensorflow"}
+
+
+def test_tf_profile_collectives_get_their_size_from_the_graph_and_their_time_from_the_profile():
+    """MWMS packs the gradients into one CollectiveReduceV2 (1,071,872 fp32 on tiny); the profile names the
+    kernel "<node>:<op type>" and times it, the graph gives its input; a compute op on a tf_Compute thread
+    during it is overlap, one on the collective thread is not."""
+    spans = [
+        {
+            "name": "adam_w/CollectiveReduceV2:CollectiveReduceV2",
+            "line": "collective_ops/1",
+            "start_s": 10.0,
+            "time_s": 0.02,
+        },
+        {"name": "MatMul:MatMul", "line": "tf_Compute/7", "start_s": 10.015, "time_s": 0.01},
+        {"name": "Copy:Copy", "line": "collective_ops/1", "start_s": 10.0, "time_s": 0.02},
+        {
+            "name": "gather/CollectiveGatherV2:CollectiveGatherV2",
+            "line": "collective_ops/1",
+            "start_s": 11.0,
+            "time_s": 0.001,
+        },
+        {
+            "name": "unknown/CollectiveReduceV2:CollectiveReduceV2",
+            "line": "collective_ops/1",
+            "start_s": 12.0,
+            "time_s": 0.001,
+        },  # a node the graphs do not have: not counted
+    ]
+    inputs = {
+        "adam_w/CollectiveReduceV2": (1_071_872, "float32"),
+        "gather/CollectiveGatherV2": (64, "bfloat16"),
+    }
+    reduce, gather = tf_collectives(spans, inputs, world=2)
+    assert (reduce["op"], reduce["size_bytes"], reduce["time_s"]) == ("all_reduce", 4 * 1_071_872, 0.02)
+    assert reduce["overlapped_s"] == pytest.approx(0.005)
+    assert (gather["op"], gather["elements"], gather["size_bytes"]) == ("all_gather", 128, 256)

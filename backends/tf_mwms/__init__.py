@@ -50,6 +50,12 @@ class TFOptions(Options):
         help="the all-reduce implementation (CommunicationImplementation)",
     )
     xla: bool = option(False, "--xla", help="compile forward + backward with XLA (jit_compile)")
+    profile_trace: bool = option(
+        False,
+        "--tf-profile-trace",
+        help="take the collective trace with TensorFlow's profiler (off by default: in TF 2.21, stopping it "
+        "under MultiWorkerMirroredStrategy killed a worker in 4 of 17 runs, free() while 'collecting data')",
+    )
 
 
 class TFMultiWorkerMirrored(Backend):

@@ -10,6 +10,8 @@ them, so the all-reduce runs once per step.
 from __future__ import annotations
 
 import os
+import tempfile
+from pathlib import Path
 
 import numpy as np
 
@@ -19,6 +21,7 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from tensorflow.python.eager import context as tf_context  # noqa: E402
 
+from backends.comm_trace import TF_OPS, tf_collectives  # noqa: E402
 from backends.loop import Trainer, cpu_name  # noqa: E402
 from backends.tf_mwms import TFOptions  # noqa: E402
 from core.config import RunConfig  # noqa: E402
@@ -91,6 +94,8 @@ class MWMSTrainer(Trainer):
         self.gradients = tf.function(self.replica_gradients, jit_compile=opts.xla)
         self.accumulate = tf.function(lambda x, y: self.strategy.run(self.replica_accumulate, args=(x, y)))
         self.apply = tf.function(lambda x, y: self.strategy.run(self.replica_apply, args=(x, y)))
+        # the input specs each step function was called with: the graphs the collective trace reads
+        self.signatures: dict = {self.apply: set(), self.accumulate: set()}
 
     # -------------------------------------------------------------- per-replica functions (replica context)
     def replica_gradients(self, x, y):
@@ -135,6 +140,11 @@ class MWMSTrainer(Trainer):
     # ---------------------------------------------------------------------------------- Trainer interface
     def step(self, batches, sync_grads=True):
         losses = []
+        x, y = batches[0]
+        spec = (tf.TensorSpec(x.shape, tf.as_dtype(x.dtype)), tf.TensorSpec(y.shape, tf.as_dtype(y.dtype)))
+        self.signatures[self.apply].add(spec)
+        if len(batches) > 1:
+            self.signatures[self.accumulate].add(spec)
         for i, (x, y) in enumerate(batches):
             run = self.apply if i == len(batches) - 1 else self.accumulate
             per_replica = run(tf.constant(x), tf.constant(y))
@@ -150,6 +160,54 @@ class MWMSTrainer(Trainer):
         device, and under MWMS those include the other workers' devices, which this eager context cannot run
         ops on ("Haven't set up remote eager worker")."""
         sync_worker_devices(self.strategy)
+
+    def trace_collectives(self, run_steps) -> dict:
+        """TensorFlow's profiler (tf.profiler.experimental) over the traced steps: each collective kernel
+        (the gradients' CollectiveReduceV2 inside apply_gradients) with its time on its rank. The profile
+        holds no tensor sizes, so each collective node's input shape and dtype are read from the graphs of
+        the step's traced functions (the same tf.function calls, no retracing) and joined by node name."""
+        if not TFOptions.from_dict(self.cfg.backend_options).profile_trace:
+            return {
+                "method": None,
+                "reason": "tf-mwms traces only with --tf-profile-trace: stopping TensorFlow 2.21's "
+                "profiler under MultiWorkerMirroredStrategy killed a worker (free() while 'collecting data') "
+                "in 4 of 17 runs on this project's CPU VM",
+            }
+        from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+        with tempfile.TemporaryDirectory() as folder:
+            tf.profiler.experimental.start(folder)
+            step_times = run_steps()
+            tf.profiler.experimental.stop()
+            spans = []
+            for path in Path(folder).rglob("*.xplane.pb"):
+                space = xplane_pb2.XSpace()
+                space.ParseFromString(path.read_bytes())
+                for plane in (p for p in space.planes if p.name.startswith("/host")):
+                    names = {k: v.name for k, v in plane.event_metadata.items()}
+                    for line in plane.lines:
+                        spans += [
+                            {
+                                "name": names.get(e.metadata_id, ""),
+                                "line": line.name,
+                                "start_s": line.timestamp_ns / 1e9 + e.offset_ps / 1e12,
+                                "time_s": e.duration_ps / 1e12,
+                            }
+                            for e in line.events
+                        ]
+        inputs = {}
+        for fn, specs in self.signatures.items():
+            for graph_fn in (fn.get_concrete_function(*spec) for spec in specs):  # already traced: no retrace
+                for op in graph_fn.graph.get_operations():
+                    if op.type in TF_OPS and op.inputs:
+                        tensor = op.inputs[0]
+                        inputs[op.name] = (int(np.prod(tensor.shape)), tensor.dtype.name)
+        return {
+            "method": "tf.profiler",
+            "steps": len(step_times),
+            "step_times": step_times,
+            "collectives": tf_collectives(spans, inputs, self.cfg.process_group_size),
+        }
 
     def math_mode(self) -> dict:
         """Whether fp32 matmuls run in TF32: TensorFlow's switch (on by default; not changed here), on a GPU
