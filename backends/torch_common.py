@@ -26,6 +26,16 @@ def tensor_bytes(t) -> int:
     return local.numel() * local.element_size()
 
 
+def rank_device(cfg: RunConfig, local_rank: int) -> tuple[torch.device, str]:
+    """This rank's device and its name: cuda:<local rank> inside the launcher's mask (the device contract),
+    made current; or the CPU."""
+    if cfg.device == "cuda":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+        return device, torch.cuda.get_device_name(device)
+    return torch.device("cpu"), cpu_name()
+
+
 class TorchTrainer(Trainer):
     """Device, threads, process group, model construction, autocast/GradScaler, and the probes."""
 
@@ -36,13 +46,7 @@ class TorchTrainer(Trainer):
         torch.set_num_threads(cfg.threads_per_worker)
         torch.manual_seed(cfg.seed)
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
-        if cfg.device == "cuda":
-            torch.cuda.set_device(self.local_rank)
-            self.device = torch.device("cuda", self.local_rank)
-            self.device_name = torch.cuda.get_device_name(self.device)
-        else:
-            self.device = torch.device("cpu")
-            self.device_name = cpu_name()
+        self.device, self.device_name = rank_device(cfg, self.local_rank)
         self.amp_dtype = AMP_DTYPES.get(cfg.precision)
         self.scaler = torch.amp.GradScaler(self.device.type) if cfg.precision == "fp16" else None
         self.model = self.optimizer = None

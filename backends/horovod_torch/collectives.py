@@ -2,14 +2,12 @@
 reducescatter, broadcast and alltoall (sums, out of place, as DistributedOptimizer calls them). Each op goes
 through Horovod's background thread and its negotiation cycle (HOROVOD_CYCLE_TIME), as in training."""
 
-import os
-
 import horovod
 import horovod.torch as hvd
 import torch
 
 from backends.commbench import Collectives
-from backends.loop import cpu_name
+from backends.torch_common import rank_device
 from backends.torch_ddp.collectives import DTYPES
 
 
@@ -20,14 +18,7 @@ class HorovodCollectives(Collectives):
         super().__init__(cfg)
         torch.set_num_threads(cfg.threads_per_worker)
         hvd.init()
-        if cfg.device == "cuda":
-            local = int(os.environ.get("HOROVOD_LOCAL_RANK", hvd.local_rank()))
-            torch.cuda.set_device(local)
-            self.device = torch.device("cuda", local)
-            self.device_name = torch.cuda.get_device_name(self.device)
-        else:
-            self.device = torch.device("cpu")
-            self.device_name = cpu_name()
+        self.device, self.device_name = rank_device(cfg, hvd.local_rank())
         self.dtype = DTYPES[self.spec.dtype]
         self.output = None
 

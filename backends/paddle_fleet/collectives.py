@@ -5,13 +5,11 @@ reduce_scatter / all_to_all"), so the adapter offers only those there."""
 
 from __future__ import annotations
 
-import os
-
 import paddle
 import paddle.distributed as dist
 
 from backends.commbench import Collectives
-from backends.loop import cpu_name
+from backends.paddle_fleet.worker import use_rank_device
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 
@@ -21,12 +19,7 @@ class PaddleCollectives(Collectives):
 
     def __init__(self, cfg):
         super().__init__(cfg)
-        if cfg.device == "cuda":
-            paddle.set_device(f"gpu:{os.environ.get('FLAGS_selected_gpus', '0')}")
-            self.device_name = paddle.device.cuda.get_device_name()
-        else:
-            paddle.set_device("cpu")
-            self.device_name = cpu_name()
+        self.device_name = use_rank_device(cfg)
         dist.init_parallel_env()
         self.dtype = DTYPES[self.spec.dtype]
 

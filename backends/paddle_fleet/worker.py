@@ -28,6 +28,16 @@ def tensor_bytes(t) -> int:
     return math.prod(t.shape) * t.element_size()
 
 
+def use_rank_device(cfg: RunConfig) -> str:
+    """Make this rank's device Paddle's current one and return its name: the GPU the launcher selected
+    for it (FLAGS_selected_gpus, the device contract), or the CPU."""
+    if cfg.device == "cuda":
+        paddle.set_device(f"gpu:{os.environ.get('FLAGS_selected_gpus', '0')}")
+        return paddle.device.cuda.get_device_name()
+    paddle.set_device("cpu")
+    return cpu_name()
+
+
 class FleetTrainer(Trainer):
     framework = "paddle"
 
@@ -46,12 +56,7 @@ class FleetTrainer(Trainer):
                 f"GPU/XPU/custom devices in Paddle {paddle.__version__} (on CPU its autocast "
                 "'makes no effect'), so the run would silently train in fp32"
             )
-        if cfg.device == "cuda":
-            paddle.set_device(f"gpu:{os.environ.get('FLAGS_selected_gpus', '0')}")
-            self.device_name = paddle.device.cuda.get_device_name()
-        else:
-            paddle.set_device("cpu")
-            self.device_name = cpu_name()
+        self.device_name = use_rank_device(cfg)
         strategy = fleet.DistributedStrategy()
         if self.stage == 1:
             strategy.hybrid_configs = {"dp_degree": 1, "sharding_degree": cfg.process_group_size}

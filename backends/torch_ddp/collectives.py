@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from backends.commbench import Collectives
-from backends.loop import cpu_name
+from backends.torch_common import rank_device
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -26,14 +26,7 @@ class TorchCollectives(Collectives):
         super().__init__(cfg)
         torch.set_num_threads(cfg.threads_per_worker)
         self.comm = comm
-        self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
-        if cfg.device == "cuda":
-            torch.cuda.set_device(self.local_rank)
-            self.device = torch.device("cuda", self.local_rank)
-            self.device_name = torch.cuda.get_device_name(self.device)
-        else:
-            self.device = torch.device("cpu")
-            self.device_name = cpu_name()
+        self.device, self.device_name = rank_device(cfg, int(os.environ.get("LOCAL_RANK", 0)))
         self.dtype = DTYPES[self.spec.dtype]
         self.init_process_group(timedelta(seconds=cfg.collective_timeout))
 
