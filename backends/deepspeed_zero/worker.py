@@ -105,7 +105,11 @@ class DeepSpeedTrainer(TorchTrainer):
         }
 
     def final_weights(self) -> dict:
-        with deepspeed.zero.GatheredParameters(list(self.model.module.parameters())):  # ZeRO-3 only
+        """Gathers ZeRO-3's partitioned parameters only: GatheredParameters releases what it gathered on
+        exit, and a persistent tensor released there would be gathered again in the next forward, one
+        gather the step would not otherwise make (the collective trace of the steps after saw it)."""
+        partitioned = [p for p in self.model.module.parameters() if not getattr(p, "ds_persist", False)]
+        with deepspeed.zero.GatheredParameters(partitioned):  # a no-op below ZeRO-3
             return super().final_weights()
 
     def versions(self) -> dict:
