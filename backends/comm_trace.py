@@ -25,6 +25,7 @@ C10D_OPS = {
     "c10d::reduce_scatter_tensor_coalesced_": ("reduce_scatter", 1),
     "c10d::alltoall_base_": ("all_to_all", 1),
 }
+# Element bytes by the dtype names the instruments write: torch's C++ names, numpy's (Horovod, TensorFlow).
 DTYPE_BYTES = {
     "float": 4,
     "c10::BFloat16": 2,
@@ -35,6 +36,13 @@ DTYPE_BYTES = {
     "unsigned char": 1,
     "signed char": 1,
     "bool": 1,
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "float64": 8,
+    "int32": 4,
+    "int64": 8,
+    "uint8": 1,
 }
 
 
@@ -61,6 +69,28 @@ def overlap(start: float, end: float, busy: list[tuple[float, float]]) -> float:
     return sum(max(0.0, min(end, b) - max(start, a)) for a, b in busy if a < end and b > start)
 
 
+def size_elements(op: str, sent: int, world: int) -> int:
+    """nccl-tests' size S in elements, from the elements of this rank's input: an all_gather's S is the
+    gathered output, every other op's its input."""
+    return sent * world if op == "all_gather" else sent
+
+
+def collective(op, api, elements, dtype, world, start_s, time_s, overlapped_s) -> dict:
+    """One call's entry in the rank record; `elements`: its size S (size_elements), None if unknown."""
+    element_bytes = DTYPE_BYTES.get(dtype)
+    return {
+        "op": op,
+        "api": api,
+        "elements": elements,
+        "dtype": dtype,
+        "size_bytes": elements * element_bytes if element_bytes and elements else None,
+        "group_size": world,
+        "start_s": start_s,
+        "time_s": time_s,
+        "overlapped_s": overlapped_s,
+    }
+
+
 def torch_collectives(trace_events: list[dict], world: int) -> list[dict]:
     """The collectives of a torch.profiler Chrome trace, one dict per call on this rank.
 
@@ -79,22 +109,15 @@ def torch_collectives(trace_events: list[dict], world: int) -> list[dict]:
     kernels = sorted(
         (e for e in spans if e.get("cat") == "kernel" and "nccl" in e["name"].lower()), key=lambda e: e["ts"]
     )
-    if kernels:  # GPU: compute is every other kernel on the device
-        busy = union(
-            [
-                (e["ts"], e["ts"] + e["dur"])
-                for e in spans
-                if e.get("cat") == "kernel" and "nccl" not in e["name"].lower()
-            ]
-        )
-    else:  # CPU: compute is the issuing thread's aten ops (the collectives run on gloo's threads)
-        busy = union(
-            [
-                (e["ts"], e["ts"] + e["dur"])
-                for e in spans
-                if e["tid"] == main_tid and e["name"].startswith("aten::")
-            ]
-        )
+
+    def compute(e) -> bool:
+        """GPU: every other kernel on the device; CPU: the issuing thread's aten ops (the collectives run
+        on gloo's threads)."""
+        if kernels:
+            return e.get("cat") == "kernel" and "nccl" not in e["name"].lower()
+        return e["tid"] == main_tid and e["name"].startswith("aten::")
+
+    busy = union([(e["ts"], e["ts"] + e["dur"]) for e in spans if compute(e)])
     t0 = min(e["ts"] for e in spans)
     used: set[int] = set()
     out = []
@@ -119,20 +142,18 @@ def torch_collectives(trace_events: list[dict], world: int) -> list[dict]:
             (t for t in [work_types[0], args.get("dtype"), *args.get("Input type", [])] if t in DTYPE_BYTES),
             None,
         )
-        size_elements = sent * world if op == "all_gather" else sent
         start, duration = (work["ts"], work["dur"]) if work else (call["ts"], None)
         out.append(
-            {
-                "op": op,
-                "api": call["name"],
-                "elements": size_elements,
-                "dtype": dtype,
-                "size_bytes": size_elements * DTYPE_BYTES[dtype] if dtype in DTYPE_BYTES else None,
-                "group_size": args.get("Group size") or world,
-                "start_s": (start - t0) / 1e6,
-                "time_s": duration / 1e6 if duration is not None else None,
-                "overlapped_s": overlap(start, start + duration, busy) / 1e6 if duration else None,
-            }
+            collective(
+                op,
+                call["name"],
+                size_elements(op, sent, world),
+                dtype,
+                args.get("Group size") or world,
+                (start - t0) / 1e6,
+                duration / 1e6 if duration is not None else None,
+                overlap(start, start + duration, busy) / 1e6 if duration else None,
+            )
         )
     return out
 
@@ -146,15 +167,6 @@ HOROVOD_OPS = {
 }
 # The transfer inside an op's row, by the library that did it (Gloo, NCCL, MPI, oneCCL).
 TRANSFER_PREFIXES = ("GLOO_", "NCCL_", "MPI_", "CCL_")
-NUMPY_DTYPE_BYTES = {
-    "float32": 4,
-    "float16": 2,
-    "bfloat16": 2,
-    "float64": 8,
-    "int32": 4,
-    "int64": 8,
-    "uint8": 1,
-}
 
 
 def timeline_events(text: str) -> list[dict]:
@@ -207,21 +219,17 @@ def horovod_collectives(events: list[dict], world: int) -> list[dict]:
     t0 = min((e["ts"] for e in events if "ts" in e), default=0)
     out = []
     for call in sorted(transfers.values(), key=lambda c: c["start"]):
-        element_bytes = NUMPY_DTYPE_BYTES.get(call["dtype"])
         out.append(
-            {
-                "op": call["op"],
-                "api": "horovod " + call["op"].replace("_", ""),
-                "elements": call["elements"],
-                "dtype": call["dtype"],
-                "size_bytes": call["elements"] * element_bytes
-                if element_bytes and call["elements"]
-                else None,
-                "group_size": world,
-                "start_s": (call["start"] - t0) / 1e6,
-                "time_s": (call["end"] - call["start"]) / 1e6,
-                "overlapped_s": None,
-            }
+            collective(
+                call["op"],
+                "horovod " + call["op"].replace("_", ""),
+                call["elements"],  # the end event's shape: the input, or ALLGATHER's output (both S)
+                call["dtype"],
+                world,
+                (call["start"] - t0) / 1e6,
+                (call["end"] - call["start"]) / 1e6,
+                None,
+            )
         )
     return out
 
@@ -259,21 +267,18 @@ def tf_collectives(spans: list[dict], inputs: dict[str, tuple[int, str]], world:
     out = []
     for s in calls:
         node, _, kind = s["name"].partition(":")
-        op = TF_OPS[kind]
         sent, dtype = inputs[node]
-        size_elements = sent * world if op == "all_gather" else sent
-        element_bytes = NUMPY_DTYPE_BYTES.get(dtype)
+        end = s["start_s"] + s["time_s"]
         out.append(
-            {
-                "op": op,
-                "api": kind,
-                "elements": size_elements,
-                "dtype": dtype,
-                "size_bytes": size_elements * element_bytes if element_bytes else None,
-                "group_size": world,
-                "start_s": s["start_s"] - t0,
-                "time_s": s["time_s"],
-                "overlapped_s": overlap(s["start_s"], s["start_s"] + s["time_s"], busy),
-            }
+            collective(
+                TF_OPS[kind],
+                kind,
+                size_elements(TF_OPS[kind], sent, world),
+                dtype,
+                world,
+                s["start_s"] - t0,
+                s["time_s"],
+                overlap(s["start_s"], end, busy),
+            )
         )
     return out

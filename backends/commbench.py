@@ -66,6 +66,18 @@ class Collectives(ABC):
         """Tear down process groups so the launcher sees a clean exit."""
 
 
+def message_elements(op: str, elements: int, world: int) -> tuple[int, int]:
+    """(send, receive) buffer elements of one call of `op` on a message of `elements` (nccl-tests' size):
+    an all_gather sends its share and receives the whole, a reduce_scatter the reverse; the others send and
+    receive the whole (all_reduce and broadcast in one buffer, in place)."""
+    share = elements // world
+    if op == "all_gather":
+        return share, elements
+    if op == "reduce_scatter":
+        return elements, share
+    return elements, elements
+
+
 def expected_output(op: str, elements: int, world: int) -> np.ndarray:
     """The correct output of `op` when rank r's input is r + 1 everywhere (broadcast's root is rank 0)."""
     total = world * (world + 1) / 2
@@ -104,7 +116,7 @@ def run_collectives(comm: Collectives, cfg: RunConfig) -> dict:
     A timed call runs from a barrier to the device being idle again, so each is one collective on its own:
     unlike nccl-tests, which times a batch of calls back to back, launch overhead is included (the cost a
     training step pays for a collective issued alone). Fault injection counts (op, size) points as steps."""
-    spec = CommbenchSpec.from_dict(cfg.commbench)
+    spec = comm.spec
     points, index = [], 0
     for op in spec.ops:
         for size in spec.sizes:

@@ -13,8 +13,9 @@ record names them:
 - stage3_param_persistence_threshold: a tensor of at most this many elements persists (stays whole on
   every rank), so forward and backward never gather it; but its optimizer step is partitioned like every
   other's, so after each step the engine all-gathers the persistent tensors once (stage3.py `_post_step`:
-  `persistent_parameters[0].all_gather(persistent_parameters)`). The collective trace showed it: 26
-  gathers of 128-element LayerNorm tensors per two steps on tiny, and the bytes agree only with this term;
+  `persistent_parameters[0].all_gather(persistent_parameters)`). The collective trace showed it: 52
+  gathers of 128-element LayerNorm tensors in two steps on tiny (accum 2), and the bytes agree only with
+  this term;
 - stage3_max_reuse_distance: after forward, a module's parameters stay gathered if the engine will use them
   again before it has fetched this many more parameter elements. Between a block's forward and its
   backward the engine fetches the later blocks' parameters twice (their forward, then their backward),

@@ -6,7 +6,7 @@ import horovod
 import horovod.torch as hvd
 import torch
 
-from backends.commbench import Collectives
+from backends.commbench import Collectives, message_elements
 from backends.torch_common import rank_device
 from backends.torch_ddp.collectives import DTYPES
 
@@ -23,8 +23,8 @@ class HorovodCollectives(Collectives):
         self.output = None
 
     def prepare(self, op, elements, value):
-        source = elements // self.world_size if op == "all_gather" else elements
-        return torch.full((source,), value, dtype=self.dtype, device=self.device)
+        sent, _ = message_elements(op, elements, self.world_size)  # Horovod allocates the output
+        return torch.full((sent,), value, dtype=self.dtype, device=self.device)
 
     def call(self, op, buffers):
         if op == "all_reduce":

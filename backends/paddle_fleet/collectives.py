@@ -8,7 +8,7 @@ from __future__ import annotations
 import paddle
 import paddle.distributed as dist
 
-from backends.commbench import Collectives
+from backends.commbench import Collectives, message_elements
 from backends.paddle_fleet.worker import use_rank_device
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
@@ -24,13 +24,11 @@ class PaddleCollectives(Collectives):
         self.dtype = DTYPES[self.spec.dtype]
 
     def prepare(self, op, elements, value):
-        share = elements // self.world_size
-        source = share if op == "all_gather" else elements
-        send = paddle.full([source], value, dtype=self.dtype)
+        sent, received = message_elements(op, elements, self.world_size)
+        send = paddle.full([sent], value, dtype=self.dtype)
         if op in ("all_reduce", "broadcast"):  # in place
             return (send, send)
-        receive = share if op == "reduce_scatter" else elements
-        return (send, paddle.empty([receive], dtype=self.dtype))
+        return (send, paddle.empty([received], dtype=self.dtype))
 
     def call(self, op, buffers):
         send, receive = buffers

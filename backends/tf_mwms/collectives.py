@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from backends.commbench import Collectives
+from backends.commbench import Collectives, message_elements
 from backends.loop import cpu_name
 from backends.tf_mwms import TFOptions
 from backends.tf_mwms.worker import COLLECTIVES, sync_worker_devices
@@ -47,8 +47,8 @@ class TFCollectives(Collectives):
         self.token = tf.ones([1], tf.float32)
 
     def prepare(self, op, elements, value):
-        source = elements // self.world_size if op == "all_gather" else elements
-        return tf.fill([source], tf.constant(value, self.dtype))
+        sent, _ = message_elements(op, elements, self.world_size)  # TF allocates the output
+        return tf.fill([sent], tf.constant(value, self.dtype))
 
     def call(self, op, buffers):
         self.output = self.functions[op](buffers)

@@ -94,8 +94,6 @@ class MWMSTrainer(Trainer):
         self.gradients = tf.function(self.replica_gradients, jit_compile=opts.xla)
         self.accumulate = tf.function(lambda x, y: self.strategy.run(self.replica_accumulate, args=(x, y)))
         self.apply = tf.function(lambda x, y: self.strategy.run(self.replica_apply, args=(x, y)))
-        # the input specs each step function was called with: the graphs the collective trace reads
-        self.signatures: dict = {self.apply: set(), self.accumulate: set()}
 
     # -------------------------------------------------------------- per-replica functions (replica context)
     def replica_gradients(self, x, y):
@@ -140,11 +138,6 @@ class MWMSTrainer(Trainer):
     # ---------------------------------------------------------------------------------- Trainer interface
     def step(self, batches, sync_grads=True):
         losses = []
-        x, y = batches[0]
-        spec = (tf.TensorSpec(x.shape, tf.as_dtype(x.dtype)), tf.TensorSpec(y.shape, tf.as_dtype(y.dtype)))
-        self.signatures[self.apply].add(spec)
-        if len(batches) > 1:
-            self.signatures[self.accumulate].add(spec)
         for i, (x, y) in enumerate(batches):
             run = self.apply if i == len(batches) - 1 else self.accumulate
             per_replica = run(tf.constant(x), tf.constant(y))
@@ -195,13 +188,15 @@ class MWMSTrainer(Trainer):
                             }
                             for e in line.events
                         ]
+        # The step functions as the steps traced them: every micro-batch is (micro_batch, seq_len) int64
+        # inputs and targets (Trainer.step's contract), so these specs find those graphs, no new trace.
+        batch = tf.TensorSpec((self.cfg.micro_batch, self.cfg.spec.seq_len), tf.int64)
         inputs = {}
-        for fn, specs in self.signatures.items():
-            for graph_fn in (fn.get_concrete_function(*spec) for spec in specs):  # already traced: no retrace
-                for op in graph_fn.graph.get_operations():
-                    if op.type in TF_OPS and op.inputs:
-                        tensor = op.inputs[0]
-                        inputs[op.name] = (int(np.prod(tensor.shape)), tensor.dtype.name)
+        for fn in (self.apply, self.accumulate) if self.cfg.grad_accum > 1 else (self.apply,):
+            for op in fn.get_concrete_function(batch, batch).graph.get_operations():
+                if op.type in TF_OPS and op.inputs:
+                    tensor = op.inputs[0]
+                    inputs[op.name] = (int(np.prod(tensor.shape)), tensor.dtype.name)
         return {
             "method": "tf.profiler",
             "steps": len(step_times),

@@ -13,7 +13,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from backends.commbench import Collectives
+from backends.commbench import Collectives, message_elements
 from backends.torch_common import rank_device
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -34,13 +34,11 @@ class TorchCollectives(Collectives):
         dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo", timeout=timeout)
 
     def prepare(self, op, elements, value):
-        share = elements // self.world_size
-        source = share if op == "all_gather" else elements
-        send = torch.full((source,), value, dtype=self.dtype, device=self.device)
+        sent, received = message_elements(op, elements, self.world_size)
+        send = torch.full((sent,), value, dtype=self.dtype, device=self.device)
         if op in ("all_reduce", "broadcast"):  # in place
             return (send, send)
-        receive = share if op == "reduce_scatter" else elements
-        return (send, torch.empty(receive, dtype=self.dtype, device=self.device))
+        return (send, torch.empty(received, dtype=self.dtype, device=self.device))
 
     def call(self, op, buffers):
         send, receive = buffers

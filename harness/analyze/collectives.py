@@ -15,13 +15,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import nnls
 
-from harness.analyze.metrics import bus_factor, stats
-
-
-def slowest_rank_times(per_rank: list[list[float]]) -> list[float]:
-    """Call i's time = the slowest rank's time for call i: a collective is done when every rank is."""
-    n = min(len(t) for t in per_rank)
-    return [max(t[i] for t in per_rank) for i in range(n)]
+from harness.analyze.metrics import bus_factor, slowest, stats
 
 
 def fit_alpha_beta(sizes: list[int], times: list[float], op: str, world: int) -> dict:
@@ -50,7 +44,7 @@ def summarize_commbench(record: dict) -> dict:
     ops: dict[str, dict] = {}
     for i, point in enumerate(ranks[0]["collectives"]):
         op, size = point["op"], point["bytes"]
-        times = slowest_rank_times([r["collectives"][i]["times"] for r in ranks])
+        times = slowest([r["collectives"][i]["times"] for r in ranks])  # a call ends when every rank's has
         t = stats(times)
         algbw = size / t["median"] if t["median"] else None
         ops.setdefault(op, {"points": []})["points"].append(
@@ -170,7 +164,7 @@ def predicted_comm(run: dict, bench: dict) -> dict:
     out, unpriced = {}, 0
     for op in sorted({c["op"] for t in traces for c in t["collectives"]}):
         calls = [[c for c in t["collectives"] if c["op"] == op] for t in traces]
-        slowest = max(sum(c["time_s"] or 0 for c in rank_calls) for rank_calls in calls)
+        slowest_rank = max(sum(c["time_s"] or 0 for c in rank_calls) for rank_calls in calls)
         least_waiting = sum(min(c["time_s"] or 0 for c in same) for same in zip(*calls))
         predicted = 0.0
         for c in calls[0]:
@@ -178,10 +172,10 @@ def predicted_comm(run: dict, bench: dict) -> dict:
             unpriced += t is None
             predicted += t or 0.0
         out[op] = {
-            "measured_s_per_step": slowest / steps,
+            "measured_s_per_step": slowest_rank / steps,
             "least_waiting_s_per_step": least_waiting / steps,
             "predicted_s_per_step": predicted / steps,
-            "ratio": slowest / predicted if predicted else None,
+            "ratio": slowest_rank / predicted if predicted else None,
             "least_waiting_ratio": least_waiting / predicted if predicted else None,
         }
 

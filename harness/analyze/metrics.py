@@ -41,13 +41,18 @@ def device_peak_flops(device_name: str | None, precision: str) -> float | None:
     return peaks.get(precision) if peaks else None
 
 
-def per_step_max(ranks: list[dict], key: str) -> list[float]:
-    """Step i's time = the slowest rank's time for step i: the slowest rank sets the pace."""
-    series = [r.get(key) or [] for r in ranks]
+def slowest(series: list[list[float]]) -> list[float]:
+    """Element i = the largest of the series' i-th values: step i's (or call i's) time is the slowest
+    rank's, which sets the pace. Empty if any series is."""
     if not series or not all(series):
         return []
     n = min(len(s) for s in series)
     return [max(s[i] for s in series) for i in range(n)]
+
+
+def per_step_max(ranks: list[dict], key: str) -> list[float]:
+    """Step i's `key` (a per-step series of every rank record) = the slowest rank's."""
+    return slowest([r.get(key) or [] for r in ranks])
 
 
 def stats(xs: list[float]) -> dict:
@@ -133,7 +138,7 @@ def measured_comm(ranks: list[dict], world: int, terms: list[dict]) -> dict | No
         }
     sent = sum(o["size_bytes_per_step"] * bus_factor(op, world) for op, o in ops.items())
     analytic_bytes = comm_bytes_per_rank(terms, world)
-    traced_steps = per_step_max([{"t": t["step_times"]} for t in traces if t.get("step_times")], "t")
+    traced_steps = slowest([t["step_times"] for t in traces if t.get("step_times")])
     return {
         "method": traced[0]["method"],
         "steps": steps,
