@@ -285,7 +285,9 @@ def test_commbench_records_go_to_report_results_and_compare_beside_training_reco
     proc = harness(
         "compare", out / f"{first['run_id']}.json", out / f"{second['run_id']}.json", "--threshold", "0.99"
     )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # one run a side, 3 calls of 1 KiB: noise alone moved an op's time by +217% once, past any threshold, so
+    # the verdict is not this test's (test_commbench_runs_are_gated_per_op_like_training_runs checks it)
+    assert proc.returncode in (0, 1) and "distbench compare" in proc.stdout, proc.stdout + proc.stderr
     assert "all_reduce time" in proc.stdout and "all_gather time" in proc.stdout
 
 
