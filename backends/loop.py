@@ -38,13 +38,15 @@ class Trainer(ABC):
         self.rank = rank_from_env()
         self.world_size = cfg.process_group_size
         self.device_name = "cpu"
-        self.optimizer_times: list[float] = []  # seconds per optimizer step, timed only when isolated
+        self.optimizer_times: list[float] = []  # seconds per optimizer step, timed only when alone
 
     def timed_optimizer_step(self, optimizer_step) -> None:
-        """Run `optimizer_step()`. An isolated-counterfactual worker also times it, device-synchronised: it
-        steps the optimizer over all P parameters where a rank of a sharded stack steps P/N, and t_compute
-        discounts the difference (harness.analyze.metrics). The real run's steps are not touched."""
-        if self.cfg.isolated_index is None:
+        """Run `optimizer_step()`. A process with no peer also times it, device-synchronised: an
+        isolated-counterfactual worker steps the optimizer over all P parameters where a rank of a sharded
+        stack steps P/N, and t_compute discounts the difference (harness.analyze.metrics); a 1-rank run's
+        optimizer time calibrates `harness predict`. A run with peers is not touched: a synchronisation
+        inside its step would change what it overlaps."""
+        if self.world_size > 1:
             optimizer_step()
             return
         self.synchronize()

@@ -21,7 +21,7 @@ DEFAULT_OUT = Path("results")  # where records go unless --out says otherwise
 # 2: config.gpus -> config.world_size (+ gpus_per_node); comm.method -> comm.t_compute_method.
 # 3: "kind": "training" (every earlier record) or "commbench" (`harness commbench`).
 SCHEMA_VERSION = 3
-KINDS = ("training", "commbench")
+KINDS = ("training", "commbench", "prediction")
 STATUSES = ("ok", "failed", "crashed", "oom", "timeout")
 REQUIRED_KEYS = ("schema_version", "run_id", "status", "config", "ranks", "summary", "environment")
 

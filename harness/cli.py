@@ -10,10 +10,23 @@ import os
 import sys
 
 from harness.analyze import baseline, compare, history, report
+from harness.predict import command as predict
 from harness.run import commands, commbench, doctor, plan, schedulers, sweep
 from harness.usage import EXIT_OK, EXIT_USAGE, Parser, UsageError
 
-COMMAND_MODULES = (commands, commbench, sweep, report, compare, baseline, history, plan, schedulers, doctor)
+COMMAND_MODULES = (
+    commands,
+    commbench,
+    sweep,
+    report,
+    compare,
+    baseline,
+    history,
+    plan,
+    schedulers,
+    doctor,
+    predict,
+)
 
 
 def make_parser() -> Parser:

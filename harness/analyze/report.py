@@ -24,6 +24,7 @@ from core.records import DEFAULT_OUT, load_records, write_atomic
 from harness.analyze.analysis import DEFAULT_NOISE_CV, aggregate, contexts, runs_table
 from harness.analyze.collectives import commbench_aggregate, commbench_rows
 from harness.analyze.export import write_github_benchmark, write_tensorboard
+from harness.analyze.predictions import measured_beside, prediction_figures, prediction_rows
 from harness.analyze.summary import fmt_bytes
 from harness.usage import EXIT_OK, UsageError, fraction, positive
 
@@ -540,6 +541,67 @@ def busbw_figures(g: pd.DataFrame) -> list[Figure]:
     return out
 
 
+def prediction_sections(predictions: list[dict], training: list[dict], with_figures: bool) -> list[Section]:
+    """`harness predict` records, apart from every measured table: per configuration and hardware profile,
+    the predicted figures with their bands, and (html) dashed lines beside the measured medians of the
+    same context where there are some."""
+    table = prediction_rows(predictions)
+    if table.empty:
+        return []
+    intro = Section(
+        "Predictions (not measured)",
+        2,
+        [
+            "From `harness predict`: an analytic model of each stack's step (its collectives replayed "
+            "against its compute on one communication stream), priced by a hardware profile and "
+            "calibrated by measured records where given. Nominal value, then the band from the fast and "
+            "slow ends of its inputs' ranges. Never folded into the measured tables above."
+        ],
+    )
+    rows = [
+        [
+            r.label,
+            f"{r.workload} {r.precision} {r.batch}",
+            r.hardware,
+            str(r.world_size),
+            str(r.nodes),
+            f"{num(r.t_step_s, '{:.3g}')} ({num(r.t_step_s_low, '{:.3g}')}–{num(r.t_step_s_high, '{:.3g}')})",
+            num(r.per_device_throughput),
+            pct(r.efficiency, 1),
+            pct(r.exposed_comm_ratio, 1),
+            pct(r.mfu, 1),
+            nbytes(r.memory_bytes),
+            r.fits,
+            r.compute,
+        ]
+        for r in table.itertuples()
+    ]
+    intro.blocks.append(
+        Table(
+            [
+                "stack",
+                "configuration",
+                "hardware",
+                "N",
+                "nodes",
+                "step s (band)",
+                "tokens/s/device",
+                "efficiency",
+                "exposed comm",
+                "MFU",
+                "memory/rank",
+                "fits",
+                "compute",
+            ],
+            rows,
+        )
+    )
+    if with_figures:
+        measured = measured_beside(table, training)
+        intro.blocks.extend(Figure(title, png) for title, png in prediction_figures(table, measured))
+    return [intro]
+
+
 # ------------------------------------------------------------------------------------------------ rendering
 def render_md(sections: list[Section]) -> str:
     def cell(s: str) -> str:
@@ -603,7 +665,9 @@ def load(paths: list[Path], kind: str = "training") -> list[dict]:
     if not records:
         raise UsageError(
             f"no run records ({kind}) in {', '.join(map(str, paths))}; run "
-            + ("`harness commbench`" if kind == "commbench" else "`harness run` or `harness sweep`")
+            + {"commbench": "`harness commbench`", "prediction": "`harness predict --out DIR`"}.get(
+                kind, "`harness run` or `harness sweep`"
+            )
             + " first"
         )
     return records
@@ -612,7 +676,8 @@ def load(paths: list[Path], kind: str = "training") -> list[dict]:
 def cmd_report(args) -> int:
     training = load_records(args.paths)
     collectives = load_records(args.paths, kind="commbench", warn=False)
-    if not training and not collectives:
+    predictions = load_records(args.paths, kind="prediction", warn=False)
+    if not training and not collectives and not predictions:
         raise UsageError(
             f"no run records in {', '.join(map(str, args.paths))}; run `harness run`, `harness sweep` or "
             "`harness commbench` first"
@@ -621,9 +686,19 @@ def cmd_report(args) -> int:
     sections = (
         build(training, args.at_gpus, args.noise_cv, with_figures)
         if training
-        else [Section("distbench report", 1, [f"{len(collectives)} commbench record(s), no training runs."])]
+        else [
+            Section(
+                "distbench report",
+                1,
+                [
+                    f"{len(collectives)} commbench and {len(predictions)} prediction record(s), "
+                    "no training runs."
+                ],
+            )
+        ]
     )
     sections += commbench_sections(collectives, with_figures)
+    sections += prediction_sections(predictions, training, with_figures)
     text = render_html(sections) if args.format == "html" else render_md(sections)
     output = args.output
     if output is None and args.format == "html":
@@ -679,6 +754,13 @@ def write_table(table: pd.DataFrame, args, shown: pd.DataFrame) -> int:
 def cmd_results(args) -> int:
     if args.kind == "commbench":
         return commbench_results(args)
+    if args.kind == "prediction":
+        if args.format != "table":
+            raise UsageError(
+                f"--format {args.format} is for training records; prediction records: table only"
+            )
+        table = prediction_rows(load(args.paths, kind="prediction"))
+        return write_table(table, args, table)
     records = load(args.paths)
     if args.format == "tensorboard":
         out = args.output or Path(args.paths[0]) / "tensorboard"
@@ -731,10 +813,11 @@ def register(subparsers) -> None:
     )
     p.add_argument(
         "--kind",
-        choices=("training", "commbench"),
+        choices=("training", "commbench", "prediction"),
         default="training",
-        help="which records: training runs (default) or `harness commbench` collective timings (one row "
-        "per record, op and size; --aggregate: per stack, N, op and size over records)",
+        help="which records: training runs (default), `harness commbench` collective timings (one row "
+        "per record, op and size; --aggregate: per stack, N, op and size over records), or `harness "
+        "predict --out` predictions (one row per configuration and N, nominal with its band)",
     )
     p.add_argument(
         "--format",

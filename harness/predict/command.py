@@ -1,0 +1,284 @@
+"""`harness predict`: the figures of a configuration at rank counts not measured, each with its band.
+
+Reads records (`--calibrate`: training runs for compute, commbench runs for this machine's collectives) and
+writes nothing unless `--out` is given; then one record of kind "prediction" per rank count, with every
+input, which `harness report` draws dashed beside measured points and never folds into their statistics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from backends import all_backends, backend_names, get_backend
+from core.config import PRECISIONS, InvalidConfig, RunConfig
+from core.process import available_cpus
+from core.records import SCHEMA_VERSION, git_commit, load_records, now_iso, write_json_atomic
+from harness.analyze.summary import fmt_bytes
+from harness.predict.hardware import CORNERS, ProfileError, catalogue, load_profile, local_profile
+from harness.predict.model import calibrate, predict_point
+from harness.usage import EXIT_OK, UsageError, choice, positive
+from workloads.spec import OVERRIDES, PRESETS, resolve
+
+
+def gpu_counts(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected rank counts such as 8,32,128, got '{text}'") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive rank counts, got '{text}'")
+    return sorted(set(values))
+
+
+def tokens_count(text: str) -> float:
+    """2e9, 2B, 300M."""
+    scale = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
+    try:
+        value = float(text[:-1]) * scale[text[-1].upper()] if text[-1:].upper() in scale else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a token count such as 2e9 or 300B, got '{text}'"
+        ) from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive token count, got '{text}'")
+    return value
+
+
+def usd(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a price in USD such as 2.49, got '{text}'") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a price >= 0, got '{text}'")
+    return value
+
+
+def configs(args, profile) -> list[RunConfig]:
+    """One RunConfig per rank count, validated by the adapter as a run's would be."""
+    backend = get_backend(choice(args.backend, backend_names(), "backend"))
+    for other in all_backends():
+        if other.name != backend.name:
+            for flag in other.Options.given(args):
+                raise UsageError(f"{flag} is an option of backend {other.name}, not of {backend.name}")
+    choice(args.workload, list(PRESETS), "workload")
+    choice(args.precision, PRECISIONS, "precision")
+    try:
+        spec = resolve(args.workload, **{k: getattr(args, k) for k in OVERRIDES})
+    except ValueError as exc:
+        raise UsageError(f"invalid workload: {exc}") from None
+    if args.micro_batch and args.global_batch:
+        raise UsageError("give --micro-batch or --global-batch, not both")
+    options = backend.Options.from_args(args).to_dict()
+    out = []
+    for n in args.gpus:
+        micro = args.micro_batch or RunConfig.micro_batch
+        if args.global_batch:
+            if args.global_batch % (n * args.grad_accum):
+                raise UsageError(
+                    f"--global-batch {args.global_batch} is not divisible by gpus x grad-accum = "
+                    f"{n * args.grad_accum} at {n} GPUs"
+                )
+            micro = args.global_batch // (n * args.grad_accum)
+        per_node = min(n, profile.gpus_per_node)
+        cfg = RunConfig(
+            backend=backend.name,
+            workload=args.workload,
+            spec=spec,
+            world_size=n,
+            device=profile.device,
+            precision=args.precision,
+            micro_batch=micro,
+            grad_accum=args.grad_accum,
+            activation_checkpointing=args.activation_checkpointing,
+            scaling="strong" if args.global_batch else "weak",
+            nodes=math.ceil(n / per_node),
+            gpus_per_node=per_node,
+            backend_options=options,
+        )
+        try:
+            backend.validate(cfg)
+        except InvalidConfig as exc:
+            raise UsageError(str(exc)) from None
+        out.append(cfg)
+    return out
+
+
+def band(corners: dict, key: str, scale: float = 1.0, spec: str = "{:.3g}") -> str:
+    values = [corners[c][key] for c in CORNERS]
+    if any(v is None for v in values):
+        return "n/a"
+    nominal, low, high = values[1] * scale, min(values) * scale, max(values) * scale
+    return f"{spec.format(nominal)} ({spec.format(low)}–{spec.format(high)})"
+
+
+def duration(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.3g} {unit}"
+    return f"{seconds:.3g} s"
+
+
+def print_table(points: list[dict], header: str, stream=None) -> None:
+    console = Console(file=stream or sys.stdout, width=200)
+    table = Table(title=header, title_justify="left")
+    columns = (
+        "N",
+        "nodes",
+        "step s",
+        "tokens/s/device",
+        "speedup",
+        "efficiency %",
+        "exposed comm %",
+        "MFU %",
+        "memory/rank",
+        "fits",
+        "time to train",
+        "cost USD",
+    )
+    for col in columns:
+        table.add_column(col, justify="right")
+    for p in points:
+        c = p["prediction"]["corners"]
+        fit = p["prediction"]["fits"]
+        table.add_row(
+            str(p["world_size"]),
+            str(p["nodes"]),
+            band(c, "step_time_s"),
+            band(c, "per_device_tokens_per_s", spec="{:,.0f}"),
+            band(c, "speedup"),
+            band(c, "scaling_efficiency", 100, "{:.1f}"),
+            band(c, "exposed_comm_ratio", 100, "{:.1f}"),
+            band(c, "mfu", 100, "{:.1f}"),
+            fmt_bytes(c["nominal"]["memory"]["total"]),
+            fit["verdict"],
+            duration(c["nominal"]["train_time_s"]),
+            band(c, "cost_usd", spec="{:,.0f}") if c["nominal"]["cost_usd"] is not None else "-",
+        )
+    console.print(table)
+    for p in points:
+        if p["prediction"]["fits"]["verdict"] != "yes":
+            fit = p["prediction"]["fits"]
+            console.print(f"N={p['world_size']}: fits {fit['verdict']}: {fit['why']}")
+
+
+def prediction_record(cfg: RunConfig, prediction: dict, profile, calib, inputs: dict) -> dict:
+    """A record of kind "prediction": the configuration, every input, and the figures at every corner."""
+    backend = get_backend(cfg.backend)
+    label = backend.label(cfg)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "prediction",
+        "run_id": f"predict-{label}-{profile.name}-n{cfg.world_size}-{stamp}",
+        "status": "ok",
+        "error": None,
+        "config": cfg.to_dict(),
+        "backend_info": {"label": label, "framework": backend.framework, "sharding": backend.sharding(cfg)},
+        "ranks": [],
+        "summary": prediction,
+        "inputs": {**inputs, "hardware": profile.to_dict(), "calibration": calib.to_dict()},
+        "environment": {"start_time": now_iso(), "git": git_commit(), "argv": inputs["argv"]},
+    }
+
+
+def cmd_predict(args) -> int:
+    started = time.perf_counter()
+    records = load_records(args.calibrate, kind=None) if args.calibrate else []
+    try:
+        if args.hardware == "local":
+            profile = local_profile(
+                [r for r in records if r["kind"] == "commbench"], args.backend, available_cpus()
+            )
+        else:
+            profile = load_profile(args.hardware)
+    except ProfileError as exc:
+        raise UsageError(str(exc)) from None
+    cfgs = configs(args, profile)
+    training = [r for r in records if r["kind"] == "training"]
+    calib = calibrate(training, cfgs[0], profile)
+    if profile.device == "cpu" and not calib.seconds_per_flop:
+        raise UsageError(
+            "the local profile needs a 1-rank training record of this backend and precision in --calibrate "
+            "(no peak FLOP/s is known for a CPU)" + (f"; {'; '.join(calib.notes)}" if calib.notes else "")
+        )
+    tokens = args.tokens or 20 * cfgs[0].spec.n_params
+    points = []
+    for cfg in cfgs:
+        try:
+            prediction = predict_point(cfg, profile, calib, tokens, args.gpu_hour_price)
+        except ProfileError as exc:
+            raise UsageError(str(exc)) from None
+        points.append(
+            {"world_size": cfg.world_size, "nodes": cfg.nodes, "prediction": prediction, "cfg": cfg}
+        )
+    label = get_backend(cfgs[0].backend).label(cfgs[0])
+    method = points[0]["prediction"]["corners"]["nominal"]["compute_method"]
+    header = (
+        f"PREDICTED (not measured): {label}, {cfgs[0].workload} "
+        f"({cfgs[0].spec.n_params / 1e6:,.1f}M params), "
+        f"{cfgs[0].precision}, on {profile.name}; compute: {method}; training on {tokens:.3g} tokens "
+        f"(6PT = {6 * cfgs[0].spec.n_params * tokens:.3g} FLOPs); nominal (fast–slow corner)"
+    )
+    print_table(points, header)
+    for note in calib.notes:
+        print(f"note: {note}")
+    if args.out:
+        inputs = {
+            "argv": list(args.argv),
+            "tokens": tokens,
+            "gpu_hour_price_usd": args.gpu_hour_price,
+            "schedule": points[0]["prediction"]["schedule"],
+            "calibration_records": [r["run_id"] for r in records],
+        }
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        for p in points:
+            record = prediction_record(p["cfg"], p["prediction"], profile, calib, inputs)
+            write_json_atomic(Path(args.out) / f"{record['run_id']}.json", record)
+            print(f"record: {Path(args.out) / (record['run_id'] + '.json')}")
+    print(f"predicted {len(points)} rank count(s) in {time.perf_counter() - started:.2f} s")
+    return EXIT_OK
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "predict",
+        help="predict step time, throughput, exposed communication and memory at other GPU counts",
+    )
+    p.add_argument("--backend", required=True, help=", ".join(backend_names()))
+    p.add_argument("--workload", default="tiny", help=f"preset: {', '.join(PRESETS)}")
+    for flag in OVERRIDES:
+        p.add_argument(
+            "--" + flag.replace("_", "-"), dest=flag, type=positive, help=f"override {OVERRIDES[flag]}"
+        )
+    p.add_argument("--precision", default="bf16", help=f"{', '.join(PRECISIONS)}")
+    p.add_argument("--micro-batch", type=positive, help="sequences per rank per micro-step (default 8)")
+    p.add_argument("--global-batch", type=positive, help="global batch (strong scaling)")
+    p.add_argument("--grad-accum", type=positive, default=1)
+    p.add_argument("--activation-checkpointing", action="store_true")
+    p.add_argument("--gpus", type=gpu_counts, required=True, help="rank counts, e.g. 8,32,128,1024")
+    p.add_argument(
+        "--hardware",
+        required=True,
+        help=f"{', '.join(catalogue())}, a profile .yaml, or local (this machine, from commbench records)",
+    )
+    p.add_argument(
+        "--calibrate",
+        nargs="+",
+        metavar="RECORD",
+        help="record files or folders: a 1-rank training run on the profile's device calibrates compute; "
+        "commbench runs make the local profile",
+    )
+    p.add_argument("--tokens", type=tokens_count, help="tokens to train on (default 20 x parameters)")
+    p.add_argument("--gpu-hour-price", type=usd, help="USD per GPU-hour, for the cost column")
+    p.add_argument("--out", type=Path, help="write one prediction record per rank count into this folder")
+    for backend in all_backends():
+        backend.Options.add_arguments(p, backend.name)
+    p.set_defaults(func=cmd_predict)

@@ -1,0 +1,180 @@
+"""Hardware profiles: what a device and its interconnect can do, as data, and what a collective costs there.
+
+A catalogue profile (profiles/*.yaml) holds published constants, each a [low, nominal, high] range of what is
+achieved, with its sources. The `local` profile is this machine as `harness commbench` measured it: a
+collective's time is read off the commbench record of the same stack and rank count, never extrapolated.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from harness.analyze.collectives import call_time, summarize_commbench
+from harness.analyze.metrics import bus_factor
+
+PROFILE_DIR = Path(__file__).with_name("profiles")
+CORNERS = ("fast", "nominal", "slow")  # the inputs' best case, their nominal values, their worst case
+
+
+class ProfileError(ValueError):
+    """A profile that cannot be loaded or cannot answer (a usage error for the CLI)."""
+
+
+def catalogue() -> list[str]:
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
+
+
+def pick(values, corner: str, larger_is_faster: bool = True) -> float:
+    """A [low, nominal, high] range's value at a corner: the fast corner takes whichever end is faster."""
+    low, nominal, high = values if isinstance(values, (list, tuple)) else (values,) * 3
+    if corner == "nominal":
+        return float(nominal)
+    fast = high if larger_is_faster else low
+    slow = low if larger_is_faster else high
+    return float(fast if corner == "fast" else slow)
+
+
+@dataclass
+class Profile:
+    """One kind of node and its network. Bandwidths are bus bandwidths in the nccl-tests sense."""
+
+    name: str
+    description: str
+    device: str  # "cuda" or "cpu"
+    device_name: str | None
+    gpus_per_node: int
+    memory_bytes: float | None
+    peak_flops: dict = field(default_factory=dict)
+    hbm_Bps: list | None = None
+    intra_node: dict = field(default_factory=dict)
+    inter_node: dict = field(default_factory=dict)
+    call_latency_s: list | None = None
+    overlap_slowdown: list = field(default_factory=lambda: [0.0, 0.05, 0.15])
+    sources: list = field(default_factory=list)
+    commbench: dict = field(default_factory=dict)  # local: {world_size: commbench summary} of one stack
+    path: str | None = None
+
+    def to_dict(self) -> dict:
+        d = {k: v for k, v in self.__dict__.items() if k != "commbench"}
+        d["commbench_world_sizes"] = sorted(self.commbench)
+        return d
+
+    def nodes(self, world: int) -> int:
+        return math.ceil(world / self.gpus_per_node)
+
+    def busbw(self, world: int, corner: str) -> float:
+        """Inside a node the NVLink bus bandwidth; across nodes each ring leaves a node through one NIC and
+        the node's rings share its NICs, so busbw = min(NVLink's, the node's egress = GPUs x NIC)."""
+        intra = pick(self.intra_node["busbw_Bps"], corner)
+        if self.nodes(world) == 1:
+            return intra
+        return min(intra, self.gpus_per_node * pick(self.inter_node["nic_Bps_per_gpu"], corner))
+
+    def latency(self, op: str, world: int, corner: str) -> float:
+        """α of one call, as NCCL's tuning model (src/graph/tuning.cc, ncclTopoGetAlgoTime) has it: a base
+        latency plus a hop latency per pipeline step, NVLink's inside a node and the network's across
+        nodes. A ring takes 2(n-1) steps for all_reduce, 2(nodes-1) of them across nodes, and n-1 steps
+        (nodes-1 across) for the others; the tree all_reduce takes 2 x (a chain through a node's GPUs +
+        log2(nodes) network hops); NCCL runs whichever is faster."""
+        if world == 1:
+            return 0.0
+        base = pick(self.call_latency_s, corner, larger_is_faster=False)
+        intra = pick(self.intra_node["hop_latency_s"], corner, larger_is_faster=False)
+        inter = pick(self.inter_node["hop_latency_s"], corner, larger_is_faster=False)
+        nodes = self.nodes(world)
+        factor = 2 if op == "all_reduce" else 1
+        steps, across = factor * (world - 1), factor * (nodes - 1)
+        ring = (steps - across) * intra + across * inter
+        if op != "all_reduce":
+            return base + ring
+        per_node = math.ceil(world / nodes)
+        tree = 2 * ((per_node - 1) * intra + math.log2(nodes) * inter)
+        return base + min(ring, tree)
+
+    def collective_time(self, op: str, size_bytes: float, world: int, corner: str) -> float:
+        """Seconds for one `op` of nccl-tests size `size_bytes` over `world` ranks."""
+        if world == 1 or not size_bytes:
+            return 0.0
+        if self.commbench:
+            return self.measured_call(op, size_bytes, world)
+        return self.latency(op, world, corner) + size_bytes * bus_factor(op, world) / self.busbw(
+            world, corner
+        )
+
+    def measured_call(self, op: str, size_bytes: float, world: int) -> float:
+        summary = self.commbench.get(world)
+        if summary is None:
+            raise ProfileError(
+                f"profile {self.name}: no commbench record at {world} ranks (have: "
+                f"{', '.join(map(str, sorted(self.commbench)))}); run `harness commbench --gpus {world}`"
+            )
+        t = call_time(summary, op, size_bytes)
+        if t is None:
+            raise ProfileError(f"profile {self.name}: the commbench record at {world} ranks has no {op}")
+        return t
+
+    def hbm(self, corner: str) -> float | None:
+        return pick(self.hbm_Bps, corner) if self.hbm_Bps else None
+
+
+def load_profile(name: str) -> Profile:
+    """A catalogue profile by name, or a YAML file of the same shape by path."""
+    path = Path(name) if name.endswith((".yaml", ".yml")) else PROFILE_DIR / f"{name}.yaml"
+    if not path.is_file():
+        raise ProfileError(
+            f"unknown hardware profile '{name}'; valid: {', '.join(catalogue())}, local, or a .yaml"
+        )
+    try:
+        data = yaml.safe_load(path.read_text())
+        return Profile(
+            name=data["name"],
+            description=data.get("description", ""),
+            device="cuda",
+            device_name=data.get("device_name"),
+            gpus_per_node=int(data["gpus_per_node"]),
+            memory_bytes=float(data["memory_bytes"]),
+            peak_flops={k: float(v) for k, v in data["peak_flops"].items()},
+            hbm_Bps=data.get("hbm_Bps"),
+            intra_node=data["intra_node"],
+            inter_node=data["inter_node"],
+            call_latency_s=data["call_latency_s"],
+            overlap_slowdown=data["overlap_slowdown"],
+            sources=data.get("sources", []),
+            path=str(path),
+        )
+    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError) as exc:
+        raise ProfileError(f"hardware profile {path}: {exc}") from None
+
+
+def local_profile(commbench_records: list[dict], backend: str, cpus: int | None) -> Profile:
+    """This machine, from commbench records of `backend` (the latest one per rank count): collective times
+    as measured, one node; compute comes from a calibration run, as no peak FLOP/s is known for a CPU."""
+    mine = [r for r in commbench_records if r["config"]["backend"] == backend and r["status"] == "ok"]
+    if not mine:
+        others = sorted({r["config"]["backend"] for r in commbench_records})
+        raise ProfileError(
+            f"the local profile needs a commbench record of {backend} in --calibrate"
+            + (f" (given: {', '.join(others)})" if others else "")
+            + f"; run `harness commbench --backend {backend} --gpus 2`"
+        )
+    by_world = {}
+    for record in sorted(mine, key=lambda r: (r.get("environment") or {}).get("start_time") or ""):
+        by_world[record["config"]["world_size"]] = summarize_commbench(record)
+    device = mine[-1]["config"]["device"]
+    return Profile(
+        name="local",
+        description=f"this machine as commbench measured {backend} ({device})",
+        device=device,
+        device_name=None,
+        gpus_per_node=cpus or max(by_world),
+        memory_bytes=None,
+        # Every CPU here runs a worker's compute thread, so a collective's threads take CPU time from
+        # compute: overlapping them buys nothing (slowdown 1 = the overlapped time is added in full).
+        overlap_slowdown=[1.0, 1.0, 1.0],
+        commbench=by_world,
+        sources=[r["run_id"] for r in mine],
+    )

@@ -1,0 +1,317 @@
+"""The prediction of one configuration at one rank count: compute, the collectives replayed against it on one
+communication stream, memory per rank, and what training on T tokens takes.
+
+Every figure is evaluated at three corners of its inputs (hardware.CORNERS: the fast ends of every range,
+the nominal values, the slow ends); a figure's band is its value at the fast and slow corners.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from backends import get_backend
+from core.config import RunConfig
+from harness.analyze.metrics import summarize
+from harness.predict.hardware import CORNERS, Profile, ProfileError, pick
+from harness.predict.schedule import Message, Steps, parameter_numels, schedule, unit_of
+
+# Assumed when no calibration run is given (labelled so): model FLOPs utilisation of forward+backward,
+# [low, nominal, high]; dense transformer training at 1-10B parameters reports 30-55% (torchtitan, Megatron).
+ASSUMED_MFU = (0.30, 0.40, 0.50)
+# AdamW bytes moved per parameter and step: fp32 param, grad, two moments read; param, moments written;
+# a "master" scheme also writes the low-precision copy.
+OPTIMIZER_BYTES_PER_PARAM = {"fp32": 28, "autocast": 28, "master": 30}
+# Activations per layer per sequence position, in units of d_model x element bytes (Korthikanti et al.
+# 2022, "Reducing Activation Recomputation in Large Transformer Models", 34·s·b·h bytes at 2-byte
+# elements = 17 elements; attention scores are not stored, as SDPA's fused kernels recompute them).
+ACTIVATION_ELEMENTS_PER_LAYER = 17
+ASSUMED_ACTIVATION_FACTOR = (0.8, 1.0, 1.25)
+
+
+@dataclass
+class Calibration:
+    """What measured records tell the model: forward+backward seconds per FLOP and optimizer seconds per
+    parameter at the fast/nominal/slow corners (None: assumed), the activation factor, and provenance."""
+
+    seconds_per_flop: tuple | None = None
+    optimizer_seconds_per_param: tuple | None = None
+    activation_factor: tuple = ASSUMED_ACTIVATION_FACTOR
+    sources: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def segment_flops(cfg: RunConfig, steps: Steps) -> np.ndarray:
+    """FLOPs of each segment per rank: a block's matmuls and attention, the head's vocabulary projection,
+    backward twice forward (plus a forward again under activation checkpointing); the embedding is a
+    lookup."""
+    spec, tokens = cfg.spec, cfg.micro_batch * cfg.spec.seq_len
+    head = 2 * spec.d_model * spec.vocab_size
+    block = (spec.flops_per_token / 3 - head) / spec.n_layers
+    out = []
+    for s in steps.list:
+        per_token = {"embed": 0.0, "head": head}.get(s.unit, block)
+        if s.phase == "backward":
+            per_token *= 2 + (1 if cfg.activation_checkpointing and s.unit.startswith("block") else 0)
+        if s.phase == "optimizer":
+            per_token = 0.0
+        out.append(per_token * tokens)
+    return np.array(out)
+
+
+def local_parameters(cfg: RunConfig, sharding: str) -> float:
+    """Parameters whose optimizer step one rank runs: 1/N of them once the optimizer state is sharded."""
+    return cfg.spec.n_params / (cfg.world_size if sharding != "none" else 1)
+
+
+def replay(durations, messages: list[Message], comm_time) -> dict:
+    """Compute segments in order on one stream, collectives in the order they become ready on another (one
+    at a time, as NCCL serialises a communicator's calls). A segment waits for the messages it needs."""
+    n = len(durations)
+    start, end = np.zeros(n), np.zeros(n)
+    done = [None] * len(messages)
+    intervals, comm_free, clock, scheduled = [], 0.0, 0.0, 0
+
+    def ready(m):
+        return (end[m.after] if m.after >= 0 else 0.0) + m.delay_s
+
+    order = sorted(range(len(messages)), key=lambda i: (messages[i].after, i))
+
+    def issue(upto):  # every message ready at the end of segment `upto` or earlier
+        nonlocal comm_free, scheduled
+        batch = []
+        while scheduled < len(order) and messages[order[scheduled]].after <= upto:
+            batch.append(order[scheduled])
+            scheduled += 1
+        for i in sorted(batch, key=lambda i: (ready(messages[i]), i)):
+            t0 = max(comm_free, ready(messages[i]))
+            comm_free = t0 + comm_time(messages[i])
+            done[i] = comm_free
+            intervals.append((t0, comm_free))
+
+    needed: dict[int, list[int]] = {}
+    for i, m in enumerate(messages):
+        if m.before is not None:
+            needed.setdefault(m.before, []).append(i)
+    for k in range(n):
+        issue(k - 1)
+        wait = max((done[i] for i in needed.get(k, [])), default=0.0)
+        start[k] = max(clock, wait)
+        end[k] = clock = start[k] + durations[k]
+    issue(n)
+    step = max(clock, comm_free)
+    overlapped = sum(max(0.0, min(b, e) - max(a, s)) for a, b in intervals for s, e in zip(start, end))
+    return {
+        "step_s": step,
+        "compute_s": float(np.sum(durations)),
+        "comm_busy_s": sum(b - a for a, b in intervals),
+        "overlapped_s": overlapped,
+    }
+
+
+def activation_bytes(cfg: RunConfig, element_bytes: int) -> dict:
+    """Activations of one micro-batch kept for backward, and the logits' fp32 copies for the loss."""
+    spec = cfg.spec
+    tokens = cfg.micro_batch * spec.seq_len
+    layer = ACTIVATION_ELEMENTS_PER_LAYER * tokens * spec.d_model * element_bytes
+    if cfg.activation_checkpointing:  # each block's input kept, one block's activations during recompute
+        blocks = spec.n_layers * tokens * spec.d_model * element_bytes + layer
+    else:
+        blocks = spec.n_layers * layer
+    logits = tokens * spec.vocab_size * (element_bytes + 8)  # logits, fp32 softmax and its gradient
+    return {"blocks": blocks, "logits": logits}
+
+
+def memory(cfg: RunConfig, factor: float) -> dict:
+    """Bytes per rank: model state by sharding (the spec's rule, as the summary's analytic value), the
+    parameters a sharded stack gathers for the block it computes and the one it prefetches, the buffers
+    communication keeps, and activations (scaled by the activation factor)."""
+    backend = get_backend(cfg.backend)
+    sharding = backend.sharding(cfg)
+    scheme = backend.precision_scheme(cfg)
+    element = 4 if cfg.precision == "fp32" else 2
+    state = cfg.spec.model_state_bytes(cfg.precision, scheme, sharding, cfg.world_size)["total"]
+    numels = parameter_numels(cfg)
+    largest_block = max(
+        sum(n for name, n in numels.items() if unit_of(name) == f"block.{i}")
+        for i in range(cfg.spec.n_layers)
+    )
+    gathered = 0.0
+    if sharding == "parameters" and cfg.world_size > 1:
+        root = cfg.spec.n_params - sum(n for name, n in numels.items() if name.startswith("blocks."))
+        gathered = (2 * largest_block + root) * element + largest_block * 4  # two blocks, root, one grad
+    buffers = 0.0
+    if sharding == "none" and cfg.world_size > 1:
+        buffers = cfg.spec.n_params * 4  # DDP/Paddle buckets and TF's pack are a copy of the gradients
+    act = activation_bytes(cfg, element)
+    activations = factor * (act["blocks"] + act["logits"])
+    terms = {
+        "model_state": state,
+        "gathered_parameters": gathered,
+        "comm_buffers": buffers,
+        "activations": activations,
+    }
+    return {**terms, "total": sum(terms.values())}
+
+
+def compute_durations(cfg: RunConfig, steps: Steps, profile: Profile, calib: Calibration, corner: str):
+    """Seconds of every segment at this corner, and how they were obtained."""
+    flops = segment_flops(cfg, steps)
+    k = CORNERS.index(corner)
+    sharding = get_backend(cfg.backend).sharding(cfg)
+    if calib.seconds_per_flop:
+        seconds = flops * calib.seconds_per_flop[k]
+        method = "measured"
+    else:
+        peak = profile.peak_flops.get(cfg.precision)
+        if not peak:
+            raise ProfileError(
+                f"profile {profile.name} has no peak FLOP/s for {cfg.precision} "
+                "and no calibration run was given"
+            )
+        seconds = flops / (peak * pick(ASSUMED_MFU, corner))
+        method = "assumed MFU"
+    params = local_parameters(cfg, sharding)
+    if calib.optimizer_seconds_per_param:
+        seconds[-1] = params * calib.optimizer_seconds_per_param[k]
+    elif profile.hbm(corner):
+        scheme = "fp32" if cfg.precision == "fp32" else get_backend(cfg.backend).precision_scheme(cfg)
+        seconds[-1] = params * OPTIMIZER_BYTES_PER_PARAM[scheme] / profile.hbm(corner)
+    return seconds, method
+
+
+def predict_point(cfg: RunConfig, profile: Profile, calib: Calibration, tokens: float, price: float | None):
+    """Every figure at every corner for one configuration (cfg.world_size ranks), and the N=1 reference
+    of the same per-rank work for speedup."""
+    messages, how = schedule(cfg)
+    steps = Steps(cfg)
+    one = dataclasses.replace(cfg, world_size=1, nodes=1, gpus_per_node=1)
+    spec = cfg.spec
+    out = {"corners": {}, "schedule": how, "messages_per_step": len(messages)}
+    for corner in CORNERS:
+        durations, method = compute_durations(cfg, steps, profile, calib, corner)
+        slowdown = pick(profile.overlap_slowdown, corner, larger_is_faster=False)
+        result = replay(
+            durations,
+            messages,
+            lambda m, c=corner: profile.collective_time(m.op, m.size_bytes, cfg.world_size, c),
+        )
+        step = result["step_s"] + slowdown * result["overlapped_s"]
+        single, _ = compute_durations(one, Steps(one), profile, calib, corner)
+        t_one = float(np.sum(single))
+        tokens_per_step = cfg.tokens_per_step
+        throughput = tokens_per_step / step
+        one_throughput = one.tokens_per_step / t_one
+        per_device = throughput / cfg.world_size
+        k = CORNERS.index(corner)
+        mem = memory(cfg, calib.activation_factor[k])
+        peak = profile.peak_flops.get(cfg.precision)
+        train_s = tokens / throughput
+        out["corners"][corner] = {
+            "step_time_s": step,
+            "t_compute_s": result["compute_s"],
+            "comm_busy_s": result["comm_busy_s"],
+            "comm_overlapped_s": result["overlapped_s"],
+            "exposed_comm_ratio": max(0.0, (step - result["compute_s"]) / step),
+            "throughput_tokens_per_s": throughput,
+            "per_device_tokens_per_s": per_device,
+            "speedup": throughput / one_throughput,
+            "scaling_efficiency": throughput / one_throughput / cfg.world_size,
+            "mfu": spec.flops_per_token * per_device / peak if peak else None,
+            "memory": mem,
+            "train_time_s": train_s,
+            "gpu_hours": train_s * cfg.world_size / 3600,
+            "cost_usd": train_s * cfg.world_size / 3600 * price if price else None,
+            "compute_method": method,
+        }
+    nominal = out["corners"]["nominal"]["memory"]
+    out["fits"] = fits(nominal, out["corners"]["slow"]["memory"], profile)
+    out["train_flops"] = 6 * spec.n_params * tokens
+    return out
+
+
+def fits(nominal: dict, slow: dict, profile: Profile) -> dict:
+    """Whether a rank's memory fits the device, and which term dominates when it does not."""
+    if not profile.memory_bytes:
+        return {"verdict": "unknown", "why": f"profile {profile.name} states no device memory"}
+    terms = {k: v for k, v in nominal.items() if k != "total"}
+    dominant = max(terms, key=terms.get)
+    capacity = profile.memory_bytes
+    if nominal["total"] > capacity:
+        verdict = "no"
+    elif slow["total"] > capacity:
+        verdict = "tight"
+    else:
+        verdict = "yes"
+    return {
+        "verdict": verdict,
+        "capacity_bytes": capacity,
+        "dominant": dominant,
+        "dominant_bytes": terms[dominant],
+        "why": f"{dominant.replace('_', ' ')} dominates ({terms[dominant] / 2**30:.1f} GiB of "
+        f"{nominal['total'] / 2**30:.1f} GiB; device {capacity / 2**30:.1f} GiB)",
+    }
+
+
+def calibrate(records: list[dict], cfg: RunConfig, profile: Profile) -> Calibration:
+    """Compute from the newest ok training record of the same backend at one rank on the profile's device
+    (same device name, or CPU for the local profile) and precision: its step time less its optimizer time
+    per FLOP of forward+backward, and its optimizer time per parameter. The fast and slow corners take the
+    step time's p10 and p90. Records that do not match are named in the notes, never used."""
+    calib = Calibration()
+    label = get_backend(cfg.backend).label(cfg)
+    candidates = []
+    for r in records:
+        rc = r["config"]
+        why = None
+        if r["status"] != "ok":
+            why = f"status {r['status']}"
+        elif (r.get("backend_info") or {}).get("label") != label:
+            why = f"{(r.get('backend_info') or {}).get('label')}, not {label}"
+        elif rc["world_size"] != 1:
+            why = f"{rc['world_size']} ranks (compute calibrates from a 1-rank run)"
+        elif rc["precision"] != cfg.precision:
+            why = f"precision {rc['precision']}"
+        elif profile.device == "cpu" and rc["device"] != "cpu":
+            why = "not a CPU run"
+        elif profile.device == "cuda" and (r["ranks"][0].get("device") != profile.device_name):
+            why = f"device {r['ranks'][0].get('device')} is not {profile.device_name}"
+        if why:
+            calib.notes.append(f"{r['run_id']}: not used ({why})")
+        else:
+            candidates.append(r)
+    if not candidates:
+        return calib
+    record = max(candidates, key=lambda r: (r.get("environment") or {}).get("start_time") or "")
+    rc = RunConfig.from_dict(record["config"])
+    summary = summarize(record)
+    opt = [t for r in record["ranks"] if r.get("status") == "ok" for t in r.get("optimizer_step_times") or []]
+    t_opt = float(np.median(opt)) if opt else 0.0
+    flops = float(np.sum(segment_flops(rc, Steps(rc))))
+    per_flop = []
+    for key in ("p10", "median", "p90"):
+        per_flop.append(max(summary["step_time_s"][key] - t_opt, 1e-12) / flops)
+    calib.seconds_per_flop = tuple(per_flop)
+    if opt:
+        per_param = t_opt / rc.spec.n_params
+        calib.optimizer_seconds_per_param = (per_param,) * 3
+    else:
+        calib.notes.append(
+            f"{record['run_id']}: no optimizer times recorded; the optimizer scales with FLOPs"
+        )
+    calib.sources.append(
+        {
+            "run_id": record["run_id"],
+            "backend": get_backend(rc.backend).label(rc),
+            "step_time_s": summary["step_time_s"]["median"],
+            "optimizer_s": t_opt,
+            "threads_per_worker": rc.threads_per_worker,
+            "for": label,
+        }
+    )
+    return calib
