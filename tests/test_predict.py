@@ -9,17 +9,23 @@ calling the code under test a second time.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import time
 
 import pytest
+from conftest import harness, run_record
 from record_factory import TINY_PARAMS, make_record
 
 from backends import get_backend
 from core.config import RunConfig
+from core.records import load_records
 from harness.analyze.metrics import bus_factor, comm_bytes_per_rank
 from harness.cli import main
 from harness.predict.hardware import load_profile, local_profile
-from harness.predict.model import calibrate, memory, predict_point, replay
+from harness.predict.model import calibrate, expected_slowest, memory, predict_point, replay
 from harness.predict.schedule import Message, schedule
+from harness.predict.validate import predict_measured
 from workloads.spec import resolve
 
 unit = pytest.mark.unit
@@ -224,6 +230,38 @@ def test_calibration_reproduces_its_run_and_adds_the_measured_collective():
 
 
 @unit
+@pytest.mark.parametrize("world, exact", [(2, 0.5642), (10, 1.5388), (100, 2.5076), (1000, 3.2414)])
+def test_the_slowest_of_n_ranks_is_the_expected_maximum_of_n_normals(world, exact):
+    """E[max of n standard normals] from tables of normal order statistics; Blom's approximation is
+    within 5%."""
+    assert expected_slowest(world) == pytest.approx(exact, rel=0.05)
+    assert expected_slowest(1) == 0
+
+
+@unit
+def test_a_synchronised_step_waits_for_the_slowest_rank_s_variation():
+    """Calibration steps 0.09, 0.10, 0.10, 0.10, 0.11 s: p10 0.094, p90 0.106 (linear interpolation), so
+    σ = 0.012 / 2.563 = 4.68 ms a step; at N = 2 the step adds E[max of 2] σ to 0.1 s of compute and the
+    8 ms all-reduce."""
+    record = calibration_record(0.1, 0.02)
+    for rank in record["ranks"]:
+        rank["step_times"] = [0.09, 0.10, 0.10, 0.10, 0.11]
+        rank["optimizer_step_times"] = [0.02] * 5
+        rank["losses"] = [7.0] * 5
+        rank["data_wait"] = [0.0] * 5
+    bench = commbench_record("tf-mwms", {"all_reduce": ([1024, TINY_PARAMS * 4], [1e-4, 8e-3])})
+    profile = local_profile([bench], "tf-mwms", cpus=2)
+    cfg = dataclasses.replace(
+        cfg_for("tf-mwms", world=2, precision="fp32"), device="cpu", nodes=1, gpus_per_node=2
+    )
+    calib = calibrate([record], cfg, profile)
+    nominal = predict_point(cfg, profile, calib, 1e6, None)["corners"]["nominal"]
+    sigma = 0.012 / (2 * 1.2816)
+    assert nominal["straggler_wait_s"] == pytest.approx(sigma * expected_slowest(2))
+    assert nominal["step_time_s"] == pytest.approx(0.1 + 0.008 + sigma * expected_slowest(2))
+
+
+@unit
 def test_a_sharded_optimizer_step_shrinks_with_n():
     """ZeRO-3 steps 1/N of the optimizer: calibrated at 0.02 s of a 0.1 s step at N = 1, the compute at
     N = 4 is 0.08 + 0.02 / 4 = 0.085 s."""
@@ -239,3 +277,142 @@ def test_a_sharded_optimizer_step_shrinks_with_n():
     calib = calibrate([calibration_record(0.1, 0.02, backend="deepspeed-zero3")], cfg, profile)
     nominal = predict_point(cfg, profile, calib, 1e6, None)["corners"]["nominal"]
     assert nominal["t_compute_s"] == pytest.approx(0.085)
+
+
+@unit
+def test_predict_answers_ten_rank_counts_in_under_two_seconds(capsys):
+    args = [
+        "predict",
+        "--backend",
+        "torch-fsdp",
+        "--workload",
+        "1b",
+        "--precision",
+        "bf16",
+        "--micro-batch",
+        "4",
+    ]
+    started = time.perf_counter()
+    code = main([*args, "--gpus", "1,2,4,8,16,32,64,128,512,1024", "--hardware", "h100-sxm"])
+    assert code == 0 and time.perf_counter() - started < 2.0
+    assert "PREDICTED (not measured)" in capsys.readouterr().out
+
+
+@unit
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["--hardware", "dgx-z"],
+            "unknown hardware profile 'dgx-z'; valid: a100-80g-sxm, h100-sxm, h200-sxm",
+        ),
+        (["--hardware", "local"], "the local profile needs a commbench record of torch-ddp in --calibrate"),
+        (["--hardware", "h100-sxm", "--global-batch", "12"], "--global-batch 12 is not divisible by gpus x"),
+        (["--hardware", "h100-sxm", "--zero-stage", "2"], "--zero-stage is an option of backend deepspeed"),
+        (["--hardware", "h100-sxm", "--precision", "fp8"], "precision"),
+    ],
+)
+def test_bad_predict_input_is_one_line_and_exit_2(argv, message, capsys):
+    code = main(["predict", "--backend", "torch-ddp", "--gpus", "8,16", *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+@unit
+def test_bad_rank_counts_are_refused_by_the_parser(capsys):
+    assert main(["predict", "--backend", "torch-ddp", "--gpus", "8,0", "--hardware", "h100-sxm"]) == 2
+    assert "positive rank counts" in capsys.readouterr().err
+
+
+@unit
+@pytest.mark.subprocess  # the record's git commit
+def test_predictions_are_records_of_their_own_kind_tabled_apart(tmp_path, capsys):
+    """`--out` writes one record per N with every input; training analyses never read them; `harness
+    results --kind prediction` and the report show them in their own table, labelled not measured."""
+    out = tmp_path / "results"
+    argv = ["predict", "--backend", "deepspeed", "--zero-stage", "3", "--workload", "small", "--gpus", "8,64"]
+    assert main([*argv, "--hardware", "a100-80g-sxm", "--gpu-hour-price", "1.5", "--out", str(out)]) == 0
+    capsys.readouterr()
+    predictions = load_records([out], kind="prediction")
+    assert sorted(r["config"]["world_size"] for r in predictions) == [8, 64]
+    record = predictions[0]
+    assert record["inputs"]["hardware"]["name"] == "a100-80g-sxm"
+    assert record["inputs"]["calibration"]["seconds_per_flop"] is None  # compute assumed, and it says so
+    assert record["summary"]["corners"]["nominal"]["compute_method"] == "assumed MFU"
+    assert load_records([out]) == []  # the default kind (training) never includes them
+    assert main(["results", str(out), "--kind", "prediction"]) == 0
+    table = capsys.readouterr().out
+    assert "deepspeed-zero3" in table and "a100-80g-sxm" in table
+    assert main(["report", str(out)]) == 0
+    report = capsys.readouterr().out
+    assert "Predictions (not measured)" in report and "assumed MFU" in report
+    json.dumps(record)  # plain JSON
+
+
+# ------------------------------------------------------------------------------------------ integration tier
+# label -> (run flags, the ops its commbench needs, whether the model meets the bounds on this 2-core CPU).
+# The three that do not: their in-run gloo collectives take 1.8-2x commbench's time even on the rank that
+# waited least, and 3-4x on the slowest (scripts/comm_crosscheck.py), so the step is under-predicted by
+# 20-30% (scripts/predict_validation.py; the closing note of the prediction issue has the table).
+OWN_RUNS = {
+    "torch-ddp": (["--backend", "torch-ddp"], "allreduce", True),
+    "deepspeed-zero1": (["--backend", "deepspeed", "--zero-stage", "1"], "allreduce,allgather", True),
+    "tf-mwms": (["--backend", "tf-mwms"], "allreduce", True),
+    "paddle-fleet": (["--backend", "paddle-fleet"], "allreduce", True),
+    "torch-fsdp": (["--backend", "torch-fsdp"], "allgather,reducescatter", False),
+    "deepspeed-zero3": (["--backend", "deepspeed", "--zero-stage", "3"], "allgather,reducescatter", False),
+    "horovod": (["--backend", "horovod"], "allreduce", False),
+}
+# Every stack with DISTBENCH_PREDICT_ALL=1 (about 6 minutes); torch-ddp alone otherwise.
+OWN_RUN_LABELS = list(OWN_RUNS) if os.environ.get("DISTBENCH_PREDICT_ALL") == "1" else ["torch-ddp"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "label",
+    [
+        pytest.param(
+            label,
+            marks=[]
+            if OWN_RUNS[label][2]
+            else [pytest.mark.xfail(strict=True, reason="in-run gloo collectives are 2-4x commbench's")],
+        )
+        for label in OWN_RUN_LABELS
+    ],
+)
+def test_a_two_rank_cpu_run_is_predicted_from_its_one_rank_runs_and_commbench(label, out):
+    """The prediction issue's own-runs validation: a stack's 2-rank tiny run on this machine predicted
+    from two launches of its 1-rank run and its commbench record, never from the run itself: step time
+    within 15%, exposed communication ratio within 10 points."""
+    flags, ops, _ = OWN_RUNS[label]
+    result = predicted_against_measured(out, [*flags, "--workload", "tiny"], flags[:2], ops)
+    assert abs(result["step_time_error"]) <= 0.15, result
+    assert abs(result["exposed_error_points"]) <= 10, result
+
+
+@pytest.mark.slow
+def test_a_communication_bound_cpu_run_is_predicted_only_with_its_collectives(out):
+    """On tiny the communication is under a fifth of the step, so the bounds above would hold even if
+    no collective were priced. Here (d_model 512, 2 blocks, 32 tokens a sequence, 2 sequences: 7.4M
+    parameters, a 30 MB all-reduce) it is about a third: the compute alone is 25-30% short of the measured
+    step, and the prediction with commbench's all-reduce is within 15%. Its exposed ratio is about 13
+    points low: the in-run all-reduce takes longer than commbench's."""
+    shape = ["--workload", "tiny", "--d-model", "512", "--heads", "8", "--layers", "2", "--seq-len", "32"]
+    flags = ["--backend", "torch-ddp"]
+    result = predicted_against_measured(out, [*flags, *shape, "--micro-batch", "2"], flags, "allreduce")
+    assert abs(result["step_time_error"]) <= 0.15, result
+    compute_only = result["predicted_compute_s"] / result["step_time_s"]["measured"] - 1
+    assert compute_only < -0.15, result  # what pricing no collective would give
+
+
+def predicted_against_measured(out, run_flags, backend_flags, ops) -> dict:
+    run = [*run_flags, "--threads-per-worker", "1", "--no-trace-comm", "--steps", "15"]
+    for gpus in (1, 1, 2):
+        run_record(out, *run, "--gpus", gpus)
+    proc = harness("commbench", *backend_flags, "--gpus", 2, "--ops", ops, "--sizes", "1K:64M", "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    records = load_records([out], kind=None)
+    (target,) = [r for r in records if r["kind"] == "training" and r["config"]["world_size"] == 2]
+    result = predict_measured(target, records)
+    assert len(result["calibrated_from"]) == 2 and target["run_id"] not in result["calibrated_from"]
+    return result

@@ -98,6 +98,7 @@ def configs(args, profile) -> list[RunConfig]:
             micro_batch=micro,
             grad_accum=args.grad_accum,
             activation_checkpointing=args.activation_checkpointing,
+            threads_per_worker=args.threads_per_worker,
             scaling="strong" if args.global_batch else "weak",
             nodes=math.ceil(n / per_node),
             gpus_per_node=per_node,
@@ -275,6 +276,12 @@ def register(subparsers) -> None:
         metavar="RECORD",
         help="record files or folders: a 1-rank training run on the profile's device calibrates compute; "
         "commbench runs make the local profile",
+    )
+    p.add_argument(
+        "--threads-per-worker",
+        type=positive,
+        default=1,
+        help="local profile: CPU threads per worker (calibration runs must have used the same)",
     )
     p.add_argument("--tokens", type=tokens_count, help="tokens to train on (default 20 x parameters)")
     p.add_argument("--gpu-hour-price", type=usd, help="USD per GPU-hour, for the cost column")

@@ -54,6 +54,7 @@ class Profile:
     inter_node: dict = field(default_factory=dict)
     call_latency_s: list | None = None
     overlap_slowdown: list = field(default_factory=lambda: [0.0, 0.05, 0.15])
+    step_cv: list = field(default_factory=lambda: [0.005, 0.01, 0.02])
     sources: list = field(default_factory=list)
     commbench: dict = field(default_factory=dict)  # local: {world_size: commbench summary} of one stack
     path: str | None = None
@@ -143,6 +144,7 @@ def load_profile(name: str) -> Profile:
             inter_node=data["inter_node"],
             call_latency_s=data["call_latency_s"],
             overlap_slowdown=data["overlap_slowdown"],
+            step_cv=data["step_cv"],
             sources=data.get("sources", []),
             path=str(path),
         )

@@ -11,6 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
+from scipy.stats import norm
 
 from backends import get_backend
 from core.config import RunConfig
@@ -29,6 +30,15 @@ OPTIMIZER_BYTES_PER_PARAM = {"fp32": 28, "autocast": 28, "master": 30}
 # elements = 17 elements; attention scores are not stored, as SDPA's fused kernels recompute them).
 ACTIVATION_ELEMENTS_PER_LAYER = 17
 ASSUMED_ACTIVATION_FACTOR = (0.8, 1.0, 1.25)
+NORMAL_P10_P90 = 2 * 1.2816  # p90 - p10 of a normal distribution, in σ
+
+
+def expected_slowest(world: int) -> float:
+    """E[max of `world` standard normals] (Blom's approximation; 0.56 at 2, 3.0 at 512): ranks that meet
+    in a collective every step wait for the slowest, so a step is the mean compute plus this many σ of a
+    rank's step-to-step variation (the bias harness.analyze.metrics.rank_median_max avoids when measuring
+    compute, and which a synchronised step really pays)."""
+    return float(norm.ppf((world - 0.375) / (world + 0.25))) if world > 1 else 0.0
 
 
 @dataclass
@@ -39,6 +49,7 @@ class Calibration:
     seconds_per_flop: tuple | None = None
     optimizer_seconds_per_param: tuple | None = None
     activation_factor: tuple = ASSUMED_ACTIVATION_FACTOR
+    step_cv: float | None = None  # a rank's step-to-step variation (σ / median), from the runs' p10-p90
     sources: list = field(default_factory=list)
     notes: list = field(default_factory=list)
 
@@ -201,7 +212,9 @@ def predict_point(cfg: RunConfig, profile: Profile, calib: Calibration, tokens: 
             messages,
             lambda m, c=corner: profile.collective_time(m.op, m.size_bytes, cfg.world_size, c),
         )
-        step = result["step_s"] + slowdown * result["overlapped_s"]
+        cv = calib.step_cv if calib.step_cv is not None else pick(profile.step_cv, corner, False)
+        straggler = cv * result["compute_s"] * expected_slowest(cfg.world_size)
+        step = result["step_s"] + slowdown * result["overlapped_s"] + straggler
         single, _ = compute_durations(one, Steps(one), profile, calib, corner)
         t_one = float(np.sum(single))
         tokens_per_step = cfg.tokens_per_step
@@ -217,6 +230,7 @@ def predict_point(cfg: RunConfig, profile: Profile, calib: Calibration, tokens: 
             "t_compute_s": result["compute_s"],
             "comm_busy_s": result["comm_busy_s"],
             "comm_overlapped_s": result["overlapped_s"],
+            "straggler_wait_s": straggler,
             "exposed_comm_ratio": max(0.0, (step - result["compute_s"]) / step),
             "throughput_tokens_per_s": throughput,
             "per_device_tokens_per_s": per_device,
@@ -259,10 +273,10 @@ def fits(nominal: dict, slow: dict, profile: Profile) -> dict:
 
 
 def calibrate(records: list[dict], cfg: RunConfig, profile: Profile) -> Calibration:
-    """Compute from the newest ok training record of the same backend at one rank on the profile's device
-    (same device name, or CPU for the local profile) and precision: its step time less its optimizer time
-    per FLOP of forward+backward, and its optimizer time per parameter. The fast and slow corners take the
-    step time's p10 and p90. Records that do not match are named in the notes, never used."""
+    """Compute from the ok training records of the same stack (label) at one rank on the profile's device
+    (same device name, or CPU for the local profile) and precision: the step time less the optimizer time,
+    per FLOP of forward+backward, and the optimizer time per parameter. Records that do not match are named
+    in the notes, never used."""
     calib = Calibration()
     label = get_backend(cfg.backend).label(cfg)
     candidates = []
@@ -279,6 +293,8 @@ def calibrate(records: list[dict], cfg: RunConfig, profile: Profile) -> Calibrat
             why = f"precision {rc['precision']}"
         elif profile.device == "cpu" and rc["device"] != "cpu":
             why = "not a CPU run"
+        elif profile.device == "cpu" and rc["threads_per_worker"] != cfg.threads_per_worker:
+            why = f"{rc['threads_per_worker']} threads per worker, not {cfg.threads_per_worker}"
         elif profile.device == "cuda" and (r["ranks"][0].get("device") != profile.device_name):
             why = f"device {r['ranks'][0].get('device')} is not {profile.device_name}"
         if why:
@@ -287,31 +303,39 @@ def calibrate(records: list[dict], cfg: RunConfig, profile: Profile) -> Calibrat
             candidates.append(r)
     if not candidates:
         return calib
-    record = max(candidates, key=lambda r: (r.get("environment") or {}).get("start_time") or "")
-    rc = RunConfig.from_dict(record["config"])
-    summary = summarize(record)
-    opt = [t for r in record["ranks"] if r.get("status") == "ok" for t in r.get("optimizer_step_times") or []]
-    t_opt = float(np.median(opt)) if opt else 0.0
-    flops = float(np.sum(segment_flops(rc, Steps(rc))))
-    per_flop = []
-    for key in ("p10", "median", "p90"):
-        per_flop.append(max(summary["step_time_s"][key] - t_opt, 1e-12) / flops)
-    calib.seconds_per_flop = tuple(per_flop)
-    if opt:
-        per_param = t_opt / rc.spec.n_params
-        calib.optimizer_seconds_per_param = (per_param,) * 3
-    else:
-        calib.notes.append(
-            f"{record['run_id']}: no optimizer times recorded; the optimizer scales with FLOPs"
+    # Repeats (separate launches) of the same run: the median of their median steps, the band from the
+    # lowest p10 to the highest p90, as launches on a shared machine differ by more than steps within one.
+    flops, nominal, fast, slow, optimizer, cvs = 0.0, [], [], [], [], []
+    for record in candidates:
+        rc = RunConfig.from_dict(record["config"])
+        summary = summarize(record)
+        opt = [
+            t for r in record["ranks"] if r.get("status") == "ok" for t in r.get("optimizer_step_times") or []
+        ]
+        t_opt = float(np.median(opt)) if opt else 0.0
+        flops = float(np.sum(segment_flops(rc, Steps(rc))))
+        step = summary["step_time_s"]
+        nominal.append((step["median"] - t_opt) / flops)
+        cvs.append((step["p90"] - step["p10"]) / NORMAL_P10_P90 / step["median"])
+        fast.append((step["p10"] - t_opt) / flops)
+        slow.append((step["p90"] - t_opt) / flops)
+        if opt:
+            optimizer.append(t_opt / rc.spec.n_params)
+        else:
+            calib.notes.append(
+                f"{record['run_id']}: no optimizer times recorded; the optimizer scales with FLOPs"
+            )
+        calib.sources.append(
+            {
+                "run_id": record["run_id"],
+                "backend": get_backend(rc.backend).label(rc),
+                "step_time_s": step["median"],
+                "optimizer_s": t_opt,
+                "threads_per_worker": rc.threads_per_worker,
+            }
         )
-    calib.sources.append(
-        {
-            "run_id": record["run_id"],
-            "backend": get_backend(rc.backend).label(rc),
-            "step_time_s": summary["step_time_s"]["median"],
-            "optimizer_s": t_opt,
-            "threads_per_worker": rc.threads_per_worker,
-            "for": label,
-        }
-    )
+    calib.seconds_per_flop = (min(fast), float(np.median(nominal)), max(slow))
+    calib.step_cv = float(np.median(cvs))
+    if len(optimizer) == len(candidates):
+        calib.optimizer_seconds_per_param = (float(np.median(optimizer)),) * 3
     return calib

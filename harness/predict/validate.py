@@ -30,6 +30,7 @@ def predict_measured(target: dict, records: list[dict]) -> dict:
         "commbench": profile.sources,
         "step_time_s": {"measured": step, "predicted": nominal["step_time_s"]},
         "step_time_error": nominal["step_time_s"] / step - 1,
+        "predicted_compute_s": nominal["t_compute_s"],
         "exposed_comm_ratio": {"measured": exposed, "predicted": nominal["exposed_comm_ratio"]},
         "exposed_error_points": 100 * (nominal["exposed_comm_ratio"] - exposed)
         if exposed is not None
