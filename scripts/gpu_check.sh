@@ -8,7 +8,8 @@
 #   - (6) batch preparation (data_prep, outside the timed region) against the step time;
 #   - (7) tf-mwms: what synchronize() still waits for after the loss read-back (if TF sees the GPU);
 #   - (9) allocator peaks reset after warm-up, against the model-state bytes; torch-fsdp vs torch-ddp, 1 rank;
-#   - the device contract under CUDA_VISIBLE_DEVICES=0: the GPU each rank record says it ran on.
+#   - the device contract under CUDA_VISIBLE_DEVICES=0: the GPU each rank record says it ran on;
+#   - harness predict calibrated by this GPU's 1-rank runs (the device name must match the H200 profile).
 # One summary line per record at the end. Records and logs land in ${CHECK_DIR:-gpu-results}; where OUT is
 # set (the device tool's folder that comes back), the summary and a tarball of them are copied there.
 #   bash scripts/gpu_check.sh            # about 4-6 minutes on one H200 (torch only); under 8 with all
@@ -124,6 +125,12 @@ in_budget "torch-ddp bf16" && run --backend torch-ddp --gpus 1 --workload small 
 in_budget "torch-ddp fp16" && run --backend torch-ddp --gpus 1 --workload small --precision fp16 --micro-batch 8 --steps 10
 in_budget "torch-ddp 1b" && run --backend torch-ddp --gpus 1 --workload 1b --precision bf16 --micro-batch 2 \
     --activation-checkpointing --steps 5 --warmup 2
+
+# harness predict calibrated by this GPU's 1-rank runs: the driver's device name must match the profile's
+# (compute "measured", not "assumed MFU"), and N = 1 must give back the measured bf16 step.
+echo "== [${SECONDS}s] harness predict --hardware h200-sxm --calibrate (compute must say: measured)"
+"$py" -m harness predict --backend torch-ddp --workload small --precision bf16 --micro-batch 8 --gpus 1,8,64 \
+    --hardware h200-sxm --calibrate "$dir" 2>&1 | grep -E "PREDICTED|^│|note:|error" | cut -c1-160
 
 echo "== [${SECONDS}s] one line per record"
 "$py" - "$dir" <<'PY' | tee "$dir/summary.txt"

@@ -157,6 +157,18 @@ def test_activations_follow_korthikanti_without_stored_attention_scores():
 
 
 @unit
+def test_the_activation_factor_is_fitted_to_measured_allocator_peaks():
+    """A 1-rank torch-ddp tiny run at fp32 on a GPU whose allocator peaked at the model state (16 B x
+    1,071,872) plus twice the modelled activations (4 layers x 17 x 1,024 tokens x 128 x 4 B = 35,651,584,
+    and logits 1,024 x 2,048 x 12 B = 25,165,824): the factor is 2, and predictions use it."""
+    activations = 4 * 17 * 1024 * 128 * 4 + 1024 * 2048 * 12
+    record = make_record("torch-ddp", gpus=1, allocated=16 * TINY_PARAMS + 2 * activations)
+    record["config"]["device"] = "cuda"
+    calib = calibrate([record], cfg_for("torch-ddp", world=8), load_profile("h100-sxm"))
+    assert calib.activation_factor == pytest.approx((2.0, 2.0, 2.0))
+
+
+@unit
 def test_a_configuration_that_cannot_fit_says_which_term_dominates(capsys):
     """1b under DDP, micro-batch 64 at seq 2048 on an 80 GB A100: activations alone are 24 layers x 17 x
     131,072 tokens x 2,048 x 2 B = 209 GiB, so it cannot fit and activations dominate; a 20B model under

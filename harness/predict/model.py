@@ -278,6 +278,8 @@ def calibrate(records: list[dict], cfg: RunConfig, profile: Profile) -> Calibrat
     per FLOP of forward+backward, and the optimizer time per parameter. Records that do not match are named
     in the notes, never used."""
     calib = Calibration()
+    if profile.device == "cuda":
+        fit_activation_factor(records, calib)
     label = get_backend(cfg.backend).label(cfg)
     candidates = []
     for r in records:
@@ -339,3 +341,25 @@ def calibrate(records: list[dict], cfg: RunConfig, profile: Profile) -> Calibrat
     if len(optimizer) == len(candidates):
         calib.optimizer_seconds_per_param = (float(np.median(optimizer)),) * 3
     return calib
+
+
+def fit_activation_factor(records: list[dict], calib: Calibration) -> None:
+    """The one activation factor, fitted to measured GPU peaks: for each ok GPU training record with an
+    allocator peak (any stack, any N), (peak - every modelled term but activations) / modelled
+    activations; their median, with the smallest and largest as the band. The allocator's peak is the
+    only fair measure (a CPU's RSS holds the framework runtime)."""
+    ratios = []
+    for r in records:
+        if r.get("status") != "ok" or r["config"].get("device") != "cuda":
+            continue
+        peak = summarize(r)["peak_allocated_bytes"]
+        if not peak:
+            continue
+        rc = RunConfig.from_dict(r["config"])
+        modelled = memory(rc, 1.0)
+        if modelled["activations"] > 0:
+            ratios.append((peak - (modelled["total"] - modelled["activations"])) / modelled["activations"])
+            calib.sources.append({"run_id": r["run_id"], "activation_factor": ratios[-1]})
+    if ratios:
+        calib.activation_factor = (min(ratios), float(np.median(ratios)), max(ratios))
+        calib.notes.append(f"activation factor fitted to {len(ratios)} measured allocator peak(s)")
