@@ -282,3 +282,51 @@ def test_the_longest_job_name_whose_pods_fit_is_accepted(capsys):
         == 0
     )
     assert f"name: {'h' * 54}" in capsys.readouterr().out
+
+
+# The real CRD schemas (openAPIV3Schema of the served version, unedited; sources in
+# tests/data/crds/SOURCES.md): the training-operator v1.9.0's PyTorchJob, TFJob and PaddleJob (kubeflow.org/v1) and mpi-operator v0.6.0's
+# MPIJob (kubeflow.org/v2beta1).
+CRDS = REPO / "tests" / "data" / "crds"
+CRD_FILES = {
+    "PyTorchJob": "pytorchjob-v1.json",
+    "TFJob": "tfjob-v1.json",
+    "PaddleJob": "paddlejob-v1.json",
+    "MPIJob": "mpijob-v2beta1.json",
+}
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("gpus", [True, False], ids=["gpu", "cpu"])
+@pytest.mark.parametrize("nodes", [1, 2])
+@pytest.mark.parametrize("backend", list(JOB_KINDS))
+def test_every_manifest_validates_against_its_operator_s_real_crd_schema(backend, nodes, gpus):
+    """What the API server checks on `kubectl apply`: the manifest, as written (YAML), against the CRD's
+    structural schema; unknown fields fail too, as the server prunes or rejects them."""
+    import jsonschema
+
+    kind = JOB_KINDS[backend]
+    schema = json.loads((CRDS / CRD_FILES[kind]).read_text())
+    job = yaml.safe_load(
+        yaml.safe_dump(
+            manifest(
+                backend, "bench-1", "reg/distbench:1", nodes, 4, ["--workload", "tiny"], "results", gpus=gpus
+            )
+        )
+    )
+    validator = jsonschema.Draft7Validator(closed(schema))
+    errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(job)]
+    assert not errors, errors
+
+
+def closed(schema):
+    """The schema with every object that lists its properties closed to others (structural schemas are
+    pruned by the API server: an unknown field would silently vanish), unless it preserves unknown fields."""
+    if isinstance(schema, dict):
+        out = {k: closed(v) for k, v in schema.items()}
+        if "properties" in out and not out.get("x-kubernetes-preserve-unknown-fields"):
+            out.setdefault("additionalProperties", False)
+        return out
+    if isinstance(schema, list):
+        return [closed(v) for v in schema]
+    return schema
