@@ -285,8 +285,8 @@ def test_the_longest_job_name_whose_pods_fit_is_accepted(capsys):
 
 
 # The real CRD schemas (openAPIV3Schema of the served version, unedited; sources in
-# tests/data/crds/SOURCES.md): the training-operator v1.9.0's PyTorchJob, TFJob and PaddleJob (kubeflow.org/v1) and mpi-operator v0.6.0's
-# MPIJob (kubeflow.org/v2beta1).
+# tests/data/crds/SOURCES.md): the training-operator v1.9.0's PyTorchJob, TFJob and PaddleJob
+# (kubeflow.org/v1) and mpi-operator v0.6.0's MPIJob (kubeflow.org/v2beta1).
 CRDS = REPO / "tests" / "data" / "crds"
 CRD_FILES = {
     "PyTorchJob": "pytorchjob-v1.json",
