@@ -120,3 +120,16 @@ def test_a_sweep_refuses_an_option_of_a_backend_it_does_not_sweep():
     )
     with pytest.raises(UsageError, match="--zero-stage is an option of backend deepspeed, not of torch-ddp"):
         sweep_plan(args)
+
+
+@pytest.mark.unit
+def test_a_plan_made_without_gpus_says_auto_was_resolved_here_and_how_to_plan_for_gpus(capsys, monkeypatch):
+    """On a login node (no GPU), --device auto resolves to cpu here; the plan says so instead of
+    presenting a CPU run as the target's."""
+    monkeypatch.setattr("harness.run.options.resolve_device", lambda requested, per_node: "cpu")
+    assert (
+        main(["plan", "--backend", "torch-ddp", "--nodes", "2", "--gpus-per-node", "8", "--hosts", "a,b"])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "--device auto was resolved on this machine (cpu)" in out and "--device cuda" in out

@@ -60,6 +60,12 @@ def cmd_plan(args) -> int:
         f"rank(s) = {base.world_size} ranks on {base.device} · master {base.master_addr}:{port} · "
         f"run id {run_id}"
     )
+    if args.device == "auto":
+        print(
+            f"note: --device auto was resolved on this machine ({base.device}); each node resolves it again "
+            "when it runs, so plan for the target with --device cuda (or cpu): a plan made on a login node "
+            "without GPUs describes a GPU run only when told"
+        )
     if base.nodes == 1 and not base.master_port:
         print(f"(a one-node run picks a free port per run; {port} is shown)")
     if not ok:
