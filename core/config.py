@@ -58,6 +58,8 @@ class RunConfig:
     master_addr: str = "127.0.0.1"
     master_port: int | None = None
     hosts: list = field(default_factory=list)  # one hostname per node, when known
+    # This harness only starts the ranks on `hosts` (an MPIJob's launcher pod): no rank runs here.
+    launcher_only: bool = False
     # Set only for the isolated counterfactual: this worker runs alone (world 1) on data shard
     # `isolated_index` of the real N-rank run.
     isolated_index: int | None = None

@@ -254,3 +254,39 @@ def test_corrupt_and_foreign_files_are_named_and_skipped(tmp_path, capsys):
         proc = harness(*command)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert all(name in proc.stderr for name in ("torn.json", "foreign.json", "future.json")), proc.stderr
+
+
+def test_a_harness_stopped_by_sigterm_writes_a_timeout_record_naming_who_stopped_it(results, kept):
+    """What a Slurm time limit does (SIGTERM to the job's processes, SIGKILL after KillWait): the harness
+    stops its ranks, writes a `timeout` record that names the sender (here a Slurm job, from the job's
+    environment) and the ranks that had not finished, exits 1, and leaves no process behind."""
+    argv = [*RUN, "--steps", "200", "--step-delay", "0.05", "--timeout", "120", "--out", str(results)]
+    before = set(results.glob("*.json")) if results.exists() else set()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness", "run", *argv],
+        cwd=REPO,
+        env={**os.environ, "SLURM_JOB_ID": "4242"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + 90
+    logs = []
+    while time.monotonic() < deadline and proc.poll() is None:
+        logs = list(results.glob("logs/*/rank0.log"))
+        new = [p for p in logs if p.stat().st_mtime > time.time() - 60 and "step" in p.read_text()]
+        if new:
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None, "the run ended before it could be stopped"
+    time.sleep(1)  # well into the measured steps
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 1, out
+    (path,) = set(results.glob("*.json")) - before
+    record = load_record(path)
+    assert record["status"] == "timeout", record["error"]
+    assert "stopped after" in record["error"]["message"]
+    assert "SIGTERM from Slurm (job 4242" in record["error"]["message"]
+    assert record["error"]["unfinished_ranks"] == [0, 1]
+    assert not leftovers(record["launch"]["log_dir"], wait_s=5), "a process outlived the stopped run"

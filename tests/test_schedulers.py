@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import stat
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import yaml
 from conftest import REPO, harness
 from processes import leftovers
 
+from backends import get_backend
 from harness.cli import main
 from harness.run.schedulers import JOB_KINDS, manifest
 
@@ -330,3 +332,89 @@ def closed(schema):
     if isinstance(schema, list):
         return [closed(v) for v in schema]
     return schema
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "text, seconds",
+    [("5", 300), ("2:30", 150), ("01:00:00", 3600), ("1-0", 86400), ("1-2:30", 95400), ("0-0:0:45", 45)],
+)
+def test_slurm_time_limits_are_read_as_sbatch_reads_them(text, seconds):
+    from harness.run.schedulers import slurm_seconds
+
+    assert slurm_seconds(text) == seconds
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "time_limit, run, message",
+    [
+        (
+            "00:10:00",
+            ["--timeout", "900"],
+            "--time 00:10:00 (600 s) cannot hold the run: 1 launch(es) x "
+            "--timeout 900 s + 120 s to start and write the record = 1020 s; give --time >= 00:17:00",
+        ),
+        ("00:01:00", [], "leaves -60 s per launch after 120 s of margin"),
+        ("soon", [], "not a Slurm time limit; valid: MM, MM:SS, HH:MM:SS"),
+    ],
+)
+def test_a_time_limit_that_cannot_hold_the_run_is_refused(time_limit, run, message, capsys):
+    """Slurm ends a job at its limit (SIGTERM, then SIGKILL): a run whose --timeout is longer would end
+    without its own timeout ever firing. Refused before anything is written or submitted."""
+    argv = ["slurm", "--time", time_limit, "run", "--backend", "torch-ddp", "--device", "cpu", *run]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.unit
+@pytest.mark.subprocess  # bash -n
+def test_the_default_timeout_is_lowered_to_fit_the_time_limit_and_sigterm_comes_early(capsys):
+    """horovod on 2 nodes: the run and two isolated launches; 20 minutes less 2 of margin = 360 s each."""
+    argv = ["slurm", "--nodes", "2", "--time", "00:20:00", "run", "--backend", "horovod", "--device", "cpu"]
+    assert main(argv) == 0
+    script = capsys.readouterr().out
+    assert "--timeout 360 " in script and "#SBATCH --signal=TERM@60" in script
+    bash_syntax_ok(script)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_the_mpijob_launcher_pod_runs_the_workers_gpu_run_without_a_gpu_of_its_own(
+    nodes, tmp_path, monkeypatch
+):
+    """The launcher pod has no GPU: its `harness run` names the workers' device (--device cuda) and runs
+    no rank itself (--launcher-only), so it is accepted on a machine without GPUs, and horovodrun starts
+    every rank on the hostfile's workers, even on one node. Before, it ran with --device auto (cpu there)."""
+    from harness.run.options import build_config
+    from harness.run.runner import node_plan
+    from harness.run.schedulers import command_parser
+
+    monkeypatch.setattr("harness.run.devices.visible_gpus", lambda: [])  # the launcher pod
+    job = manifest("horovod", "hvd-1", "img:1", nodes, 4, ["--workload", "tiny"], "results", gpus=True)
+    command = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["command"][2]
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("".join(f"hvd-1-worker-{i} slots=4\n" for i in range(nodes)))
+    argv = shlex.split(command.removeprefix("exec ").replace("/etc/mpi/hostfile", str(hostfile)))
+    assert argv[:2] == ["harness", "run"] and "--launcher-only" in argv
+    args = command_parser().parse_args(argv[1:])
+    cfg = build_config(args, args.backend, nodes * 4)
+    assert cfg.device == "cuda" and cfg.launcher_only and cfg.compute_method == "none"
+    (proc,) = node_plan(get_backend("horovod"), cfg, tmp_path, 29500).processes
+    hosts = proc.argv[proc.argv.index("-H") + 1]
+    assert hosts == ",".join(f"hvd-1-worker-{i}:4" for i in range(nodes)) and "localhost" not in hosts
+
+
+@pytest.mark.unit
+def test_launcher_only_is_refused_where_it_cannot_hold(capsys):
+    base = ["run", "--hosts", "a,b", "--node-rank", "0", "--launcher-only"]
+    assert main([*base, "--backend", "torch-ddp", "--device", "cuda", "--compute-method", "none"]) == 2
+    assert (
+        "torch-ddp's launcher does not start the other hosts' ranks; valid: horovod"
+        in capsys.readouterr().err
+    )
+    assert main([*base, "--backend", "horovod", "--compute-method", "none"]) == 2
+    assert "--launcher-only needs --device cuda or cpu" in capsys.readouterr().err
+    assert main([*base, "--backend", "horovod", "--device", "cuda"]) == 2
+    assert "add --compute-method none" in capsys.readouterr().err

@@ -82,8 +82,9 @@ class Horovod(Backend):
         (`-H h1:G,h2:G`; over ssh for remote hosts, directly for this machine's own addresses), so the
         other nodes' harnesses start nothing and only wait. `port` is unused: horovodrun's rendezvous
         server binds a free port itself. Devices: horovodrun passes its environment to every worker, and
-        local rank i takes cuda:i inside the mask (every node is given the same physical ids)."""
-        multi = cfg.nodes > 1 and cfg.isolated_index is None
+        local rank i takes cuda:i inside the mask (every node is given the same physical ids). With
+        `launcher_only` (an MPIJob's launcher pod) every rank is on the hosts, even on one node."""
+        multi = (cfg.nodes > 1 or cfg.launcher_only) and cfg.isolated_index is None
         if multi and cfg.node_rank != 0:
             return LaunchPlan([])
         n = cfg.local_procs

@@ -15,6 +15,7 @@ from backends import all_backends, backend_names, get_backend
 from core.config import RunConfig
 from harness.analyze.export import write_tensorboard
 from harness.analyze.summary import print_summary
+from harness.run.launch import stop_on_sigterm
 from harness.run.nodes import check_run_id, requested_world
 from harness.run.options import add_run_arguments, build_config, check_out_dir
 from harness.run.progress import RunDisplay
@@ -32,6 +33,7 @@ def cmd_run(args) -> int:
         return EXIT_USAGE
     check_run_id(args.run_id, cfg, args.out)
     check_out_dir(args.out)
+    stop_on_sigterm()
     if cfg.node_rank:  # another node's harness only runs its launcher; node 0 writes the record
         node = run_node(backend, cfg, args.out / "logs" / args.run_id, sys.argv)
         done = not node["timed_out"] and all(rc == 0 for rc in node["returncodes"])

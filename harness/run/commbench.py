@@ -20,6 +20,7 @@ from core.config import COLLECTIVE_OPS, COMMBENCH_DTYPES, CommbenchSpec, Invalid
 from core.process import available_cpus
 from harness.analyze.summary import fmt_bytes
 from harness.run.devices import resolve_device
+from harness.run.launch import stop_on_sigterm
 from harness.run.nodes import add_node_arguments, check_run_id, node_layout, requested_world
 from harness.run.options import DEFAULT_OUT, check_out_dir, fault_spec, foreign_flags
 from harness.run.runner import execute, run_node
@@ -177,6 +178,7 @@ def cmd_commbench(args) -> int:
         raise UsageError(f"backend {backend.name} is unavailable here: {reason}")
     check_run_id(args.run_id, cfg, args.out)
     check_out_dir(args.out)
+    stop_on_sigterm()
     if cfg.node_rank:
         node = run_node(backend, cfg, args.out / "logs" / args.run_id, sys.argv)
         print(f"node {cfg.node_rank}: launcher exit codes {node['returncodes']}; node 0 writes the record")

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,10 +34,48 @@ class LaunchResult:
     returncodes: list[int | None]
     timed_out: bool
     elapsed_s: float
+    stopped: str | None = None  # why the harness was told to stop (a SIGTERM: who sent it), if it was
 
     @property
     def ok(self) -> bool:
-        return not self.timed_out and all(rc == 0 for rc in self.returncodes)
+        return not self.timed_out and not self.stopped and all(rc == 0 for rc in self.returncodes)
+
+
+# Set by the harness's SIGTERM handler (harness.run.commands): every launch ends as on a timeout, with the
+# reason kept, and the record is still written (a scheduler's time limit sends SIGTERM, then SIGKILL).
+STOP = threading.Event()
+stop_reason: list[str] = []
+
+
+def request_stop(reason: str) -> None:
+    if not STOP.is_set():
+        stop_reason.append(reason)
+        STOP.set()
+
+
+def stopped() -> str | None:
+    return stop_reason[0] if STOP.is_set() else None
+
+
+def who_sent_sigterm() -> str:
+    """Python's handler is not told the sender; the environment says who can have sent it."""
+    if job := os.environ.get("SLURM_JOB_ID"):
+        return f"SIGTERM from Slurm (job {job}: its time limit, or scancel)"
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return "SIGTERM from Kubernetes (the pod was deleted, evicted or its job ended)"
+    return "SIGTERM from outside the harness (kill, a scheduler, a container stop)"
+
+
+def stop_on_sigterm() -> None:
+    """A SIGTERM to the harness stops its launches as a timeout would and lets it write the record (a
+    scheduler sends SIGTERM at the time limit, then SIGKILL after a grace: Slurm's KillWait, 30 s by
+    default). Later SIGTERMs are ignored, so they cannot interrupt the writing."""
+
+    def handler(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        request_stop(who_sent_sigterm())
+
+    signal.signal(signal.SIGTERM, handler)
 
 
 def kill_tree(popens: list[subprocess.Popen]) -> None:
@@ -125,6 +164,8 @@ def run_processes(
     """Run processes concurrently, all output to one log; kill everything on timeout, Ctrl-C, or once a
     process has failed and the others have not exited within FAILURE_GRACE_S; then remove `leftovers`."""
     start = time.monotonic()
+    if stopped():  # told to stop before this launch: start nothing
+        return LaunchResult([], False, 0.0, stopped())
     popens = []
     reaper = start_reaper()
     with open(log_path, "ab") as log:
@@ -151,6 +192,9 @@ def run_processes(
                 if now - start > timeout_s:
                     kill_tree(popens)
                     return LaunchResult([p.returncode for p in popens], True, now - start)
+                if stopped():
+                    kill_tree(popens)
+                    return LaunchResult([p.returncode for p in popens], False, now - start, stopped())
                 if first_failure is None and any(p.returncode not in (None, 0) for p in popens):
                     first_failure = now
                 if first_failure is not None and now - first_failure > FAILURE_GRACE_S:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from core.config import RunConfig
 from core.records import write_json_atomic
-from harness.run.launch import LaunchResult
+from harness.run.launch import LaunchResult, stopped
 from harness.usage import UsageError, positive
 
 DEFAULT_MASTER_PORT = 29500  # torchrun's default, for multi-node runs given no port
@@ -54,6 +54,13 @@ def add_node_arguments(p) -> None:
     )
     g.add_argument(
         "--node-rank", type=int, help="this node's index (default: this host's place in the hosts)"
+    )
+    g.add_argument(
+        "--launcher-only",
+        action="store_true",
+        help="this harness only starts the ranks on the hosts (an MPIJob's launcher pod, which has no GPU "
+        "of its own): the device is the hosts', given as --device cuda or cpu and not checked here; for "
+        "backends whose launcher reaches the other hosts (horovod), with --compute-method none",
     )
     g.add_argument(
         "--master",
@@ -225,6 +232,7 @@ def finish_node(run_dir: Path, marker: dict, result: LaunchResult, isolated_erro
         "finished": True,
         "returncodes": result.returncodes,
         "timed_out": result.timed_out,
+        "stopped": result.stopped,
         "elapsed_s": result.elapsed_s,
         "isolated_error": isolated_error,
     }
@@ -253,7 +261,7 @@ def wait_for_nodes(run_dir: Path, cfg: RunConfig) -> list[dict | None]:
     deadline = time.monotonic() + (launches * cfg.timeout_s if own_ok else 0) + NODE_GRACE_S
     while True:
         markers = read_markers(run_dir, cfg.nodes)
-        if all(m is None or m.get("finished") for m in markers) or time.monotonic() > deadline:
+        if all(m is None or m.get("finished") for m in markers) or time.monotonic() > deadline or stopped():
             return markers
         time.sleep(POLL_S)
 
@@ -265,6 +273,7 @@ def merged_launch(markers: list[dict | None]) -> LaunchResult:
         [rc for m in done for rc in m["returncodes"]],
         any(m["timed_out"] for m in done),
         max((m["elapsed_s"] for m in done), default=0.0),
+        next((m["stopped"] for m in done if m.get("stopped")), None),
     )
 
 

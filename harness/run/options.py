@@ -169,6 +169,23 @@ def build_config(
     if layout["nodes"] > 1 and not backend.multi_node:
         raise UsageError(f"backend {backend.name} runs on one node only; drop --nodes/--hosts")
     per_node = n // layout["nodes"]
+    launcher_only = bool(getattr(args, "launcher_only", False))
+    if launcher_only:
+        if not backend.starts_remote_ranks:
+            raise UsageError(
+                f"--launcher-only: {backend.name}'s launcher does not start the other hosts' ranks; "
+                f"valid: {', '.join(b.name for b in all_backends() if b.starts_remote_ranks)}"
+            )
+        if args.device == "auto":
+            raise UsageError(
+                "--launcher-only needs --device cuda or cpu: the ranks' hosts decide, not this one"
+            )
+        if method != "none":
+            raise UsageError(
+                "--launcher-only runs no rank here, so no isolated counterfactual either: "
+                "add --compute-method none"
+            )
+        check_devices = False
     device = resolve_device(args.device, per_node) if check_devices or args.device == "auto" else args.device
     cores = available_cpus()
     cfg = RunConfig(
@@ -195,6 +212,7 @@ def build_config(
         timeout_s=args.timeout,
         collective_timeout_s=getattr(args, "collective_timeout", None),
         **layout,
+        launcher_only=launcher_only,
         backend_options=options.to_dict(),
         fault=args.inject_fault,
         step_delay_s=args.step_delay,

@@ -117,6 +117,15 @@ def classify(
             "log_tail": tail or log_tail(run_dir / "launcher.log"),
         }
 
+    if result.stopped:  # the harness was stopped from outside (a scheduler's time limit, scancel, kill)
+        return result_for(
+            "timeout",
+            None,
+            f"the harness was stopped after {result.elapsed_s:.0f} s by {result.stopped}; ranks "
+            f"{unfinished} had not finished",
+            unfinished_ranks=unfinished,
+            stopped_by=result.stopped,
+        )
     if result.timed_out:  # who hung is not knowable from outside: every rank waits on the hung one
         return result_for(
             "timeout",

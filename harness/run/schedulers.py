@@ -80,10 +80,82 @@ def checked_command(command: str, harness_args: list[str], nodes: int, per_node:
     )
     args = command_parser().parse_args([command, *harness_args, *layout])
     if command == "run":
-        build_config(args, args.backend, requested_world(args), check_devices=False)
+        args.cfg = build_config(args, args.backend, requested_world(args), check_devices=False)
     elif max(args.gpus) > per_node:
         raise UsageError(f"the sweep's largest N ({max(args.gpus)}) exceeds --gpus-per-node {per_node}")
     return args
+
+
+# Seconds a job needs beyond its runs' timeouts: starting the harness and the launchers, writing the
+# record, and the early SIGTERM the script asks for (#SBATCH --signal=TERM@SIGTERM_LEAD_S).
+SLURM_MARGIN_S = 120
+SIGTERM_LEAD_S = 60
+SLURM_TIME_FORMATS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
+
+
+def slurm_seconds(text: str) -> int:
+    """A Slurm time limit (sbatch --time) in seconds."""
+    days, _, rest = text.rpartition("-") if "-" in text else ("0", "", text)
+    try:
+        parts = [int(p) for p in rest.split(":")]
+        day = int(days)
+    except ValueError:
+        raise UsageError(f"--time {text}: not a Slurm time limit; valid: {SLURM_TIME_FORMATS}") from None
+    if "-" in text:  # D-HH[:MM[:SS]]
+        if not 1 <= len(parts) <= 3:
+            raise UsageError(f"--time {text}: not a Slurm time limit; valid: {SLURM_TIME_FORMATS}")
+        h, m, s = (parts + [0, 0])[:3]
+    elif len(parts) == 1:
+        h, m, s = 0, parts[0], 0
+    elif len(parts) == 2:
+        h, m, s = 0, parts[0], parts[1]
+    elif len(parts) == 3:
+        h, m, s = parts
+    else:
+        raise UsageError(f"--time {text}: not a Slurm time limit; valid: {SLURM_TIME_FORMATS}")
+    seconds = ((day * 24 + h) * 60 + m) * 60 + s
+    if seconds <= 0 or min(parts) < 0 or day < 0:
+        raise UsageError(f"--time {text}: must be a positive time limit ({SLURM_TIME_FORMATS})")
+    return seconds
+
+
+def clock_text(seconds: float) -> str:
+    seconds = int(seconds + 0.999)
+    return f"{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def fit_time_limit(args, run_args, harness_args: list[str]) -> list[str]:
+    """Make the job's time limit and the run's --timeout agree, before anything is submitted: the run's
+    launches (its own and the isolated counterfactual's, each up to --timeout) plus SLURM_MARGIN_S must fit
+    in --time. A --timeout given explicitly that cannot fit is refused; the default one is lowered to fit
+    (returned as the run's options). A sweep is checked for one run (it resumes with --resume)."""
+    limit = slurm_seconds(args.time)
+    given = any(a.split("=", 1)[0] == "--timeout" for a in harness_args)
+    timeout = run_args.timeout
+    if args.command == "run":
+        cfg = run_args.cfg
+        launches = 1 + (
+            cfg.isolated_repeats if cfg.compute_method == "isolated" and cfg.world_size > 1 else 0
+        )
+    else:
+        launches = 1 + run_args.isolated_repeats
+    needed = launches * timeout + SLURM_MARGIN_S
+    if needed <= limit:
+        return harness_args
+    what = f"{launches} launch(es) x --timeout {timeout:.0f} s + {SLURM_MARGIN_S} s"
+    what += " to start and write the record"
+    if given or args.command == "sweep":
+        raise UsageError(
+            f"--time {args.time} ({limit} s) cannot hold the run: {what} = {needed:.0f} s; give --time >= "
+            f"{clock_text(needed)} or a smaller --timeout"
+        )
+    fitted = (limit - SLURM_MARGIN_S) / launches
+    if fitted < 60:
+        raise UsageError(
+            f"--time {args.time} ({limit} s) leaves {fitted:.0f} s per launch after {SLURM_MARGIN_S} s of "
+            f"margin ({launches} launch(es)); give --time >= {clock_text(launches * 60 + SLURM_MARGIN_S)}"
+        )
+    return [*harness_args, "--timeout", f"{fitted:.0f}"]
 
 
 # ------------------------------------------------------------------------------------------------- Slurm
@@ -96,6 +168,9 @@ def sbatch_script(args, harness_args: list[str]) -> str:
         f"#SBATCH --nodes={args.nodes}",
         "#SBATCH --ntasks-per-node=1",
         f"#SBATCH --time={args.time}",
+        # SIGTERM a minute before the limit: the harness stops its ranks and writes the record (as it does on
+        # the SIGTERM at the limit, with KillWait's grace before SIGKILL)
+        f"#SBATCH --signal=TERM@{SIGTERM_LEAD_S}",
         "#SBATCH --output=distbench-%j.out",
     ]
     if args.gpus_per_node and not args.cpu:
@@ -140,6 +215,7 @@ def sbatch_script(args, harness_args: list[str]) -> str:
 def cmd_slurm(args) -> int:
     harness_args = strip_separator(args.harness_args)
     run_args = checked_command(args.command, harness_args, args.nodes, args.gpus_per_node)
+    harness_args = fit_time_limit(args, run_args, harness_args)
     args.cpu = getattr(run_args, "device", "auto") == "cpu"
     write_output(args.output, sbatch_script(args, harness_args))
     return EXIT_OK
@@ -306,8 +382,13 @@ def manifest(
                 "Worker": replica(nodes, container("paddle", image, cmd, pod_gpus, workdir, env, ports), pvc)
             },
         }
-    else:  # MPIJob: the launcher pod runs node 0's harness, whose horovodrun reaches the workers over ssh
-        cmd = f"exec {run} --node-rank 0 --hostfile /etc/mpi/hostfile"
+    else:  # MPIJob: the launcher pod runs node 0's harness, whose horovodrun reaches the workers over ssh;
+        # the pod has no GPU, so it names the workers' device and runs no rank (nor isolated worker) itself
+        device = "cuda" if gpus else "cpu"
+        cmd = (
+            f"exec {run} --node-rank 0 --hostfile /etc/mpi/hostfile --launcher-only --device {device} "
+            "--compute-method none"
+        )
         spec = {
             "slotsPerWorker": per_node,
             "runPolicy": policy,
@@ -333,6 +414,11 @@ def cmd_k8s(args) -> int:
     backend = run_args.backend
     if backend not in JOB_KINDS:
         raise UsageError(f"no Kubeflow job kind for backend '{backend}'; known: {', '.join(JOB_KINDS)}")
+    if JOB_KINDS[backend] == "MPIJob" and run_args.compute_method not in ("auto", "none"):
+        raise UsageError(
+            f"--compute-method {run_args.compute_method}: an MPIJob's launcher pod runs no rank, so no "
+            "isolated counterfactual either; the job runs with --compute-method none (no exposed ratio)"
+        )
     name = args.name or f"distbench-{backend}-{uuid.uuid4().hex[:6]}"
     check_job_name(name, JOB_KINDS[backend], args.nodes)
     job = manifest(
@@ -386,7 +472,10 @@ def register(subparsers) -> None:
     p.add_argument("--nodes", type=positive, default=1)
     p.add_argument("--gpus-per-node", type=positive, default=1, help="ranks per node (GPUs, or CPU workers)")
     p.add_argument(
-        "--time", default="01:00:00", help="the job's time limit (keep it above the runs' --timeout)"
+        "--time",
+        default="01:00:00",
+        help="the job's time limit; it must hold the run's launches x --timeout plus 2 minutes (the "
+        "default --timeout is lowered to fit; one given explicitly that does not fit is refused)",
     )
     p.add_argument("--job-name", default="distbench")
     p.add_argument("--partition")

@@ -23,6 +23,7 @@ from core.config import RunConfig
 from core.process import available_cpus
 from core.records import config_key, load_records
 from harness.analyze.export import write_tensorboard
+from harness.run.launch import stop_on_sigterm, stopped
 from harness.run.nodes import read_hosts
 from harness.run.options import add_run_arguments, build_config, check_out_dir
 from harness.run.progress import RunDisplay, make_progress
@@ -172,12 +173,20 @@ def cmd_sweep(args) -> int:
     if args.resume:
         runs, n_done = drop_done(runs, args.out)
         print(f"resume: {n_done} run(s) already recorded ok in {args.out} are skipped")
+    stop_on_sigterm()
     start, records = time.monotonic(), []
     live = sys.stdout.isatty() and not args.quiet
     bars = make_progress(sys.stdout) if live else None
     overall = bars.add_task("sweep", total=len(runs), status="") if live else None
     with bars or contextlib.nullcontext():
         for k, run in enumerate(runs, 1):
+            if reason := stopped():  # the run it stopped has its record; start no other
+                print(
+                    f"sweep {sweep_id}: stopped by {reason}; {len(runs) - k + 1} run(s) not started "
+                    "(--resume runs them)",
+                    flush=True,
+                )
+                break
             t0 = time.monotonic()
             with RunDisplay(run.cfg, live=live, progress=bars) as display:
                 display.phase(f"run {k}/{len(runs)}: {run.backend.name} N={run.cfg.world_size}")
