@@ -72,6 +72,8 @@ def checked_command(command: str, harness_args: list[str], nodes: int, per_node:
             "0",
             "--master",
             "127.0.0.1:29500",
+            "--hosts",  # the job gives every node's host (--hosts "$DISTBENCH_HOSTS" or the operator's)
+            ",".join(f"node{i}" for i in range(nodes)),
             "--run-id",
             "check",
         ]

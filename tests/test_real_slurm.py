@@ -1,0 +1,72 @@
+"""`harness slurm` against a real Slurm: scripts/local_slurm.sh starts slurmctld and two slurmd on this
+machine as two nodes (installing Debian's slurm-wlm and munge when missing); each backend's generated sbatch
+script is submitted with the real `sbatch`, and the job must yield one ok record with world size 2, one rank
+per node. Where Slurm cannot be had (not root, no apt), every test here skips with the script's reason.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import pytest
+from conftest import REPO, harness
+from processes import leftovers
+
+from core.records import load_record
+
+SCRIPT = REPO / "scripts" / "local_slurm.sh"
+RUN = "--device cpu --steps 3 --warmup 1 --threads-per-worker 1 --compute-method none --no-trace-comm".split()
+BACKENDS = ["torch-ddp", "torch-fsdp", "deepspeed", "horovod", "tf-mwms", "paddle-fleet"]  # ~75 s in all
+
+
+@pytest.fixture(scope="module")
+def slurm_env():
+    proc = subprocess.run(["bash", str(SCRIPT), "start"], capture_output=True, text=True, timeout=900)
+    if proc.returncode == 3:
+        pytest.skip(f"no real Slurm here: {proc.stderr.strip().splitlines()[-1]}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    conf = proc.stdout.strip().splitlines()[-1].removeprefix("export SLURM_CONF=")
+    yield {**os.environ, "SLURM_CONF": conf}
+    subprocess.run(["bash", str(SCRIPT), "stop"], capture_output=True, timeout=120)
+
+
+def wait_for_job(job: str, env: dict, timeout_s: float) -> str:
+    """The job's final state (sacct is not configured: squeue until it is gone, then scontrol's memory)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True, env=env)
+        if not out.stdout.strip():
+            shown = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True, env=env)
+            state = [w for w in shown.stdout.split() if w.startswith("JobState=")]
+            return state[0].split("=", 1)[1] if state else "GONE"
+        time.sleep(1)
+    subprocess.run(["scancel", job], env=env)
+    raise AssertionError(f"job {job} still queued or running after {timeout_s} s")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_generated_sbatch_job_runs_on_two_real_slurm_nodes_to_one_ok_record(backend, slurm_env, tmp_path):
+    script, out = tmp_path / "job.sbatch", tmp_path / "results"
+    proc = harness(
+        "slurm", "--nodes", "2", "--gpus-per-node", "1", "--time", "00:10:00", "--workdir", REPO,
+        "-o", script, "run", "--backend", backend, *RUN, "--out", out,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", f"--chdir={tmp_path}", str(script)],
+        capture_output=True,
+        text=True,
+        env=slurm_env,
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip().split(";")[0]
+    state = wait_for_job(job, slurm_env, timeout_s=480)
+    output = (tmp_path / f"distbench-{job}.out").read_text(errors="replace")
+    record = load_record(out / f"slurm-{job}.json")
+    assert state == "COMPLETED" and record["status"] == "ok", (state, record.get("error"), output[-3000:])
+    assert record["config"]["world_size"] == 2 and record["config"]["nodes"] == 2
+    assert sorted(r["rank"] for r in record["ranks"]) == [0, 1]
+    assert not leftovers(out, wait_s=10)
