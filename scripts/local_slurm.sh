@@ -5,7 +5,7 @@
 #   scripts/local_slurm.sh stop    # stops exactly the daemons it started (their pid files), removes its hosts lines
 #   scripts/local_slurm.sh status
 # Exit 3 (with the reason on stderr) when Slurm cannot be had here: the tests then skip, saying why.
-# Everything lives under ${DISTBENCH_SLURM_DIR:-/tmp/distbench-slurm}; node1 and node2 resolve to 127.0.0.1
+# Tasks are bound to their CPUs (task/affinity), so a job sees its allocation. Everything lives under ${DISTBENCH_SLURM_DIR:-/tmp/distbench-slurm}; node1 and node2 resolve to 127.0.0.1
 # through lines it adds to /etc/hosts (marked, and removed by stop).
 set -uo pipefail
 dir=${DISTBENCH_SLURM_DIR:-/tmp/distbench-slurm}
@@ -56,7 +56,7 @@ SlurmctldLogFile=$dir/slurmctld.log
 SlurmdLogFile=$dir/slurmd.%n.log
 SlurmctldPort=16817
 ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+TaskPlugin=task/affinity
 JobAcctGatherType=jobacct_gather/none
 SchedulerType=sched/backfill
 SelectType=select/cons_tres

@@ -18,7 +18,7 @@ from core.records import load_record
 
 SCRIPT = REPO / "scripts" / "local_slurm.sh"
 RUN = "--device cpu --steps 3 --warmup 1 --threads-per-worker 1 --compute-method none --no-trace-comm".split()
-BACKENDS = ["torch-ddp", "torch-fsdp", "deepspeed", "horovod", "tf-mwms", "paddle-fleet"]  # ~75 s in all
+BACKENDS = ["torch-ddp", "torch-fsdp", "deepspeed", "horovod", "tf-mwms", "paddle-fleet"]  # ~2 min in all
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,8 @@ def wait_for_job(job: str, env: dict, timeout_s: float) -> str:
 def test_a_generated_sbatch_job_runs_on_two_real_slurm_nodes_to_one_ok_record(backend, slurm_env, tmp_path):
     script, out = tmp_path / "job.sbatch", tmp_path / "results"
     proc = harness(
-        "slurm", "--nodes", "2", "--gpus-per-node", "1", "--time", "00:10:00", "--workdir", REPO,
+        "slurm", "--nodes", "2", "--gpus-per-node", "1", "--cpus-per-task", "1", "--time", "00:10:00",
+        "--workdir", REPO,
         "-o", script, "run", "--backend", backend, *RUN, "--out", out,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -69,4 +70,7 @@ def test_a_generated_sbatch_job_runs_on_two_real_slurm_nodes_to_one_ok_record(ba
     assert state == "COMPLETED" and record["status"] == "ok", (state, record.get("error"), output[-3000:])
     assert record["config"]["world_size"] == 2 and record["config"]["nodes"] == 2
     assert sorted(r["rank"] for r in record["ranks"]) == [0, 1]
+    # The allocation's CPUs, not the host's: Slurm bound each task to one CPU (task/affinity), so each
+    # worker got one thread although this machine has more.
+    assert record["environment"]["cpus_available"] == 1 and record["config"]["threads_per_worker"] == 1
     assert not leftovers(out, wait_s=10)
