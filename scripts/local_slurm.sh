@@ -5,8 +5,9 @@
 #   scripts/local_slurm.sh stop    # stops exactly the daemons it started (their pid files), removes its hosts lines
 #   scripts/local_slurm.sh status
 # Exit 3 (with the reason on stderr) when Slurm cannot be had here: the tests then skip, saying why.
-# Tasks are bound to their CPUs (task/affinity), so a job sees its allocation. Everything lives under ${DISTBENCH_SLURM_DIR:-/tmp/distbench-slurm}; node1 and node2 resolve to 127.0.0.1
-# through lines it adds to /etc/hosts (marked, and removed by stop).
+# Tasks are bound to their CPUs (task/affinity; both nodes share this machine's first CPUs), so a job sees
+# its allocation, not the host. Everything lives under ${DISTBENCH_SLURM_DIR:-/tmp/distbench-slurm}; node1
+# and node2 resolve to 127.0.0.1 through lines it adds to /etc/hosts (marked, and removed by stop).
 set -uo pipefail
 dir=${DISTBENCH_SLURM_DIR:-/tmp/distbench-slurm}
 conf=$dir/slurm.conf
