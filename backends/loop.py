@@ -119,6 +119,8 @@ def inject_fault(cfg: RunConfig, rank: int, step: int) -> None:
         os._exit(3)
     if kind == "sigkill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "sigstop":  # stopped, not dead: no exit code, no record, deaf to SIGTERM until killed
+        os.kill(os.getpid(), signal.SIGSTOP)
     if kind == "hang":
         time.sleep(1e9)
     if kind == "oom":  # cap the address space, then allocate past it: a real MemoryError from the allocator

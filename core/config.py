@@ -14,7 +14,7 @@ from workloads.spec import ModelSpec
 PRECISIONS = ("fp32", "bf16", "fp16")
 DEVICES = ("auto", "cuda", "cpu")
 COMPUTE_METHODS = ("auto", "no_sync", "isolated", "none")
-FAULT_KINDS = ("raise", "exit", "sigkill", "hang", "oom")
+FAULT_KINDS = ("raise", "exit", "sigkill", "sigstop", "hang", "oom")
 # The collectives `harness commbench` measures, by the names nccl-tests and torch.distributed share.
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
 COMMBENCH_DTYPES = {"fp32": 4, "bf16": 2}  # element bytes

@@ -27,6 +27,11 @@ FAULTS = [  # (label, harness options)
         ["--inject-fault", "1:2:hang", "--collective-timeout", "5", "--timeout", "120"],
     ),
     ("rank hangs, --timeout 30", ["--inject-fault", "1:2:hang", "--timeout", "30"]),
+    (
+        "rank stopped (SIGSTOP), --collective-timeout 5",
+        ["--inject-fault", "1:2:sigstop", "--collective-timeout", "5", "--timeout", "120"],
+    ),
+    ("rank stopped (SIGSTOP), --timeout 30", ["--inject-fault", "1:2:sigstop", "--timeout", "30"]),
 ]
 
 

@@ -74,6 +74,17 @@ def test_rank_out_of_memory_is_recorded_as_oom_naming_it(results, kept):
 
 
 @pytest.mark.slow
+def test_a_rank_stopped_with_sigstop_ends_the_run_at_the_collective_timeout_naming_it(results, kept):
+    """SIGSTOP: the rank neither exits nor answers (a debugger, a job suspended on one node, a frozen
+    host); its peer gives up in the collective, the stopped rank is killed (SIGTERM waits while it is
+    stopped; SIGKILL does not), and the record blames it."""
+    record, _ = faulty_run(
+        results, "--inject-fault", "1:2:sigstop", "--collective-timeout", "5", timeout_s=90
+    )
+    assert record["status"] == "timeout" and record["error"]["rank"] == 1, record["error"]
+    assert "rank(s) [0] gave up waiting in a collective for rank(s) [1]" in record["error"]["message"]
+
+
 def test_hung_rank_ends_the_run_at_the_collective_timeout(results, kept):
     """The other rank gives up in its collective after --collective-timeout, long before --timeout."""
     record, detect_s = faulty_run(
@@ -290,3 +301,72 @@ def test_a_harness_stopped_by_sigterm_writes_a_timeout_record_naming_who_stopped
     assert "SIGTERM from Slurm (job 4242" in record["error"]["message"]
     assert record["error"]["unfinished_ranks"] == [0, 1]
     assert not leftovers(record["launch"]["log_dir"], wait_s=5), "a process outlived the stopped run"
+
+
+@pytest.fixture
+def small_filesystem(tmp_path):
+    """A 2 MiB tmpfs as the results folder (needs root to mount: skipped, saying so, otherwise)."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True)
+    if proc.returncode:
+        pytest.skip(f"cannot mount a small tmpfs here: {proc.stderr.decode().strip() or 'mount failed'}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def test_a_results_filesystem_that_fills_up_is_reported_and_leaves_nothing_half_written(small_filesystem):
+    """The results filesystem fills while a run is under way (the ranks' files and the node markers live
+    there too): the harness stops with one line naming the folder and the error, exit 1; nothing
+    half-written is left in the folder, the record already there is untouched, no process is left. Full
+    from the start: the same line, before anything launches."""
+    out = small_filesystem
+    earlier = out / "earlier.json"
+    earlier.write_text(json.dumps({"a": "record written before"}))
+    argv = [*RUN, "--steps", "60", "--step-delay", "0.05", "--timeout", "120", "--out", str(out)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness", "run", *argv],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and not any(
+        "step" in p.read_text() for p in out.glob("logs/*/rank0.log")
+    ):
+        time.sleep(0.2)
+    subprocess.run(["dd", "if=/dev/zero", f"of={out / 'filler'}", "bs=64k"], capture_output=True)  # to full
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 1
+    assert (
+        err.strip().splitlines()[-1] == f"harness: error: cannot write under {out}: No space left on device"
+    )
+    assert earlier.read_text() == json.dumps({"a": "record written before"})
+    assert not [p for p in out.rglob("*") if p.name.startswith(".") and p.suffix == ".tmp"]  # no half file
+    assert not leftovers(out, wait_s=5)
+
+    again = harness("run", *RUN, "--steps", "2", "--out", out)
+    assert again.returncode == 1 and again.stderr.strip().splitlines() == [
+        f"harness: error: cannot write under {out}: No space left on device"
+    ], again.stderr
+
+
+@pytest.mark.unit
+@pytest.mark.subprocess  # mount
+def test_a_record_that_cannot_be_written_is_kept_in_the_temp_dir_and_says_so(small_filesystem):
+    """Space for the ranks but not for the record: nothing half-written where it was asked, the record
+    kept in the temp dir, and the line the commands print says both."""
+    from harness.run.runner import record_line, save_record
+
+    subprocess.run(["dd", "if=/dev/zero", f"of={small_filesystem / 'filler'}", "bs=64k"], capture_output=True)
+    record = {"run_id": "full-1", "status": "ok", "data": "x" * 10_000}
+    target = small_filesystem / "full-1.json"
+    saved = save_record(record, target)
+    kept = Path(saved["unwritten"]["kept_at"])
+    assert not target.exists() and sorted(p.name for p in small_filesystem.iterdir()) == ["filler"]
+    assert json.loads(kept.read_text())["data"] == "x" * 10_000
+    assert record_line(saved, target) == (
+        f"record: NOT written to {target} (No space left on device); kept at {kept}"
+    )
+    kept.unlink()

@@ -19,7 +19,7 @@ from harness.run.launch import stop_on_sigterm
 from harness.run.nodes import check_run_id, requested_world
 from harness.run.options import add_run_arguments, build_config, check_out_dir
 from harness.run.progress import RunDisplay
-from harness.run.runner import execute, run_node, write_record
+from harness.run.runner import execute, record_line, run_node, write_record
 from harness.usage import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, positive
 from workloads.spec import PRESETS
 
@@ -44,10 +44,19 @@ def cmd_run(args) -> int:
         )
         return EXIT_OK if done else EXIT_FAILED
     with RunDisplay(cfg, live=sys.stdout.isatty() and not args.quiet) as display:
-        record = execute(backend, cfg, args.out, sys.argv, run_id=args.run_id, display=display)
+        try:
+            record = execute(backend, cfg, args.out, sys.argv, run_id=args.run_id, display=display)
+        except OSError as exc:  # the results filesystem full, read-only or over quota under the run dir
+            print(
+                f"harness: error: cannot write under {args.out}: {exc.strerror or exc}",
+                file=sys.stderr,
+            )
+            return EXIT_FAILED
         display.finish(record, tail_lines=0)  # the summary shows the failing rank's lines
     print_summary(record)
-    print(f"record: {args.out / (record['run_id'] + '.json')}")
+    print(record_line(record, args.out / (record["run_id"] + ".json")))
+    if record.get("unwritten"):
+        return EXIT_FAILED
     for folder in write_tensorboard([record], args.tensorboard) if args.tensorboard else []:
         print(f"tensorboard: {folder}")
     return EXIT_OK if record["status"] == "ok" else EXIT_FAILED
@@ -97,7 +106,9 @@ def cmd_collect(args) -> int:
     out_dir = run_dir.parent.parent
     record = write_record(get_backend(cfg.backend), cfg, out_dir, run_dir.name, wait=False)
     print_summary(record)
-    print(f"record: {out_dir / (record['run_id'] + '.json')}")
+    print(record_line(record, out_dir / (record["run_id"] + ".json")))
+    if record.get("unwritten"):
+        return EXIT_FAILED
     return EXIT_OK if record["status"] == "ok" else EXIT_FAILED
 
 

@@ -23,7 +23,7 @@ from harness.run.devices import resolve_device
 from harness.run.launch import stop_on_sigterm
 from harness.run.nodes import add_node_arguments, check_run_id, node_layout, requested_world
 from harness.run.options import DEFAULT_OUT, check_out_dir, fault_spec, foreign_flags
-from harness.run.runner import execute, run_node
+from harness.run.runner import execute, record_line, run_node
 from harness.usage import EXIT_FAILED, EXIT_OK, UsageError, choice, int_at_least, positive, seconds
 from workloads.spec import PRESETS
 
@@ -190,10 +190,17 @@ def cmd_commbench(args) -> int:
         f"{cfg.commbench['iters']} calls",
         flush=True,
     )
-    record = execute(backend, cfg, args.out, sys.argv, run_id=args.run_id)
+    try:
+        record = execute(backend, cfg, args.out, sys.argv, run_id=args.run_id)
+    except OSError as exc:  # the results filesystem full, read-only or over quota under the run dir
+        print(
+            f"harness: error: cannot write under {args.out}: {exc.strerror or exc}",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
     print_commbench(record)
-    print(f"record: {args.out / (record['run_id'] + '.json')}")
-    return EXIT_OK if record["status"] == "ok" else EXIT_FAILED
+    print(record_line(record, args.out / (record["run_id"] + ".json")))
+    return EXIT_OK if record["status"] == "ok" and not record.get("unwritten") else EXIT_FAILED
 
 
 def register(subparsers) -> None:

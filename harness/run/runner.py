@@ -14,6 +14,7 @@ import os
 import platform
 import socket
 import statistics
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -361,8 +362,33 @@ def write_record(
         environment=environment(cfg, rank_list, node0.get("argv", []), node0.get("started")),
         sweep=sweep,
     )
-    write_json_atomic(Path(out_dir) / f"{run_id}.json", record)
+    return save_record(record, Path(out_dir) / f"{run_id}.json")
+
+
+def save_record(record: dict, path: Path) -> dict:
+    """Write the record atomically to `path`. Where that fails (the results filesystem full, read-only, or
+    over quota) nothing half-written is left there and no earlier record is touched: the record is kept in
+    the temp dir instead, and `record["unwritten"]` says why and where, for the command to report."""
+    try:
+        write_json_atomic(path, record)
+    except OSError as exc:
+        kept = Path(tempfile.gettempdir()) / "distbench-unwritten" / path.name
+        record["unwritten"] = {"path": str(path), "error": exc.strerror or str(exc), "kept_at": str(kept)}
+        try:
+            write_json_atomic(kept, record)
+        except OSError as again:
+            record["unwritten"]["kept_at"] = None
+            record["unwritten"]["error"] += f"; not kept either ({again.strerror or again})"
     return record
+
+
+def record_line(record: dict, path: Path) -> str:
+    """Where the record is, or why it is not where asked."""
+    lost = record.get("unwritten")
+    if not lost:
+        return f"record: {path}"
+    where = f"kept at {lost['kept_at']}" if lost["kept_at"] else "not kept anywhere"
+    return f"record: NOT written to {lost['path']} ({lost['error']}); {where}"
 
 
 def assemble_record(

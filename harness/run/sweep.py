@@ -27,7 +27,7 @@ from harness.run.launch import stop_on_sigterm, stopped
 from harness.run.nodes import read_hosts
 from harness.run.options import add_run_arguments, build_config, check_out_dir
 from harness.run.progress import RunDisplay, make_progress
-from harness.run.runner import execute
+from harness.run.runner import execute, record_line
 from harness.usage import EXIT_FAILED, EXIT_OK, UsageError, choice, positive
 
 SCALING_MODES = ("weak", "strong")
@@ -200,6 +200,8 @@ def cmd_sweep(args) -> int:
                 )
                 display.finish(record)
             records.append(record)
+            if record.get("unwritten"):
+                print(record_line(record, args.out / (record["run_id"] + ".json")), flush=True)
             if args.tensorboard:
                 write_tensorboard([record], args.tensorboard)
             now = time.monotonic()
@@ -209,7 +211,7 @@ def cmd_sweep(args) -> int:
                 bars.console.print(line)
             else:
                 print(line, flush=True)
-    failed = [r for r in records if r["status"] != "ok"]
+    failed = [r for r in records if r["status"] != "ok" or r.get("unwritten")]
     print(
         f"sweep {sweep_id}: {len(records)} run(s), {len(records) - len(failed)} ok, {len(failed)} failed; "
         f"records in {args.out} (summarize with `harness report`)"
