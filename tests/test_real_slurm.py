@@ -74,3 +74,38 @@ def test_a_generated_sbatch_job_runs_on_two_real_slurm_nodes_to_one_ok_record(ba
     # worker got one thread although this machine has more.
     assert record["environment"]["cpus_available"] == 1 and record["config"]["threads_per_worker"] == 1
     assert not leftovers(out, wait_s=10)
+
+
+@pytest.mark.slow
+def test_a_job_cancelled_by_slurm_still_writes_its_record_naming_slurm(slurm_env, tmp_path):
+    """scancel, as the time limit does: SIGTERM to the job's tasks, SIGKILL after KillWait (30 s here). Node
+    0's harness stops its ranks and writes a timeout record saying Slurm stopped it, within KillWait."""
+    script, out = tmp_path / "job.sbatch", tmp_path / "results"
+    long_run = [*RUN, "--steps", "400", "--step-delay", "0.05"]
+    proc = harness(
+        "slurm", "--nodes", "2", "--gpus-per-node", "1", "--cpus-per-task", "1", "--time", "00:10:00",
+        "--workdir", REPO, "-o", script, "run", "--backend", "torch-ddp", *long_run, "--out", out,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", f"--chdir={tmp_path}", str(script)],
+        capture_output=True,
+        text=True,
+        env=slurm_env,
+    )
+    job = submitted.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not any(
+        "step" in p.read_text() for p in out.glob("logs/*/rank0.log")
+    ):
+        time.sleep(0.5)
+    cancelled = time.monotonic()
+    subprocess.run(["scancel", job], env=slurm_env, check=True)
+    wait_for_job(job, slurm_env, timeout_s=120)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (out / f"slurm-{job}.json").exists():
+        time.sleep(0.5)
+    record = load_record(out / f"slurm-{job}.json")
+    assert record["status"] == "timeout" and f"SIGTERM from Slurm (job {job}" in record["error"]["message"]
+    assert time.monotonic() - cancelled < 30  # within KillWait: before Slurm's SIGKILL
+    assert not leftovers(out, wait_s=10)
