@@ -46,24 +46,25 @@ def wait_for_job(job: str, env: dict, timeout_s: float) -> str:
     raise AssertionError(f"job {job} still queued or running after {timeout_s} s")
 
 
+def submit(folder, run_args: list[str], env: dict) -> str:
+    """`harness slurm` for 2 nodes x 1 rank (1 CPU each) running `harness run RUN_ARGS`, submitted with the
+    real sbatch from `folder`; the job id."""
+    script = folder / "job.sbatch"
+    layout = ["--nodes", "2", "--gpus-per-node", "1", "--cpus-per-task", "1", "--time", "00:10:00"]
+    proc = harness("slurm", *layout, "--workdir", REPO, "-o", script, "run", *run_args)
+    assert proc.returncode == 0, proc.stderr
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", f"--chdir={folder}", str(script)], capture_output=True, text=True, env=env
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    return submitted.stdout.strip().split(";")[0]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_generated_sbatch_job_runs_on_two_real_slurm_nodes_to_one_ok_record(backend, slurm_env, tmp_path):
-    script, out = tmp_path / "job.sbatch", tmp_path / "results"
-    proc = harness(
-        "slurm", "--nodes", "2", "--gpus-per-node", "1", "--cpus-per-task", "1", "--time", "00:10:00",
-        "--workdir", REPO,
-        "-o", script, "run", "--backend", backend, *RUN, "--out", out,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    submitted = subprocess.run(
-        ["sbatch", "--parsable", f"--chdir={tmp_path}", str(script)],
-        capture_output=True,
-        text=True,
-        env=slurm_env,
-    )
-    assert submitted.returncode == 0, submitted.stderr
-    job = submitted.stdout.strip().split(";")[0]
+    out = tmp_path / "results"
+    job = submit(tmp_path, ["--backend", backend, *RUN, "--out", str(out)], slurm_env)
     state = wait_for_job(job, slurm_env, timeout_s=480)
     output = (tmp_path / f"distbench-{job}.out").read_text(errors="replace")
     record = load_record(out / f"slurm-{job}.json")
@@ -80,20 +81,9 @@ def test_a_generated_sbatch_job_runs_on_two_real_slurm_nodes_to_one_ok_record(ba
 def test_a_job_cancelled_by_slurm_still_writes_its_record_naming_slurm(slurm_env, tmp_path):
     """scancel, as the time limit does: SIGTERM to the job's tasks, SIGKILL after KillWait (30 s here). Node
     0's harness stops its ranks and writes a timeout record saying Slurm stopped it, within KillWait."""
-    script, out = tmp_path / "job.sbatch", tmp_path / "results"
+    out = tmp_path / "results"
     long_run = [*RUN, "--steps", "400", "--step-delay", "0.05"]
-    proc = harness(
-        "slurm", "--nodes", "2", "--gpus-per-node", "1", "--cpus-per-task", "1", "--time", "00:10:00",
-        "--workdir", REPO, "-o", script, "run", "--backend", "torch-ddp", *long_run, "--out", out,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    submitted = subprocess.run(
-        ["sbatch", "--parsable", f"--chdir={tmp_path}", str(script)],
-        capture_output=True,
-        text=True,
-        env=slurm_env,
-    )
-    job = submitted.stdout.strip().split(";")[0]
+    job = submit(tmp_path, ["--backend", "torch-ddp", *long_run, "--out", str(out)], slurm_env)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not any(
         "step" in p.read_text() for p in out.glob("logs/*/rank0.log")

@@ -23,8 +23,9 @@ from core.records import SCHEMA_VERSION, git_commit, load_records, now_iso, writ
 from harness.analyze.summary import fmt_bytes
 from harness.predict.hardware import CORNERS, ProfileError, catalogue, load_profile, local_profile
 from harness.predict.model import calibrate, predict_point
+from harness.run_args import foreign_flags, micro_batch_for, spec_from_args
 from harness.usage import EXIT_OK, UsageError, choice, positive
-from workloads.spec import OVERRIDES, PRESETS, resolve
+from workloads.spec import OVERRIDES, PRESETS
 
 
 def gpu_counts(text: str) -> list[int]:
@@ -64,29 +65,13 @@ def usd(text: str) -> float:
 def configs(args, profile) -> list[RunConfig]:
     """One RunConfig per rank count, validated by the adapter as a run's would be."""
     backend = get_backend(choice(args.backend, backend_names(), "backend"))
-    for other in all_backends():
-        if other.name != backend.name:
-            for flag in other.Options.given(args):
-                raise UsageError(f"{flag} is an option of backend {other.name}, not of {backend.name}")
-    choice(args.workload, list(PRESETS), "workload")
+    foreign_flags(args, [backend.name])
+    spec = spec_from_args(args)
     choice(args.precision, PRECISIONS, "precision")
-    try:
-        spec = resolve(args.workload, **{k: getattr(args, k) for k in OVERRIDES})
-    except ValueError as exc:
-        raise UsageError(f"invalid workload: {exc}") from None
-    if args.micro_batch and args.global_batch:
-        raise UsageError("give --micro-batch or --global-batch, not both")
     options = backend.Options.from_args(args).to_dict()
     out = []
     for n in args.gpus:
-        micro = args.micro_batch or RunConfig.micro_batch
-        if args.global_batch:
-            if args.global_batch % (n * args.grad_accum):
-                raise UsageError(
-                    f"--global-batch {args.global_batch} is not divisible by gpus x grad-accum = "
-                    f"{n * args.grad_accum} at {n} GPUs"
-                )
-            micro = args.global_batch // (n * args.grad_accum)
+        micro = micro_batch_for(args, n)
         per_node = min(n, profile.gpus_per_node)
         cfg = RunConfig(
             backend=backend.name,

@@ -22,8 +22,9 @@ from harness.analyze.summary import fmt_bytes
 from harness.run.devices import resolve_device
 from harness.run.launch import stop_on_sigterm
 from harness.run.nodes import add_node_arguments, check_run_id, node_layout, requested_world
-from harness.run.options import DEFAULT_OUT, check_out_dir, fault_spec, foreign_flags
+from harness.run.options import DEFAULT_OUT, check_out_dir, fault_spec
 from harness.run.runner import execute, record_line, run_node
+from harness.run_args import foreign_flags
 from harness.usage import EXIT_FAILED, EXIT_OK, UsageError, choice, int_at_least, positive, seconds
 from workloads.spec import PRESETS
 

@@ -14,8 +14,9 @@ from core.config import COMPUTE_METHODS, DEVICES, FAULT_KINDS, PRECISIONS, Inval
 from core.process import available_cpus
 from harness.run.devices import resolve_device
 from harness.run.nodes import add_node_arguments, node_layout
+from harness.run_args import foreign_flags, micro_batch_for, spec_from_args
 from harness.usage import UsageError, choice, non_negative, positive, seconds
-from workloads.spec import OVERRIDES, PRESETS, resolve
+from workloads.spec import OVERRIDES, PRESETS
 
 DEFAULT_OUT = Path("results")
 
@@ -138,24 +139,11 @@ def build_config(
     backend = get_backend(choice(backend_name, backend_names(), "backend"))
     foreign_flags(args, backends_in_use or [backend.name])
     options = backend.Options.from_args(args)
-    choice(args.workload, list(PRESETS), "workload")
+    spec = spec_from_args(args)
     choice(args.precision, PRECISIONS, "precision")
     choice(args.device, DEVICES, "device")
     choice(args.compute_method, COMPUTE_METHODS, "compute method")
-    try:
-        spec = resolve(args.workload, **{k: getattr(args, k) for k in OVERRIDES})
-    except ValueError as exc:
-        raise UsageError(f"invalid workload: {exc}") from None
-    if args.micro_batch and args.global_batch:
-        raise UsageError("give --micro-batch or --global-batch, not both")
-    micro = args.micro_batch or RunConfig.micro_batch
-    if args.global_batch:
-        if args.global_batch % (n * args.grad_accum):
-            raise UsageError(
-                f"--global-batch {args.global_batch} is not divisible by "
-                f"gpus x grad-accum = {n * args.grad_accum}"
-            )
-        micro = args.global_batch // (n * args.grad_accum)
+    micro = micro_batch_for(args, n)
     if args.data and not Path(args.data).is_file():
         raise UsageError(f"--data {args.data}: no such file")
     method, methods = args.compute_method, backend.compute_methods_for(options)
@@ -223,12 +211,3 @@ def build_config(
     except InvalidConfig as exc:
         raise UsageError(str(exc)) from None
     return cfg
-
-
-def foreign_flags(args, backends: list[str]) -> None:
-    """Refuse a backend option given for a run of another backend: it would be silently ignored."""
-    for other in all_backends():
-        if other.name in backends:
-            continue
-        for flag in other.Options.given(args):
-            raise UsageError(f"{flag} is an option of backend {other.name}, not of {', '.join(backends)}")
