@@ -190,6 +190,8 @@ def compute_durations(cfg: RunConfig, steps: Steps, profile: Profile, calib: Cal
     params = local_parameters(cfg, sharding)
     if calib.optimizer_seconds_per_param:
         seconds[-1] = params * calib.optimizer_seconds_per_param[k]
+    elif calib.seconds_per_flop:  # calibrated without optimizer times: the optimizer is in the FLOP rate
+        seconds[-1] = 0.0
     elif profile.hbm(corner):
         scheme = "fp32" if cfg.precision == "fp32" else get_backend(cfg.backend).precision_scheme(cfg)
         seconds[-1] = params * OPTIMIZER_BYTES_PER_PARAM[scheme] / profile.hbm(corner)
@@ -305,6 +307,20 @@ def calibrate(records: list[dict], cfg: RunConfig, profile: Profile) -> Calibrat
             candidates.append(r)
     if not candidates:
         return calib
+    # One shape: seconds per FLOP differ between model sizes, so runs of other shapes are not mixed in (the
+    # newest run's shape is taken; the prediction scales it by FLOPs to the shape asked for).
+    newest = max(candidates, key=lambda r: (r.get("environment") or {}).get("start_time") or "")
+    for r in candidates:
+        if r["config"]["spec"] != newest["config"]["spec"] or r["config"].get(
+            "activation_checkpointing"
+        ) != newest["config"].get("activation_checkpointing"):
+            calib.notes.append(f"{r['run_id']}: not used (another shape than {newest['run_id']})")
+    candidates = [
+        r
+        for r in candidates
+        if r["config"]["spec"] == newest["config"]["spec"]
+        and r["config"].get("activation_checkpointing") == newest["config"].get("activation_checkpointing")
+    ]
     # Repeats (separate launches) of the same run: the median of their median steps, the band from the
     # lowest p10 to the highest p90, as launches on a shared machine differ by more than steps within one.
     flops, nominal, fast, slow, optimizer, cvs = 0.0, [], [], [], [], []
@@ -340,6 +356,9 @@ def calibrate(records: list[dict], cfg: RunConfig, profile: Profile) -> Calibrat
     calib.step_cv = float(np.median(cvs))
     if len(optimizer) == len(candidates):
         calib.optimizer_seconds_per_param = (float(np.median(optimizer)),) * 3
+    elif optimizer:  # some runs timed it, some did not: count it within the FLOP rate for all of them
+        calib.notes.append("optimizer times in some calibration runs only: counted within the FLOP rate")
+        return calibrate([r for r in records if not has_optimizer_times(r)], cfg, profile)
     return calib
 
 
@@ -363,3 +382,7 @@ def fit_activation_factor(records: list[dict], calib: Calibration) -> None:
     if ratios:
         calib.activation_factor = (min(ratios), float(np.median(ratios)), max(ratios))
         calib.notes.append(f"activation factor fitted to {len(ratios)} measured allocator peak(s)")
+
+
+def has_optimizer_times(record: dict) -> bool:
+    return any(r.get("optimizer_step_times") for r in record.get("ranks", []) if r.get("status") == "ok")

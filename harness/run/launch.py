@@ -204,4 +204,5 @@ def run_processes(
             kill_tree(popens)  # also reaps any stragglers (daemons, grandchildren) of a clean exit
             remove_leftovers(leftovers or [])
             tell_reaper(reaper, "done", last=True)  # nothing left for it to do
-    return LaunchResult([p.returncode for p in popens], False, time.monotonic() - start)
+    # stopped() again: the processes may have ended (they get the scheduler's SIGTERM too) between checks
+    return LaunchResult([p.returncode for p in popens], False, time.monotonic() - start, stopped())

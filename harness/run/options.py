@@ -168,6 +168,8 @@ def build_config(
             raise UsageError(
                 "--launcher-only needs --device cuda or cpu: the ranks' hosts decide, not this one"
             )
+        if not layout["hosts"]:
+            raise UsageError("--launcher-only needs the ranks' hosts: --hosts or --hostfile")
         if method != "none":
             raise UsageError(
                 "--launcher-only runs no rank here, so no isolated counterfactual either: "
