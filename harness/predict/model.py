@@ -116,13 +116,27 @@ def replay(durations, messages: list[Message], comm_time) -> dict:
         end[k] = clock = start[k] + durations[k]
     issue(n)
     step = max(clock, comm_free)
-    overlapped = sum(max(0.0, min(b, e) - max(a, s)) for a, b in intervals for s, e in zip(start, end))
+    overlapped = overlap(intervals, list(zip(start, end)))
     return {
         "step_s": step,
         "compute_s": float(np.sum(durations)),
         "comm_busy_s": sum(b - a for a, b in intervals),
         "overlapped_s": overlapped,
     }
+
+
+def overlap(first: list[tuple[float, float]], second: list[tuple[float, float]]) -> float:
+    """Total time two sorted lists of disjoint intervals share, in one pass over both (the collectives of
+    one communication stream against the compute segments of one stream)."""
+    total, i, j = 0.0, 0, 0
+    while i < len(first) and j < len(second):
+        (a, b), (c, d) = first[i], second[j]
+        total += max(0.0, min(b, d) - max(a, c))
+        if b < d:
+            i += 1
+        else:
+            j += 1
+    return total
 
 
 def activation_bytes(cfg: RunConfig, element_bytes: int) -> dict:
