@@ -12,6 +12,7 @@ import os
 import platform
 import socket
 import statistics
+import threading
 import time
 from abc import ABC, abstractmethod
 
@@ -110,12 +111,54 @@ def check_output(op: str, got: np.ndarray, elements: int, world: int, dtype: str
         )
 
 
+def timed_calls(comm: Collectives, op: str, buffers, iters: int) -> list[float]:
+    """Seconds of `iters` calls, each from a barrier to the device being idle again."""
+    times = []
+    for _ in range(iters):
+        comm.barrier()
+        t0 = time.perf_counter()
+        comm.call(op, buffers)
+        comm.synchronize()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+class ComputeLoad:
+    """A thread of matrix products beside the calls, as a training step's compute runs beside its
+    collectives: numpy's BLAS releases the GIL, so it holds the worker's cores (its thread count is the
+    worker's, set in the environment) while the collective's own threads need them too."""
+
+    SIDE = 256  # one product is ~34 MFLOP: a few ms on one core, so the thread stops promptly
+
+    def __enter__(self):
+        self._stop = threading.Event()
+        self._started = threading.Event()
+        self.products = 0
+        self._thread = threading.Thread(target=self._spin, name="commbench-load", daemon=True)
+        self._thread.start()
+        self._started.wait()
+        return self
+
+    def _spin(self):
+        a = np.random.default_rng(0).random((self.SIDE, self.SIDE), dtype=np.float32)
+        self._started.set()
+        while not self._stop.is_set():
+            a @ a
+            self.products += 1
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        return False
+
+
 def run_collectives(comm: Collectives, cfg: RunConfig) -> dict:
     """Time every op at every size; returns the raw rank record (per call times, nothing derived).
 
     A timed call runs from a barrier to the device being idle again, so each is one collective on its own:
     unlike nccl-tests, which times a batch of calls back to back, launch overhead is included (the cost a
-    training step pays for a collective issued alone). Fault injection counts (op, size) points as steps."""
+    training step pays for a collective issued alone). With `under_load` every point is timed again beside
+    a ComputeLoad. Fault injection counts (op, size) points as steps."""
     spec = comm.spec
     points, index = [], 0
     for op in spec.ops:
@@ -131,18 +174,17 @@ def run_collectives(comm: Collectives, cfg: RunConfig) -> dict:
             for _ in range(spec.warmup):
                 comm.call(op, buffers)
             comm.synchronize()
-            times = []
-            for _ in range(spec.iters):
-                comm.barrier()
-                t0 = time.perf_counter()
-                comm.call(op, buffers)
-                comm.synchronize()
-                times.append(time.perf_counter() - t0)
-            points.append({"op": op, "bytes": size, "times": times})
+            point = {"op": op, "bytes": size, "times": timed_calls(comm, op, buffers, spec.iters)}
+            if spec.under_load:
+                with ComputeLoad():
+                    point["times_under_load"] = timed_calls(comm, op, buffers, spec.iters)
+            points.append(point)
             if comm.rank == 0:
+                loaded = point.get("times_under_load")
                 print(
                     f"commbench {index}/{len(spec.ops) * len(spec.sizes)} {op} {size} B "
-                    f"median {statistics.median(times) * 1e6:.1f} us",
+                    f"median {statistics.median(point['times']) * 1e6:.1f} us"
+                    + (f", under load {statistics.median(loaded) * 1e6:.1f} us" if loaded else ""),
                     flush=True,
                 )
     return {

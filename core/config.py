@@ -135,6 +135,11 @@ class CommbenchSpec:
     """Timed calls per op and size; the figures are medians over them."""
     warmup: int = 5
     """Untimed calls first (connection set-up, buffer registration, algorithm selection)."""
+    under_load: bool = False
+    """Also time every call while each rank runs one compute thread beside it (matrix products at the
+    worker's thread count). On a CPU a training step's collectives share the cores with its compute, and
+    there a call takes longer than on idle cores (its threads wait to be scheduled); the local prediction
+    profile prices collectives with these times. CPU only."""
 
     @property
     def element_bytes(self) -> int:

@@ -4,8 +4,8 @@
     .venv/bin/python scripts/predict_validation.py --out /tmp/predict-validation [--backends torch-ddp,...]
 
 Per stack: `harness run --gpus 1` (twice) and `--gpus 2` (tiny, fp32, 1 thread per worker, no trace) and
-`harness commbench --gpus 2` of the ops it uses; existing records in OUT are reused (--reuse). Run it on a
-quiet machine: all three are timings.
+`harness commbench --gpus 2 --under-load` of the ops it uses; existing records in OUT are reused (--reuse).
+Run it on a quiet machine: all three are timings.
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ def measure(label: str, out: Path) -> None:
     for gpus in ("1", "1", "2"):  # two launches of the 1-rank run: calibration takes their median
         harness("run", *flags, *RUN, "--gpus", gpus, "--out", str(out))
     backend_flags = flags[:2]  # commbench takes the backend only
-    harness("commbench", *backend_flags, "--gpus", "2", "--ops", ops, "--sizes", "1K:64M", "--out", str(out))
+    sizes = ["--sizes", "1K:64M", "--under-load"]  # priced as calls that run beside compute
+    harness("commbench", *backend_flags, "--gpus", "2", "--ops", ops, *sizes, "--out", str(out))
 
 
 def main() -> int:

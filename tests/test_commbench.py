@@ -233,7 +233,7 @@ OFFERED = {  # torch-fsdp's are torch-ddp's: the same module (torch_ddp/collecti
 def test_every_stack_s_collectives_are_timed_checked_and_recorded(backend, out):
     """Each stack's own API, through its own launcher: every op it offers here, at every size, on both
     ranks, each checked against the known answer first (a wrong one would fail the run)."""
-    record = commbench(out, "--backend", backend, *SMALL)
+    record = commbench(out, "--backend", backend, *SMALL, "--under-load")
     assert record["kind"] == "commbench" and record["status"] == "ok", record.get("error")
     ops = record["summary"]["ops"]
     assert len(ops) == OFFERED[backend] == len(record["config"]["commbench"]["ops"])
@@ -243,6 +243,7 @@ def test_every_stack_s_collectives_are_timed_checked_and_recorded(backend, out):
             assert p["time_s"]["n"] == 3 and p["busbw_Bps"] == pytest.approx(
                 p["bytes"] / p["time_s"]["median"] * bus_factor(op, 2)
             )
+            assert p["time_under_load_s"]["n"] == 3  # timed beside a compute thread too
     assert [len(r["collectives"]) for r in record["ranks"]] == [2 * OFFERED[backend]] * 2
     assert record["environment"]["versions"]
 
@@ -302,6 +303,7 @@ def test_a_traced_call_is_priced_by_commbench_at_its_op_and_size():
         fit["alpha_s"] + (1 << 20) / fit["beta_busbw_Bps"]
     )
     assert call_time(bench, "all_gather", 2048) is None
+    assert call_time(bench, "all_reduce", 2048, under_load=True) is None  # not measured under load
     calls = [
         {"op": "all_reduce", "size_bytes": 4096, "time_s": t, "overlapped_s": None, "dtype": "float"}
         for t in (6e-4, 2e-4)
@@ -310,3 +312,55 @@ def test_a_traced_call_is_priced_by_commbench_at_its_op_and_size():
     priced = predicted_comm(run, {"summary": bench})["ops"]["all_reduce"]
     assert priced["predicted_s_per_step"] == pytest.approx(2e-4)
     assert priced["ratio"] == pytest.approx(3.0) and priced["least_waiting_ratio"] == pytest.approx(1.0)
+
+
+@unit
+def test_calls_beside_a_compute_thread_are_priced_by_the_fit_of_their_means():
+    """Under load a call runs at once or waits for a time slice, so its times are a mixture: here 15 calls
+    of 0.4 ms and 5 of 4.4 ms at every size plus S / 1 GB/s. The median (the fast mode) would price the
+    step's calls 1 ms short each; the fit of the means gives α = 0.4 + 1 ms = 1.4 ms, β = 1 GB/s. The idle
+    series keeps its own medians and fit."""
+    sizes = [1 << 10, 1 << 16, 1 << 20, 1 << 22]
+    record = synthetic_record("all_reduce", 2, sizes, [[[1e-4 + s / 1e9] * 5 for s in sizes]] * 2)
+    record["config"]["commbench"]["under_load"] = True
+    for rank in record["ranks"]:
+        for point in rank["collectives"]:
+            wire = point["bytes"] / 1e9
+            point["times_under_load"] = [4e-4 + wire] * 15 + [4.4e-3 + wire] * 5
+    bench = summarize_commbench(record)
+    assert bench["under_load"]
+    fit = bench["ops"]["all_reduce"]["fit_under_load"]
+    assert fit["alpha_s"] == pytest.approx(1.4e-3, rel=1e-6) and fit["beta_busbw_Bps"] == pytest.approx(1e9)
+    assert call_time(bench, "all_reduce", 1 << 21, under_load=True) == pytest.approx(1.4e-3 + (1 << 21) / 1e9)
+    idle = [1e-4 + s / 1e9 for s in (1 << 20, 1 << 22)]  # log-log between the idle medians around it
+    assert call_time(bench, "all_reduce", 1 << 21) == pytest.approx(np.sqrt(idle[0] * idle[1]))
+
+
+@unit
+def test_the_compute_load_holds_a_core_while_the_calls_run_and_stops_after():
+    """The load is real CPU work beside the calls (time.process_time counts every thread of the process):
+    a 0.3 s sleep under it costs at least 0.15 s of CPU, and the thread is gone when the block ends."""
+    import threading
+    import time
+
+    from backends.commbench import ComputeLoad
+
+    cpu = time.process_time()
+    with ComputeLoad() as load:
+        time.sleep(0.3)
+    used = time.process_time() - cpu
+    assert used > 0.15 and load.products > 0, used
+    assert not any(t.name == "commbench-load" for t in threading.enumerate())
+
+
+@unit
+@pytest.mark.parametrize("flags, expected", [([], False), (["--under-load"], True)])
+def test_commbench_times_calls_under_load_when_asked(flags, expected):
+    """Idle calls only by default (the nccl-tests figures, in the time the issue allows); --under-load adds
+    the times beside a compute thread that the local prediction profile prices with."""
+    from harness.cli import make_parser
+    from harness.run.commbench import build_commbench_config
+
+    argv = ["commbench", "--backend", "torch-ddp", "--gpus", "2", "--device", "cpu", *flags]
+    cfg = build_commbench_config(make_parser().parse_args(argv))
+    assert cfg.commbench["under_load"] is expected

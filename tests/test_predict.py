@@ -274,6 +274,22 @@ def test_a_synchronised_step_waits_for_the_slowest_rank_s_variation():
 
 
 @unit
+def test_the_local_profile_prices_collectives_as_timed_beside_compute_when_measured_so():
+    """On a CPU a step's collectives share the cores with its compute: when commbench timed the calls
+    under load too (4 ms each, against 1 ms idle), the local profile prices with those, and says so."""
+    sizes, idle, loaded = [1024, 1 << 20], [1e-3, 1e-3], [4e-3, 4e-3]
+    bench = commbench_record("tf-mwms", {"all_reduce": (sizes, idle)})
+    assert not local_profile([bench], "tf-mwms", cpus=2).under_load
+    bench["config"]["commbench"]["under_load"] = True
+    for rank in bench["ranks"]:
+        for point, t in zip(rank["collectives"], loaded):
+            point["times_under_load"] = [t] * 5
+    profile = local_profile([bench], "tf-mwms", cpus=2)
+    assert profile.under_load and "beside a compute thread" in profile.description
+    assert profile.collective_time("all_reduce", 1 << 19, 2, "nominal") == pytest.approx(4e-3, rel=1e-3)
+
+
+@unit
 def test_a_sharded_optimizer_step_shrinks_with_n():
     """ZeRO-3 steps 1/N of the optimizer: calibrated at 0.02 s of a 0.1 s step at N = 1, the compute at
     N = 4 is 0.08 + 0.02 / 4 = 0.085 s."""
@@ -363,19 +379,21 @@ def test_predictions_are_records_of_their_own_kind_tabled_apart(tmp_path, capsys
 
 # ------------------------------------------------------------------------------------------ integration tier
 # label -> (run flags, the ops its commbench needs, whether the model meets the bounds on this 2-core CPU).
-# The three that do not: their in-run gloo collectives take 1.8-2x commbench's time even on the rank that
-# waited least, and 3-4x on the slowest (scripts/comm_crosscheck.py), so the step is under-predicted by
-# 20-30% (scripts/predict_validation.py; the closing note of the prediction issue has the table).
+# Collectives are priced as commbench timed them beside a compute thread (on 2 cores a step's calls share
+# them with compute: 2-3x the idle times below 8 MB). The two that miss: ZeRO-3's step is under-predicted by
+# about a quarter (the 1-rank runs hold no partitioned gathers, and its many small calls cost more in-run);
+# Horovod's is over-predicted by about a quarter (beside a compute thread its background cycle slows calls
+# 5-10x, where in a step most of its calls run after backward). scripts/predict_validation.py gives the table.
 OWN_RUNS = {
     "torch-ddp": (["--backend", "torch-ddp"], "allreduce", True),
     "deepspeed-zero1": (["--backend", "deepspeed", "--zero-stage", "1"], "allreduce,allgather", True),
     "tf-mwms": (["--backend", "tf-mwms"], "allreduce", True),
     "paddle-fleet": (["--backend", "paddle-fleet"], "allreduce", True),
-    "torch-fsdp": (["--backend", "torch-fsdp"], "allgather,reducescatter", False),
+    "torch-fsdp": (["--backend", "torch-fsdp"], "allgather,reducescatter", True),
     "deepspeed-zero3": (["--backend", "deepspeed", "--zero-stage", "3"], "allgather,reducescatter", False),
     "horovod": (["--backend", "horovod"], "allreduce", False),
 }
-# Every stack with DISTBENCH_PREDICT_ALL=1 (about 6 minutes); torch-ddp alone otherwise.
+# Every stack with DISTBENCH_PREDICT_ALL=1 (about 7 minutes); torch-ddp alone otherwise.
 OWN_RUN_LABELS = list(OWN_RUNS) if os.environ.get("DISTBENCH_PREDICT_ALL") == "1" else ["torch-ddp"]
 
 
@@ -387,7 +405,7 @@ OWN_RUN_LABELS = list(OWN_RUNS) if os.environ.get("DISTBENCH_PREDICT_ALL") == "1
             label,
             marks=[]
             if OWN_RUNS[label][2]
-            else [pytest.mark.xfail(strict=True, reason="in-run gloo collectives are 2-4x commbench's")],
+            else [pytest.mark.xfail(strict=True, reason="ZeRO-3 under-, Horovod over-predicted by ~25%")],
         )
         for label in OWN_RUN_LABELS
     ],
@@ -406,13 +424,14 @@ def test_a_two_rank_cpu_run_is_predicted_from_its_one_rank_runs_and_commbench(la
 def test_a_communication_bound_cpu_run_is_predicted_only_with_its_collectives(out):
     """On tiny the communication is under a fifth of the step, so the bounds above would hold even if
     no collective were priced. Here (d_model 512, 2 blocks, 32 tokens a sequence, 2 sequences: 7.4M
-    parameters, a 30 MB all-reduce) it is about a third: the compute alone is 25-30% short of the measured
-    step, and the prediction with commbench's all-reduce is within 15%. Its exposed ratio is about 13
-    points low: the in-run all-reduce takes longer than commbench's."""
+    parameters, a 30 MB all-reduce) it is about 40%: the compute alone is 35-40% short of the measured
+    step, and the prediction with commbench's all-reduce (timed beside a compute thread) meets both bounds
+    (seen: +9% step time, +3.5 points exposed)."""
     shape = ["--workload", "tiny", "--d-model", "512", "--heads", "8", "--layers", "2", "--seq-len", "32"]
     flags = ["--backend", "torch-ddp"]
     result = predicted_against_measured(out, [*flags, *shape, "--micro-batch", "2"], flags, "allreduce")
     assert abs(result["step_time_error"]) <= 0.15, result
+    assert abs(result["exposed_error_points"]) <= 10, result
     compute_only = result["predicted_compute_s"] / result["step_time_s"]["measured"] - 1
     assert compute_only < -0.15, result  # what pricing no collective would give
 
@@ -421,7 +440,8 @@ def predicted_against_measured(out, run_flags, backend_flags, ops) -> dict:
     run = [*run_flags, "--threads-per-worker", "1", "--no-trace-comm", "--steps", "15"]
     for gpus in (1, 1, 2):
         run_record(out, *run, "--gpus", gpus)
-    proc = harness("commbench", *backend_flags, "--gpus", 2, "--ops", ops, "--sizes", "1K:64M", "--out", out)
+    sizes = ["--sizes", "1K:64M", "--under-load"]
+    proc = harness("commbench", *backend_flags, "--gpus", 2, "--ops", ops, *sizes, "--out", out)
     assert proc.returncode == 0, proc.stderr
     records = load_records([out], kind=None)
     (target,) = [r for r in records if r["kind"] == "training" and r["config"]["world_size"] == 2]

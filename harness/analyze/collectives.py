@@ -36,7 +36,8 @@ def fit_alpha_beta(sizes: list[int], times: list[float], op: str, world: int) ->
 
 def summarize_commbench(record: dict) -> dict:
     """Per op: per size the slowest rank's call times (median, p10, p90), algbw and busbw at the median;
-    and the α-β fit over all sizes."""
+    and the α-β fit over all sizes. The same times and fit beside a compute thread when the run measured
+    them too (`under_load`)."""
     world = record["config"]["world_size"]
     ranks = [r for r in record["ranks"] if r.get("status") == "ok"]
     if len(ranks) < world:
@@ -47,22 +48,34 @@ def summarize_commbench(record: dict) -> dict:
         times = slowest([r["collectives"][i]["times"] for r in ranks])  # a call ends when every rank's has
         t = stats(times)
         algbw = size / t["median"] if t["median"] else None
-        ops.setdefault(op, {"points": []})["points"].append(
-            {
-                "bytes": size,
-                "time_s": {k: t[k] for k in ("median", "p10", "p90", "n")},
-                "algbw_Bps": algbw,
-                "busbw_Bps": algbw and algbw * bus_factor(op, world),
-                "times_s": times,
-            }
-        )
+        entry = {
+            "bytes": size,
+            "time_s": {k: t[k] for k in ("median", "p10", "p90", "n")},
+            "algbw_Bps": algbw,
+            "busbw_Bps": algbw and algbw * bus_factor(op, world),
+            "times_s": times,
+        }
+        if "times_under_load" in point:
+            loaded = stats(slowest([r["collectives"][i]["times_under_load"] for r in ranks]))
+            entry["time_under_load_s"] = {k: loaded[k] for k in ("median", "mean", "p10", "p90", "n")}
+        ops.setdefault(op, {"points": []})["points"].append(entry)
     for op, entry in ops.items():
         points = entry["points"]
         if len(points) >= 2:
-            entry["fit"] = fit_alpha_beta(
-                [p["bytes"] for p in points], [p["time_s"]["median"] for p in points], op, world
-            )
-    return {"ops": ops, "world_size": world, "dtype": record["config"]["commbench"]["dtype"]}
+            sizes = [p["bytes"] for p in points]
+            entry["fit"] = fit_alpha_beta(sizes, [p["time_s"]["median"] for p in points], op, world)
+            if all("time_under_load_s" in p for p in points):
+                # Under load a call either runs at once or waits for a time slice: a mixture whose
+                # median flips between the two, where a step pays the mean; one fit over every size
+                # pools the 20-odd calls of each.
+                loaded = [p["time_under_load_s"]["mean"] for p in points]
+                entry["fit_under_load"] = fit_alpha_beta(sizes, loaded, op, world)
+    return {
+        "ops": ops,
+        "world_size": world,
+        "dtype": record["config"]["commbench"]["dtype"],
+        "under_load": bool(record["config"]["commbench"].get("under_load")),
+    }
 
 
 def op_time_index(summary: dict, op: str) -> float | None:
@@ -134,17 +147,18 @@ def commbench_aggregate(rows: pd.DataFrame) -> pd.DataFrame:
     return agg
 
 
-def call_time(summary: dict, op: str, size: float) -> float | None:
-    """What commbench says one `op` of `size` bytes takes: its median times interpolated log-log between
-    the measured sizes, the α-β fit outside them; None if the op was not measured."""
+def call_time(summary: dict, op: str, size: float, under_load: bool = False) -> float | None:
+    """What commbench says one `op` of `size` bytes takes. Idle: its median times interpolated log-log
+    between the measured sizes, the α-β fit outside them. Beside a compute thread (`under_load`): the α-β
+    fit of the mean times at every size. None if the op (or that series) was not measured."""
     entry = (summary.get("ops") or {}).get(op)
     if not entry or not size:
         return None
     sizes = np.array([p["bytes"] for p in entry["points"]], float)
     times = np.array([p["time_s"]["median"] for p in entry["points"]], float)
-    if sizes[0] <= size <= sizes[-1]:
+    if not under_load and sizes[0] <= size <= sizes[-1]:
         return float(np.exp(np.interp(np.log(size), np.log(sizes), np.log(times))))
-    fit = entry.get("fit")
+    fit = entry.get("fit_under_load" if under_load else "fit")
     if not fit:
         return None
     beta = fit["beta_busbw_Bps"]

@@ -210,12 +210,19 @@ def cmd_predict(args) -> int:
     header = (
         f"PREDICTED (not measured): {label}, {cfgs[0].workload} "
         f"({cfgs[0].spec.n_params / 1e6:,.1f}M params), "
-        f"{cfgs[0].precision}, on {profile.name}; compute: {method}; training on {tokens:.3g} tokens "
+        f"{cfgs[0].precision}, on {profile.name}"
+        + (f" ({profile.description})" if profile.name == "local" else "")
+        + f"; compute: {method}; training on {tokens:.3g} tokens "
         f"(6PT = {6 * cfgs[0].spec.n_params * tokens:.3g} FLOPs); nominal (fast–slow corner)"
     )
     print_table(points, header)
     for note in calib.notes:
         print(f"note: {note}")
+    if profile.name == "local" and profile.device == "cpu" and not profile.under_load:
+        print(
+            "note: collectives priced at their idle times; a step's calls share the CPU with its compute "
+            "and take longer (`harness commbench --under-load` measures that)"
+        )
     if args.out:
         inputs = {
             "argv": list(args.argv),

@@ -57,6 +57,7 @@ class Profile:
     step_cv: list = field(default_factory=lambda: [0.005, 0.01, 0.02])
     sources: list = field(default_factory=list)
     commbench: dict = field(default_factory=dict)  # local: {world_size: commbench summary} of one stack
+    under_load: bool = False  # local: collectives priced by commbench's times beside a compute thread
     path: str | None = None
 
     def to_dict(self) -> dict:
@@ -113,7 +114,7 @@ class Profile:
                 f"profile {self.name}: no commbench record at {world} ranks (have: "
                 f"{', '.join(map(str, sorted(self.commbench)))}); run `harness commbench --gpus {world}`"
             )
-        t = call_time(summary, op, size_bytes)
+        t = call_time(summary, op, size_bytes, under_load=self.under_load)
         if t is None:
             raise ProfileError(f"profile {self.name}: the commbench record at {world} ranks has no {op}")
         return t
@@ -161,15 +162,19 @@ def local_profile(commbench_records: list[dict], backend: str, cpus: int | None)
         raise ProfileError(
             f"the local profile needs a commbench record of {backend} in --calibrate"
             + (f" (given: {', '.join(others)})" if others else "")
-            + f"; run `harness commbench --backend {backend} --gpus 2`"
+            + f"; run `harness commbench --backend {backend} --gpus 2 --under-load`"
         )
     by_world = {}
     for record in sorted(mine, key=lambda r: (r.get("environment") or {}).get("start_time") or ""):
         by_world[record["config"]["world_size"]] = summarize_commbench(record)
     device = mine[-1]["config"]["device"]
+    # A training step's collectives run beside its compute, which on a CPU holds the same cores: where
+    # every record timed its calls under load too, those times price the collectives.
+    under_load = all(summary.get("under_load") for summary in by_world.values())
+    timing = "calls timed beside a compute thread" if under_load else "calls timed on idle cores"
     return Profile(
         name="local",
-        description=f"this machine as commbench measured {backend} ({device})",
+        description=f"this machine as commbench measured {backend} ({device}; {timing})",
         device=device,
         device_name=None,
         gpus_per_node=cpus or max(by_world),
@@ -178,5 +183,6 @@ def local_profile(commbench_records: list[dict], backend: str, cpus: int | None)
         # compute: overlapping them buys nothing (slowdown 1 = the overlapped time is added in full).
         overlap_slowdown=[1.0, 1.0, 1.0],
         commbench=by_world,
+        under_load=under_load,
         sources=[r["run_id"] for r in mine],
     )

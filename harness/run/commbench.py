@@ -7,6 +7,7 @@ harness.analyze.collectives'.
 
 from __future__ import annotations
 
+import argparse
 import math
 import re
 import sys
@@ -92,6 +93,12 @@ def build_commbench_config(args) -> RunConfig:
         raise UsageError(f"backend {backend.name} runs on one node only; drop --nodes/--hosts")
     per_node = n // layout["nodes"]
     device = resolve_device(args.device, per_node)
+    under_load = args.under_load
+    if under_load and device != "cpu":
+        raise UsageError(
+            f"--under-load loads the CPU beside each call; the ranks here run on {device}: "
+            "drop it (valid only with --device cpu)"
+        )
     probe = RunConfig(
         backend=backend.name, workload="tiny", spec=PRESETS["tiny"], world_size=n, device=device
     )
@@ -101,6 +108,7 @@ def build_commbench_config(args) -> RunConfig:
         dtype=args.dtype,
         iters=args.iters,
         warmup=args.warmup_iters,
+        under_load=under_load,
     )
     cfg = RunConfig(
         backend=backend.name,
@@ -149,18 +157,24 @@ def print_commbench(record: dict, stream=None) -> None:
     console.print(title, markup=False)
     for op, entry in s["ops"].items():
         table = Table(title=op, title_justify="left")
-        for col in ("size", "time µs (median)", "p10", "p90", "algbw GB/s", "busbw GB/s"):
+        loaded = s.get("under_load")
+        columns = ["size", "time µs (median)", "p10", "p90", "algbw GB/s", "busbw GB/s"]
+        for col in columns + (["under load µs", "x idle"] if loaded else []):
             table.add_column(col, justify="right")
         for p in entry["points"]:
             t = p["time_s"]
-            table.add_row(
+            row = [
                 fmt_bytes(p["bytes"]),
                 f"{t['median'] * 1e6:.1f}",
                 f"{t['p10'] * 1e6:.1f}",
                 f"{t['p90'] * 1e6:.1f}",
                 gbps(p["algbw_Bps"]),
                 gbps(p["busbw_Bps"]),
-            )
+            ]
+            if loaded:
+                u = p["time_under_load_s"]["median"]
+                row += [f"{u * 1e6:.1f}", f"{u / t['median']:.2f}" if t["median"] else "n/a"]
+            table.add_row(*row)
         console.print(table)
         if fit := entry.get("fit"):
             console.print(
@@ -188,7 +202,7 @@ def cmd_commbench(args) -> int:
     print(
         f"commbench: {backend.name} on {cfg.world_size} {cfg.device} ranks, "
         f"{len(cfg.commbench['ops'])} op(s) x {len(cfg.commbench['sizes'])} size(s) x "
-        f"{cfg.commbench['iters']} calls",
+        f"{cfg.commbench['iters']} calls" + (", idle and under load" if cfg.commbench["under_load"] else ""),
         flush=True,
     )
     try:
@@ -226,6 +240,13 @@ def register(subparsers) -> None:
     p.add_argument("--iters", type=positive, default=20, help="timed calls per op and size")
     p.add_argument("--warmup-iters", type=int_at_least(0, "an integer >= 0"), default=5)
     p.add_argument("--device", default="auto", help="auto, cuda, cpu")
+    p.add_argument(
+        "--under-load",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="CPU ranks: also time each call beside a compute thread per rank, as a training step's calls "
+        "run (what `harness predict --hardware local` prices with; about doubles the run's time)",
+    )
     p.add_argument(
         "--threads-per-worker", type=positive, help="CPU threads per worker (default: cores / ranks)"
     )
