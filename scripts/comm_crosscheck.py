@@ -56,7 +56,7 @@ def main() -> int:
     args = parser.parse_args()
     print(
         "stack            op              traced ms/step (slowest rank, least waiting)  commbench ms/step  "
-        "traced / commbench"
+        "traced / commbench   (idle; under load)"
     )
     for label in args.backends.split(","):
         flags = STACKS[label]
@@ -78,7 +78,9 @@ def main() -> int:
                 args.out,
             )
             bench = harness(
-                "commbench", ["--backend", flags[1], "--gpus", str(args.gpus), "--sizes", "1K:16M"], args.out
+                "commbench",
+                ["--backend", flags[1], "--gpus", str(args.gpus), "--sizes", "1K:16M", "--under-load"],
+                args.out,
             )
         except subprocess.CalledProcessError as exc:
             print(
@@ -93,10 +95,12 @@ def main() -> int:
         for op, o in rows:
             ratio = f"{o['ratio']:.2f}" if o["ratio"] else "n/a"
             least = f" (least waiting {o['least_waiting_ratio']:.2f})" if o.get("least_waiting_ratio") else ""
+            loaded = o.get("predicted_under_load_s_per_step")
+            under = f"; under load {loaded * 1e3:.2f} ms, ratio {o['ratio_under_load']:.2f}" if loaded else ""
             print(
                 f"{label:16s} {op:15s} {o['measured_s_per_step'] * 1e3:8.2f}, "
                 f"{o['least_waiting_s_per_step'] * 1e3:8.2f}"
-                f"{'':29s} {o['predicted_s_per_step'] * 1e3:17.2f} {ratio:>10s}{least}",
+                f"{'':29s} {o['predicted_s_per_step'] * 1e3:17.2f} {ratio:>10s}{least}{under}",
                 flush=True,
             )
         print(

@@ -94,6 +94,17 @@ def test_ddp_buckets_follow_reverse_parameter_order_with_a_small_first_bucket():
 
 
 @unit
+def test_paddle_groups_in_model_order_and_all_reduces_the_small_group_last():
+    """paddle.DataParallel fills its first group (1 MB) in model order: tok_emb (2048 x 128 x 4 B =
+    1 MiB) alone; pos_emb and the blocks make the 32 MB group. The groups go reversed, so the small one is
+    last, and the big one waits for pos_emb's gradient, ready with the embedding's backward (the last)."""
+    messages, _ = schedule(cfg_for("paddle-fleet", precision="fp32"))
+    embedding = 2048 * 128 * 4
+    assert [m.size_bytes for m in messages] == [TINY_PARAMS * 4 - embedding, embedding]
+    assert messages[0].after == messages[1].after
+
+
+@unit
 def test_replay_overlaps_a_collective_with_compute_and_bills_only_the_wait():
     """Three 1 s segments; a 1.5 s collective ready after the first, needed by the third: it runs from 1
     to 2.5 beside the second segment, so the third starts at 2.5 and the step takes 3.5 s (0.5 s exposed,
@@ -350,6 +361,8 @@ def test_bad_predict_input_is_one_line_and_exit_2(argv, message, capsys):
 def test_bad_rank_counts_are_refused_by_the_parser(capsys):
     assert main(["predict", "--backend", "torch-ddp", "--gpus", "8,0", "--hardware", "h100-sxm"]) == 2
     assert "positive rank counts" in capsys.readouterr().err
+    assert main(["predict", "--backend", "torch-ddp", "--gpus", "8,12", "--hardware", "h100-sxm"]) == 2
+    assert "--gpus 12 does not fill whole nodes of 8 (h100-sxm)" in capsys.readouterr().err
 
 
 @unit
@@ -368,6 +381,8 @@ def test_predictions_are_records_of_their_own_kind_tabled_apart(tmp_path, capsys
     assert record["inputs"]["calibration"]["seconds_per_flop"] is None  # compute assumed, and it says so
     assert record["summary"]["corners"]["nominal"]["compute_method"] == "assumed MFU"
     assert load_records([out]) == []  # the default kind (training) never includes them
+    assert main([*argv, "--hardware", "a100-80g-sxm", "--out", str(out)]) == 0  # the same second, again
+    assert len({r["run_id"] for r in load_records([out], kind="prediction")}) == 4
     assert main(["results", str(out), "--kind", "prediction"]) == 0
     table = capsys.readouterr().out
     assert "deepspeed-zero3" in table and "a100-80g-sxm" in table

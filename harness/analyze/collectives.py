@@ -169,8 +169,9 @@ def predicted_comm(run: dict, bench: dict) -> dict:
     """A training run's traced collectives priced by a commbench record of the same stack, device and N.
     Per op: the traced time per step (the slowest rank's), the same with each call's time taken from the
     rank that waited least in it (the last to arrive: ranks call the same collectives in the same order),
-    commbench's time for each traced call's op and size summed, and the ratios. Calls commbench did not
-    measure (an op it lacks) are counted, not priced."""
+    commbench's time for each traced call's op and size summed, and the ratios; the same priced under
+    load where commbench timed calls beside a compute thread. Calls commbench did not measure (an op it
+    lacks) are counted, not priced."""
     traces = [
         r["comm_trace"] for r in run["ranks"] if (r.get("comm_trace") or {}).get("collectives") is not None
     ]
@@ -180,30 +181,43 @@ def predicted_comm(run: dict, bench: dict) -> dict:
         calls = [[c for c in t["collectives"] if c["op"] == op] for t in traces]
         slowest_rank = max(sum(c["time_s"] or 0 for c in rank_calls) for rank_calls in calls)
         least_waiting = sum(min(c["time_s"] or 0 for c in same) for same in zip(*calls))
-        predicted = 0.0
+        predicted, loaded = 0.0, 0.0
         for c in calls[0]:
             t = call_time(bench["summary"], op, c["size_bytes"])
             unpriced += t is None
             predicted += t or 0.0
+            loaded += call_time(bench["summary"], op, c["size_bytes"], under_load=True) or 0.0
         out[op] = {
             "measured_s_per_step": slowest_rank / steps,
             "least_waiting_s_per_step": least_waiting / steps,
             "predicted_s_per_step": predicted / steps,
             "ratio": slowest_rank / predicted if predicted else None,
             "least_waiting_ratio": least_waiting / predicted if predicted else None,
+            # priced as calls that run beside compute, where commbench timed them so (--under-load)
+            "predicted_under_load_s_per_step": loaded / steps if loaded else None,
+            "ratio_under_load": slowest_rank / loaded if loaded else None,
         }
 
     def total(key):
-        return sum(o[key] for o in out.values())
+        return sum(o[key] or 0.0 for o in out.values())
 
+    totals = {
+        key: total(key)
+        for key in (
+            "measured_s_per_step",
+            "least_waiting_s_per_step",
+            "predicted_s_per_step",
+            "predicted_under_load_s_per_step",
+        )
+    }
     return {
         "ops": out,
-        **{
-            key: total(key)
-            for key in ("measured_s_per_step", "least_waiting_s_per_step", "predicted_s_per_step")
-        },
-        "ratio": total("measured_s_per_step") / total("predicted_s_per_step")
-        if total("predicted_s_per_step")
+        **totals,
+        "ratio": totals["measured_s_per_step"] / totals["predicted_s_per_step"]
+        if totals["predicted_s_per_step"]
+        else None,
+        "ratio_under_load": totals["measured_s_per_step"] / totals["predicted_under_load_s_per_step"]
+        if totals["predicted_under_load_s_per_step"]
         else None,
         "unpriced_calls": unpriced,
     }

@@ -11,6 +11,7 @@ import argparse
 import math
 import sys
 import time
+import uuid
 from pathlib import Path
 
 from rich.console import Console
@@ -73,6 +74,11 @@ def configs(args, profile) -> list[RunConfig]:
     for n in args.gpus:
         micro = micro_batch_for(args, n)
         per_node = min(n, profile.gpus_per_node)
+        if n % per_node:
+            raise UsageError(
+                f"--gpus {n} does not fill whole nodes of {per_node} ({profile.name}): give at most "
+                f"{per_node} or a multiple of it"
+            )
         cfg = RunConfig(
             backend=backend.name,
             workload=args.workload,
@@ -163,7 +169,7 @@ def prediction_record(cfg: RunConfig, prediction: dict, profile, calib, inputs: 
     return {
         "schema_version": SCHEMA_VERSION,
         "kind": "prediction",
-        "run_id": f"predict-{label}-{profile.name}-n{cfg.world_size}-{stamp}",
+        "run_id": f"predict-{label}-{profile.name}-n{cfg.world_size}-{stamp}-{uuid.uuid4().hex[:6]}",
         "status": "ok",
         "error": None,
         "config": cfg.to_dict(),

@@ -116,7 +116,17 @@ def ddp(cfg, steps, numels):
 
 
 def paddle_dp(cfg, steps, numels, element_bytes):
-    return bucketed_allreduce(steps, numels, PADDLE_BUCKET_BYTES, PADDLE_LAST_BUCKET_BYTES, element_bytes)
+    """paddle.DataParallel groups parameters in model order, the first group closed at
+    last_comm_group_size_MB and the others at fuse_grad_size_in_MB, and hands the reducer the groups
+    reversed (assign_group_by_size, then reversed(group_indices)): the small group, the embeddings, is the
+    last all-reduced, and a group goes once all its gradients are ready."""
+    order = list(numels.items())
+    groups = buckets(order, PADDLE_BUCKET_BYTES, PADDLE_LAST_BUCKET_BYTES, element_bytes)
+    messages = []
+    for names, size in reversed(groups):
+        ready = max(steps.at("backward", unit_of(n)) for n in names)
+        messages.append(Message("all_reduce", size, ready, steps.optimizer, "gradients"))
+    return messages
 
 
 def horovod(cfg, steps, numels, element_bytes):
