@@ -154,8 +154,9 @@ def load_profile(name: str) -> Profile:
 
 
 def local_profile(commbench_records: list[dict], backend: str, cpus: int | None) -> Profile:
-    """This machine, from commbench records of `backend` (the latest one per rank count): collective times
-    as measured, one node; compute comes from a calibration run, as no peak FLOP/s is known for a CPU."""
+    """This machine, from commbench records of `backend` on one device (the newest record's; the latest
+    record per rank count): collective times as measured, one node; compute comes from a calibration run
+    on the same device, as no peak FLOP/s is known for a CPU."""
     mine = [r for r in commbench_records if r["config"]["backend"] == backend and r["status"] == "ok"]
     if not mine:
         others = sorted({r["config"]["backend"] for r in commbench_records})
@@ -164,25 +165,39 @@ def local_profile(commbench_records: list[dict], backend: str, cpus: int | None)
             + (f" (given: {', '.join(others)})" if others else "")
             + f"; run `harness commbench --backend {backend} --gpus 2 --under-load`"
         )
-    by_world = {}
-    for record in sorted(mine, key=lambda r: (r.get("environment") or {}).get("start_time") or ""):
-        by_world[record["config"]["world_size"]] = summarize_commbench(record)
-    device = mine[-1]["config"]["device"]
+
+    def started(record):
+        return (record.get("environment") or {}).get("start_time") or ""
+
+    def device_of(record):  # ("cpu", "cpu") or ("cuda", "NVIDIA H200")
+        ranks = record.get("ranks") or [{}]
+        return record["config"]["device"], ranks[0].get("device")
+
+    mine.sort(key=started)
+    here = device_of(mine[-1])  # the newest record's device; records of another are named, not mixed in
+    used = [r for r in mine if device_of(r) == here]
+    skipped = [r["run_id"] for r in mine if device_of(r) != here]
+    by_world = {r["config"]["world_size"]: summarize_commbench(r) for r in used}  # the latest per N
+    device = here[0]
     # A training step's collectives run beside its compute, which on a CPU holds the same cores: where
     # every record timed its calls under load too, those times price the collectives.
     under_load = all(summary.get("under_load") for summary in by_world.values())
     timing = "calls timed beside a compute thread" if under_load else "calls timed on idle cores"
+    if skipped:
+        timing += f"; not used, of another device: {', '.join(skipped)}"
     return Profile(
         name="local",
-        description=f"this machine as commbench measured {backend} ({device}; {timing})",
+        description=f"this machine as commbench measured {backend} ({here[1] or device}; {timing})",
         device=device,
-        device_name=None,
-        gpus_per_node=cpus or max(by_world),
+        device_name=here[1] if device == "cuda" else None,  # calibration runs must match it
+        # one machine: every rank count commbench measured here is one node
+        gpus_per_node=max(by_world) if device == "cuda" else max(cpus or 1, max(by_world)),
         memory_bytes=None,
-        # Every CPU here runs a worker's compute thread, so a collective's threads take CPU time from
-        # compute: overlapping them buys nothing (slowdown 1 = the overlapped time is added in full).
-        overlap_slowdown=[1.0, 1.0, 1.0],
+        # On a CPU every core runs a worker's compute thread, so a collective's threads take CPU time
+        # from compute: overlapping them buys nothing (slowdown 1: the overlapped time is added in full).
+        # On a GPU the catalogue's range.
+        overlap_slowdown=[1.0, 1.0, 1.0] if device == "cpu" else [0.0, 0.05, 0.15],
         commbench=by_world,
         under_load=under_load,
-        sources=[r["run_id"] for r in mine],
+        sources=[r["run_id"] for r in used],
     )

@@ -152,6 +152,30 @@ def activation_bytes(cfg: RunConfig, element_bytes: int) -> dict:
     return {"blocks": blocks, "logits": logits}
 
 
+def kept_gathered_blocks(cfg: RunConfig, numels: dict[str, int]) -> dict[int, int]:
+    """Blocks (index: elements) a sharded stack keeps gathered from their forward to their backward:
+    every block under FSDP with reshard_after_forward off; under ZeRO-3 the blocks whose reuse comes
+    within stage3_max_reuse_distance (the schedule's rule: those are not gathered again for backward)."""
+    from backends.deepspeed_zero.comm import MAX_REUSE_DISTANCE, partitioned
+
+    blocks = {
+        i: sum(n for name, n in numels.items() if unit_of(name) == f"block.{i}")
+        for i in range(cfg.spec.n_layers)
+    }
+    options = get_backend(cfg.backend).options(cfg).to_dict()
+    if cfg.backend == "torch-fsdp":
+        return {} if options["reshard_after_forward"] else blocks
+    if cfg.backend == "deepspeed" and options["zero_stage"] == 3:
+        part = partitioned(numels)
+        block_part = {i: sum(n for name, n in part.items() if unit_of(name) == f"block.{i}") for i in blocks}
+        return {
+            i: blocks[i]
+            for i in blocks
+            if 2 * sum(v for j, v in block_part.items() if j > i) < MAX_REUSE_DISTANCE
+        }
+    return {}
+
+
 def memory(cfg: RunConfig, factor: float) -> dict:
     """Bytes per rank: model state by sharding (the spec's rule, as the summary's analytic value), the
     parameters a sharded stack gathers for the block it computes and the one it prefetches, the buffers
@@ -169,7 +193,11 @@ def memory(cfg: RunConfig, factor: float) -> dict:
     gathered = 0.0
     if sharding == "parameters" and cfg.world_size > 1:
         root = cfg.spec.n_params - sum(n for name, n in numels.items() if name.startswith("blocks."))
-        gathered = (2 * largest_block + root) * element + largest_block * 4  # two blocks, root, one grad
+        kept = kept_gathered_blocks(cfg, numels)
+        # the blocks kept whole from forward to backward, at its start all at once; else two blocks in
+        # flight (the one computed and the one prefetched); the root; one block's full gradient
+        in_flight = 0 if len(kept) == cfg.spec.n_layers else 2 * largest_block
+        gathered = (sum(kept.values()) + in_flight + root) * element + largest_block * 4
     buffers = 0.0
     if sharding == "none" and cfg.world_size > 1:
         buffers = cfg.spec.n_params * 4  # DDP/Paddle buckets and TF's pack are a copy of the gradients
