@@ -101,6 +101,65 @@ def test_single_node_adapters_refuse_several_nodes(monkeypatch):
         )
 
 
+@pytest.fixture
+def sigterm(monkeypatch):
+    """The harness's stop flag, set as its SIGTERM handler sets it, and cleared after the test."""
+    import threading
+
+    from harness.run import launch
+
+    monkeypatch.setattr(launch, "STOP", threading.Event())
+    monkeypatch.setattr(launch, "stop_reason", [])
+    return lambda: launch.request_stop("SIGTERM from Slurm (job 7: its time limit, or scancel)")
+
+
+@pytest.mark.unit
+def test_after_a_sigterm_node_0_waits_a_grace_for_the_other_nodes_markers(tmp_path, sigterm, monkeypatch):
+    """Slurm signals every node: node 1 writes its marker a second after node 0 is told to stop, and the
+    record gets it; a node that never writes one holds node 0 no longer than the grace."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from core.records import write_json_atomic
+    from harness.run import nodes
+
+    monkeypatch.setattr(nodes, "STOP_GRACE_S", 3.0)
+    cfg = SimpleNamespace(nodes=2, compute_method="none", isolated_repeats=0, timeout_s=600.0)
+
+    def marker(k, **extra):
+        done = {"finished": True, "returncodes": [-15], "timed_out": False, "elapsed_s": 1.0}
+        write_json_atomic(nodes.marker_path(tmp_path, k), {"node_rank": k, **done, **extra})
+
+    marker(0)
+    write_json_atomic(nodes.marker_path(tmp_path, 1), {"node_rank": 1})  # started, not finished
+    sigterm()
+    late = threading.Timer(1.0, marker, args=(1,))
+    late.start()
+    started = time.monotonic()
+    markers = nodes.wait_for_nodes(tmp_path, cfg)
+    late.join()
+    assert markers[1].get("finished") and time.monotonic() - started < 3.0
+    write_json_atomic(nodes.marker_path(tmp_path, 1), {"node_rank": 1})
+    started = time.monotonic()
+    assert not nodes.wait_for_nodes(tmp_path, cfg)[1].get("finished")
+    assert 2.5 < time.monotonic() - started < 6.0
+
+
+@pytest.mark.unit
+def test_a_node_waiting_for_another_node_s_launcher_stops_on_sigterm(tmp_path, sigterm):
+    """A Horovod node > 0 waits for node 0's launcher to finish its ranks; told to stop, it does not wait
+    out the run's timeout."""
+    import time
+
+    from harness.run.nodes import wait_for_ranks
+
+    sigterm()
+    started = time.monotonic()
+    assert wait_for_ranks(tmp_path, 0, timeout_s=600.0).startswith("stopped by SIGTERM from Slurm")
+    assert time.monotonic() - started < 2.0
+
+
 def test_run_ids_are_required_across_nodes_and_never_reused(tmp_path):
     two = config("--nodes", "2", "--hosts", "a,b", "--node-rank", "0", "--device", "cpu")
     with pytest.raises(UsageError, match="give --run-id"):

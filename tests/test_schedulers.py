@@ -369,6 +369,18 @@ def test_a_time_limit_that_cannot_hold_the_run_is_refused(time_limit, run, messa
 
 
 @pytest.mark.unit
+def test_a_sweep_without_isolated_launches_needs_time_for_one_launch_a_run(capsys):
+    """--compute-method none: each run is one launch, so 600 s + 120 s of margin fits 12 minutes (the
+    isolated counterfactual's two more launches would need 32)."""
+    sweep = ["sweep", "--backends", "torch-ddp", "--gpus", "1,2", "--device", "cpu", "--timeout", "600"]
+    slurm = ["slurm", "--gpus-per-node", "2", "--time", "00:12:00"]
+    assert main([*slurm, *sweep, "--compute-method", "none"]) == 0
+    capsys.readouterr()
+    assert main([*slurm, *sweep]) == 2
+    assert "3 launch(es) x --timeout 600 s" in capsys.readouterr().err
+
+
+@pytest.mark.unit
 @pytest.mark.subprocess  # bash -n
 def test_the_default_timeout_is_lowered_to_fit_the_time_limit_and_sigterm_comes_early(capsys):
     """horovod on 2 nodes: the run and two isolated launches; 20 minutes less 2 of margin = 360 s each."""

@@ -101,6 +101,39 @@ def test_unavailable_backend_is_skipped_with_its_reason(monkeypatch):
 
 
 @pytest.mark.unit
+def test_a_full_results_filesystem_stops_the_sweep_with_one_line(tmp_path, monkeypatch, capsys):
+    """No run after it could write a record either: one line naming the folder, the count left for
+    --resume, exit 1; no traceback."""
+    import errno
+
+    import harness.run.sweep as sweep
+
+    out = tmp_path / "results"
+
+    def full(backend, cfg, out_dir, argv, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device", str(out_dir / "logs" / "x" / "rank0.log"))
+
+    monkeypatch.setattr(sweep, "execute", full)
+    argv = ["sweep", "--device", "cpu", "--backends", "torch-ddp", "--gpus", "1,2", "--repeats", "1"]
+    assert main([*argv, "--out", str(out)]) == 1
+    captured = capsys.readouterr()
+    assert captured.err.strip() == f"harness: error: cannot write under {out}: No space left on device"
+    assert "stopped at run 1; 2 run(s) without a record (--resume runs them)" in captured.out
+
+
+@pytest.mark.unit
+def test_an_os_error_outside_the_results_folder_is_not_blamed_on_it(tmp_path):
+    """A launcher that cannot start is not a full disk."""
+    import errno
+
+    from harness.run.options import os_error_line
+
+    missing = OSError(errno.ENOENT, "No such file or directory", "horovodrun")
+    assert os_error_line(missing, tmp_path) == "harness: error: No such file or directory: horovodrun"
+    assert "cannot write under" in os_error_line(OSError(errno.EROFS, "Read-only file system"), tmp_path)
+
+
+@pytest.mark.unit
 def test_resume_counts_ok_records_of_the_same_config(tmp_path):
     runs, _ = plan(sweep_args("--backends", "torch-ddp", "--gpus", "1,2", "--repeats", "3"))
     done = [runs[0], runs[2], runs[1]]  # N=1 twice, N=2 once

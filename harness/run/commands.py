@@ -17,7 +17,7 @@ from harness.analyze.export import write_tensorboard
 from harness.analyze.summary import print_summary
 from harness.run.launch import stop_on_sigterm
 from harness.run.nodes import check_run_id, requested_world
-from harness.run.options import add_run_arguments, build_config, check_out_dir
+from harness.run.options import add_run_arguments, build_config, check_out_dir, os_error_line
 from harness.run.progress import RunDisplay
 from harness.run.runner import execute, record_line, run_node, write_record
 from harness.usage import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, positive
@@ -48,11 +48,8 @@ def cmd_run(args) -> int:
     with RunDisplay(cfg, live=sys.stdout.isatty() and not args.quiet) as display:
         try:
             record = execute(backend, cfg, args.out, sys.argv, run_id=args.run_id, display=display)
-        except OSError as exc:  # the results filesystem full, read-only or over quota under the run dir
-            print(
-                f"harness: error: cannot write under {args.out}: {exc.strerror or exc}",
-                file=sys.stderr,
-            )
+        except OSError as exc:  # the results filesystem full, read-only or over quota; or a launcher's
+            print(os_error_line(exc, args.out), file=sys.stderr)
             return EXIT_FAILED
         display.finish(record, tail_lines=0)  # the summary shows the failing rank's lines
     print_summary(record)

@@ -23,7 +23,7 @@ from harness.analyze.summary import fmt_bytes
 from harness.run.devices import resolve_device
 from harness.run.launch import stop_on_sigterm
 from harness.run.nodes import add_node_arguments, check_run_id, node_layout, requested_world
-from harness.run.options import DEFAULT_OUT, check_out_dir, fault_spec
+from harness.run.options import DEFAULT_OUT, check_out_dir, fault_spec, os_error_line
 from harness.run.runner import execute, record_line, run_node
 from harness.run_args import foreign_flags
 from harness.usage import EXIT_FAILED, EXIT_OK, UsageError, choice, int_at_least, positive, seconds
@@ -207,11 +207,8 @@ def cmd_commbench(args) -> int:
     )
     try:
         record = execute(backend, cfg, args.out, sys.argv, run_id=args.run_id)
-    except OSError as exc:  # the results filesystem full, read-only or over quota under the run dir
-        print(
-            f"harness: error: cannot write under {args.out}: {exc.strerror or exc}",
-            file=sys.stderr,
-        )
+    except OSError as exc:  # the results filesystem full, read-only or over quota; or a launcher's
+        print(os_error_line(exc, args.out), file=sys.stderr)
         return EXIT_FAILED
     print_commbench(record)
     print(record_line(record, args.out / (record["run_id"] + ".json")))

@@ -28,6 +28,9 @@ from harness.usage import UsageError, positive
 DEFAULT_MASTER_PORT = 29500  # torchrun's default, for multi-node runs given no port
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 NODE_GRACE_S = 30.0  # beyond the run's own timeout, how long node 0 waits for late nodes
+# After a SIGTERM, how long node 0 still waits for the other nodes' markers: a scheduler signals every node,
+# and each writes its marker as its launch stops (Slurm's --signal=TERM@60 leaves a minute before SIGKILL).
+STOP_GRACE_S = 15.0
 POLL_S = 0.5
 LAYOUT_FLAGS = ("--nodes", "--gpus-per-node", "--hosts", "--hostfile", "--node-rank", "--master", "--run-id")
 
@@ -222,6 +225,8 @@ def wait_for_ranks(run_dir: Path, node_rank: int, timeout_s: float) -> str | Non
             return (
                 None if marker.get("ranks_ok", True) else f"node {node_rank}'s ranks failed: no isolated run"
             )
+        if reason := stopped():  # the launcher got the same signal: its ranks will not finish the run
+            return f"stopped by {reason}: no isolated run"
         time.sleep(POLL_S)
     return f"node {node_rank}'s launcher, which runs this node's ranks, did not finish: no isolated run"
 
@@ -261,8 +266,10 @@ def wait_for_nodes(run_dir: Path, cfg: RunConfig) -> list[dict | None]:
     deadline = time.monotonic() + (launches * cfg.timeout_s if own_ok else 0) + NODE_GRACE_S
     while True:
         markers = read_markers(run_dir, cfg.nodes)
-        if all(m is None or m.get("finished") for m in markers) or time.monotonic() > deadline or stopped():
+        if all(m is None or m.get("finished") for m in markers) or time.monotonic() > deadline:
             return markers
+        if stopped():  # the others were signalled too: a short grace for their markers, then the record
+            deadline = min(deadline, time.monotonic() + STOP_GRACE_S)
         time.sleep(POLL_S)
 
 

@@ -42,6 +42,17 @@ def check_out_dir(out: Path) -> None:
         raise UsageError(f"--out {out}: cannot write records there ({exc.strerror or exc})") from None
 
 
+def os_error_line(exc: OSError, out: Path) -> str:
+    """One line for an OSError that ended a run: one on a path under the results folder (full, read-only,
+    over quota) names the folder; any other (a launcher that cannot start, a pipe) says what it was."""
+    what = exc.strerror or str(exc)
+    where = Path(exc.filename).resolve() if exc.filename else None
+    root = Path(out).resolve()
+    if where is None or where == root or root in where.parents:
+        return f"harness: error: cannot write under {out}: {what}"
+    return f"harness: error: {what}: {exc.filename}"
+
+
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     """Options shared by `run` and `sweep` (everything that defines the work and how it is measured)."""
     p.add_argument(

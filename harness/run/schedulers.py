@@ -139,8 +139,9 @@ def fit_time_limit(args, run_args, harness_args: list[str]) -> list[str]:
         launches = 1 + (
             cfg.isolated_repeats if cfg.compute_method == "isolated" and cfg.world_size > 1 else 0
         )
-    else:
-        launches = 1 + run_args.isolated_repeats
+    else:  # its runs at N > 1 add the isolated launches unless the compute method rules them out
+        isolated = run_args.compute_method in ("auto", "isolated")
+        launches = 1 + (run_args.isolated_repeats if isolated else 0)
     needed = launches * timeout + SLURM_MARGIN_S
     if needed <= limit:
         return harness_args

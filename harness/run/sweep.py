@@ -25,7 +25,7 @@ from core.records import config_key, load_records
 from harness.analyze.export import write_tensorboard
 from harness.run.launch import stop_on_sigterm, stopped
 from harness.run.nodes import read_hosts
-from harness.run.options import add_run_arguments, build_config, check_out_dir
+from harness.run.options import add_run_arguments, build_config, check_out_dir, os_error_line
 from harness.run.progress import RunDisplay, make_progress
 from harness.run.runner import execute, record_line
 from harness.usage import EXIT_FAILED, EXIT_OK, UsageError, choice, positive
@@ -190,14 +190,23 @@ def cmd_sweep(args) -> int:
             t0 = time.monotonic()
             with RunDisplay(run.cfg, live=live, progress=bars) as display:
                 display.phase(f"run {k}/{len(runs)}: {run.backend.name} N={run.cfg.world_size}")
-                record = execute(
-                    run.backend,
-                    run.cfg,
-                    args.out,
-                    sys.argv,
-                    sweep={"id": sweep_id, "repeat": run.repeat},
-                    display=display,
-                )
+                try:
+                    record = execute(
+                        run.backend,
+                        run.cfg,
+                        args.out,
+                        sys.argv,
+                        sweep={"id": sweep_id, "repeat": run.repeat},
+                        display=display,
+                    )
+                except OSError as exc:  # the results filesystem full or read-only: no run after it can
+                    print(os_error_line(exc, args.out), file=sys.stderr)  # write its record either
+                    print(
+                        f"sweep {sweep_id}: stopped at run {k}; {len(runs) - k + 1} run(s) without a "
+                        "record (--resume runs them)",
+                        flush=True,
+                    )
+                    return EXIT_FAILED
                 display.finish(record)
             records.append(record)
             if record.get("unwritten"):
