@@ -206,11 +206,14 @@ def deepspeed(cfg, steps, numels, stage, element_bytes):
         end = steps.last_backward(m)
         for size in zero_chunks(n, element_bytes):
             messages.append(Message("reduce_scatter", size, end, end + 1, "gradients"))
-    persistent = n - sum(part.values())
-    if persistent:
-        messages.append(
-            Message("all_gather", persistent * element_bytes, steps.optimizer, None, "persistent parameters")
-        )
+    # _post_step gathers the persistent parameters with all_gather(persistent_parameters), whose
+    # _allgather_params_coalesced launches one all_gather_into_tensor per parameter (51 calls a step on
+    # tiny, as its comm trace shows): each pays a collective's latency
+    for name, size in numels.items():
+        if name not in part:
+            messages.append(
+                Message("all_gather", size * element_bytes, steps.optimizer, None, "persistent parameter")
+            )
     return messages
 
 
