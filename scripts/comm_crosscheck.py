@@ -77,9 +77,13 @@ def main() -> int:
                 ],
                 args.out,
             )
+            traced = sorted(
+                {c["op"] for r in run["ranks"] for c in (r.get("comm_trace") or {}).get("collectives") or []}
+            )  # only the ops the run issued: the others cost minutes and price nothing here
             bench = harness(
                 "commbench",
-                ["--backend", flags[1], "--gpus", str(args.gpus), "--sizes", "1K:16M", "--under-load"],
+                ["--backend", flags[1], "--gpus", str(args.gpus), "--sizes", "1K:16M", "--under-load"]
+                + ["--ops", ",".join(traced)],
                 args.out,
             )
         except subprocess.CalledProcessError as exc:
