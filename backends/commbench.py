@@ -140,8 +140,10 @@ class ComputeLoad:
         return self
 
     def _spin(self):
-        a = np.random.default_rng(0).random((self.SIDE, self.SIDE), dtype=np.float32)
-        self._started.set()
+        try:
+            a = np.random.default_rng(0).random((self.SIDE, self.SIDE), dtype=np.float32)
+        finally:
+            self._started.set()  # even if that failed, so __enter__ never waits for nothing
         while not self._stop.is_set():
             a @ a
             self.products += 1

@@ -82,8 +82,9 @@ def main() -> int:
             )  # only the ops the run issued: the others cost minutes and price nothing here
             bench = harness(
                 "commbench",
-                ["--backend", flags[1], "--gpus", str(args.gpus), "--sizes", "1K:16M", "--under-load"]
-                + ["--ops", ",".join(traced)],
+                ["--backend", flags[1], "--gpus", str(args.gpus), "--sizes", "1K:16M"]
+                + ["--ops", ",".join(traced)]
+                + (["--under-load"] if run["config"]["device"] == "cpu" else []),  # CPU only
                 args.out,
             )
         except subprocess.CalledProcessError as exc:

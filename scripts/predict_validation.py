@@ -31,7 +31,7 @@ STACKS = {  # label -> (harness flags, commbench ops)
     "paddle-fleet": (["--backend", "paddle-fleet"], "allreduce"),
 }
 RUN = ["--workload", "tiny", "--precision", "fp32", "--threads-per-worker", "1", "--no-trace-comm", "--quiet"]
-RUN += ["--steps", "15"]
+RUN += ["--steps", "15", "--device", "cpu"]
 
 
 def harness(*argv: str) -> None:
@@ -49,7 +49,7 @@ def measure(label: str, out: Path) -> None:
     for gpus in ("1", "1", "2"):  # two launches of the 1-rank run: calibration takes their median
         harness("run", *flags, *RUN, "--gpus", gpus, "--out", str(out))
     backend_flags = flags[:2]  # commbench takes the backend only
-    sizes = ["--sizes", "1K:64M", "--under-load"]  # priced as calls that run beside compute
+    sizes = ["--sizes", "1K:64M", "--device", "cpu", "--under-load"]  # as calls run beside compute
     harness("commbench", *backend_flags, "--gpus", "2", "--ops", ops, *sizes, "--out", str(out))
 
 

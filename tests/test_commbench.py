@@ -332,6 +332,12 @@ def test_calls_beside_a_compute_thread_are_priced_by_the_fit_of_their_means():
     fit = bench["ops"]["all_reduce"]["fit_under_load"]
     assert fit["alpha_s"] == pytest.approx(1.4e-3, rel=1e-6) and fit["beta_busbw_Bps"] == pytest.approx(1e9)
     assert call_time(bench, "all_reduce", 1 << 21, under_load=True) == pytest.approx(1.4e-3 + (1 << 21) / 1e9)
+    one_size = synthetic_record("all_reduce", 2, [1 << 20], [[[1e-3] * 5]] * 2)
+    for rank in one_size["ranks"]:
+        rank["collectives"][0]["times_under_load"] = [2e-3] * 3 + [5e-3]
+    single = summarize_commbench(one_size)  # no fit from one size: its mean, at that size only
+    assert call_time(single, "all_reduce", 1 << 20, under_load=True) == pytest.approx(2.75e-3)
+    assert call_time(single, "all_reduce", 1 << 21, under_load=True) is None
     idle = [1e-4 + s / 1e9 for s in (1 << 20, 1 << 22)]  # log-log between the idle medians around it
     assert call_time(bench, "all_reduce", 1 << 21) == pytest.approx(np.sqrt(idle[0] * idle[1]))
 

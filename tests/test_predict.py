@@ -428,7 +428,7 @@ def test_bad_rank_counts_are_refused_by_the_parser(capsys):
 
 @unit
 @pytest.mark.subprocess  # the record's git commit
-def test_predictions_are_records_of_their_own_kind_tabled_apart(tmp_path, capsys):
+def test_predictions_are_records_of_their_own_kind_tabled_apart(tmp_path, capsys, monkeypatch):
     """`--out` writes one record per N with every input; training analyses never read them; `harness
     results --kind prediction` and the report show them in their own table, labelled not measured."""
     out = tmp_path / "results"
@@ -442,8 +442,12 @@ def test_predictions_are_records_of_their_own_kind_tabled_apart(tmp_path, capsys
     assert record["inputs"]["calibration"]["seconds_per_flop"] is None  # compute assumed, and it says so
     assert record["summary"]["corners"]["nominal"]["compute_method"] == "assumed MFU"
     assert load_records([out]) == []  # the default kind (training) never includes them
-    assert main([*argv, "--hardware", "a100-80g-sxm", "--out", str(out)]) == 0  # the same second, again
-    assert len({r["run_id"] for r in load_records([out], kind="prediction")}) == 4
+    import harness.predict.command as command
+
+    monkeypatch.setattr(command.time, "strftime", lambda fmt: "20260101-000000")  # one second for all
+    assert main([*argv, "--hardware", "a100-80g-sxm", "--out", str(out)]) == 0
+    assert main([*argv, "--hardware", "a100-80g-sxm", "--out", str(out)]) == 0
+    assert len({r["run_id"] for r in load_records([out], kind="prediction")}) == 6
     assert main(["results", str(out), "--kind", "prediction"]) == 0
     table = capsys.readouterr().out
     assert "deepspeed-zero3" in table and "a100-80g-sxm" in table
@@ -514,10 +518,10 @@ def test_a_communication_bound_cpu_run_is_predicted_only_with_its_collectives(ou
 
 
 def predicted_against_measured(out, run_flags, backend_flags, ops) -> dict:
-    run = [*run_flags, "--threads-per-worker", "1", "--no-trace-comm", "--steps", "15"]
+    run = [*run_flags, "--threads-per-worker", "1", "--no-trace-comm", "--steps", "15", "--device", "cpu"]
     for gpus in (1, 1, 2):
         run_record(out, *run, "--gpus", gpus)
-    sizes = ["--sizes", "1K:64M", "--under-load"]
+    sizes = ["--sizes", "1K:64M", "--device", "cpu", "--under-load"]
     proc = harness("commbench", *backend_flags, "--gpus", 2, "--ops", ops, *sizes, "--out", out)
     assert proc.returncode == 0, proc.stderr
     records = load_records([out], kind=None)

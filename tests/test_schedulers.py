@@ -370,13 +370,15 @@ def test_a_time_limit_that_cannot_hold_the_run_is_refused(time_limit, run, messa
 
 @pytest.mark.unit
 def test_a_sweep_without_isolated_launches_needs_time_for_one_launch_a_run(capsys):
-    """--compute-method none: each run is one launch, so 600 s + 120 s of margin fits 12 minutes (the
-    isolated counterfactual's two more launches would need 32)."""
-    sweep = ["sweep", "--backends", "torch-ddp", "--gpus", "1,2", "--device", "cpu", "--timeout", "600"]
+    """Each run is one launch unless a swept backend measures t_compute by the isolated counterfactual:
+    600 s + 120 s of margin fits 12 minutes for torch-ddp (its auto method is no_sync) or with
+    --compute-method none; tf-mwms's auto method is isolated, two more launches a run (32 minutes)."""
+    sweep = ["sweep", "--gpus", "1,2", "--device", "cpu", "--timeout", "600"]
     slurm = ["slurm", "--gpus-per-node", "2", "--time", "00:12:00"]
-    assert main([*slurm, *sweep, "--compute-method", "none"]) == 0
+    assert main([*slurm, *sweep, "--backends", "torch-ddp"]) == 0
+    assert main([*slurm, *sweep, "--backends", "tf-mwms", "--compute-method", "none"]) == 0
     capsys.readouterr()
-    assert main([*slurm, *sweep]) == 2
+    assert main([*slurm, *sweep, "--backends", "torch-ddp,tf-mwms"]) == 2
     assert "3 launch(es) x --timeout 600 s" in capsys.readouterr().err
 
 

@@ -131,6 +131,8 @@ def test_an_os_error_outside_the_results_folder_is_not_blamed_on_it(tmp_path):
     missing = OSError(errno.ENOENT, "No such file or directory", "horovodrun")
     assert os_error_line(missing, tmp_path) == "harness: error: No such file or directory: horovodrun"
     assert "cannot write under" in os_error_line(OSError(errno.EROFS, "Read-only file system"), tmp_path)
+    pipe = BrokenPipeError(errno.EPIPE, "Broken pipe")
+    assert os_error_line(pipe, tmp_path) == "harness: error: Broken pipe"
 
 
 @pytest.mark.unit

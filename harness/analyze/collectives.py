@@ -154,11 +154,16 @@ def call_time(summary: dict, op: str, size: float, under_load: bool = False) -> 
     entry = (summary.get("ops") or {}).get(op)
     if not entry or not size:
         return None
-    sizes = np.array([p["bytes"] for p in entry["points"]], float)
-    times = np.array([p["time_s"]["median"] for p in entry["points"]], float)
-    if not under_load and sizes[0] <= size <= sizes[-1]:
-        return float(np.exp(np.interp(np.log(size), np.log(sizes), np.log(times))))
+    if under_load and any("time_under_load_s" not in p for p in entry["points"]):
+        return None
     fit = entry.get("fit_under_load" if under_load else "fit")
+    sizes = np.array([p["bytes"] for p in entry["points"]], float)
+    if under_load:  # the fit where there is one (2+ sizes); else the one size's mean, at that size
+        times = np.array([p["time_under_load_s"]["mean"] for p in entry["points"]], float)
+    else:
+        times = np.array([p["time_s"]["median"] for p in entry["points"]], float)
+    if (not under_load or not fit) and sizes[0] <= size <= sizes[-1]:
+        return float(np.exp(np.interp(np.log(size), np.log(sizes), np.log(times))))
     if not fit:
         return None
     beta = fit["beta_busbw_Bps"]

@@ -6,6 +6,7 @@ Everything is checked here, before anything launches: bad input is a UsageError 
 from __future__ import annotations
 
 import argparse
+import errno
 import tempfile
 from pathlib import Path
 
@@ -42,15 +43,20 @@ def check_out_dir(out: Path) -> None:
         raise UsageError(f"--out {out}: cannot write records there ({exc.strerror or exc})") from None
 
 
+# Errors of a filesystem that no longer takes writes: full, over quota, read-only.
+FILESYSTEM_FULL_OR_SHUT = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
+
+
 def os_error_line(exc: OSError, out: Path) -> str:
     """One line for an OSError that ended a run: one on a path under the results folder (full, read-only,
     over quota) names the folder; any other (a launcher that cannot start, a pipe) says what it was."""
     what = exc.strerror or str(exc)
     where = Path(exc.filename).resolve() if exc.filename else None
     root = Path(out).resolve()
-    if where is None or where == root or root in where.parents:
+    under_out = where is not None and (where == root or root in where.parents)
+    if under_out or (where is None and exc.errno in FILESYSTEM_FULL_OR_SHUT):
         return f"harness: error: cannot write under {out}: {what}"
-    return f"harness: error: {what}: {exc.filename}"
+    return f"harness: error: {what}" + (f": {exc.filename}" if exc.filename else "")
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:

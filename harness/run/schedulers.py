@@ -18,6 +18,7 @@ from pathlib import Path
 
 import yaml
 
+from backends import get_backend
 from core.process import REPO_ROOT
 from harness.run import commands, sweep
 from harness.run.nodes import LAYOUT_FLAGS, requested_world
@@ -126,6 +127,19 @@ def clock_text(seconds: float) -> str:
     return f"{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
+def sweep_measures_isolated(args) -> bool:
+    """Whether any run of the sweep launches the isolated counterfactual: some N > 1 and, for some swept
+    backend, --compute-method isolated or auto resolving to it (torch-ddp's and Paddle's auto is no_sync)."""
+    if max(args.gpus) < 2 or args.compute_method == "none":
+        return False
+    for name in sweep.selected_backends(args.backends):
+        backend = get_backend(name)
+        methods = backend.compute_methods_for(backend.Options.from_args(args))
+        if (methods[0] if args.compute_method == "auto" else args.compute_method) == "isolated":
+            return True
+    return False
+
+
 def fit_time_limit(args, run_args, harness_args: list[str]) -> list[str]:
     """Make the job's time limit and the run's --timeout agree, before anything is submitted: the run's
     launches (its own and the isolated counterfactual's, each up to --timeout) plus SLURM_MARGIN_S must fit
@@ -139,9 +153,8 @@ def fit_time_limit(args, run_args, harness_args: list[str]) -> list[str]:
         launches = 1 + (
             cfg.isolated_repeats if cfg.compute_method == "isolated" and cfg.world_size > 1 else 0
         )
-    else:  # its runs at N > 1 add the isolated launches unless the compute method rules them out
-        isolated = run_args.compute_method in ("auto", "isolated")
-        launches = 1 + (run_args.isolated_repeats if isolated else 0)
+    else:  # its runs at N > 1 add the isolated launches where a backend's method is (or resolves to) it
+        launches = 1 + (run_args.isolated_repeats if sweep_measures_isolated(run_args) else 0)
     needed = launches * timeout + SLURM_MARGIN_S
     if needed <= limit:
         return harness_args
