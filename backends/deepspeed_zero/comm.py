@@ -44,22 +44,26 @@ def partitioned(numels: dict[str, int]) -> dict[str, int]:
     return {name: n for name, n in numels.items() if n > PERSISTENCE_THRESHOLD}
 
 
-def regathered_for_backward(numels: dict[str, int]) -> int:
-    """Elements of the partitioned block parameters that are released after forward and gathered again
-    for backward: block i's, when the later blocks' partitioned parameters, fetched twice in between,
-    exceed the reuse distance."""
-    part = partitioned(numels)
+def regathered_blocks(numels: dict[str, int]) -> dict[int, int]:
+    """Block index -> elements of its partitioned parameters, for the blocks released after forward and
+    gathered again for backward: block i, when the later blocks' partitioned parameters, fetched twice in
+    between, exceed the reuse distance. The others stay gathered from their forward to their backward."""
     per_block: dict[int, int] = {}
-    for name, n in part.items():
+    for name, n in partitioned(numels).items():
         if name.startswith("blocks."):
             index = int(name.split(".")[1])
             per_block[index] = per_block.get(index, 0) + n
-    total = 0
-    for i, n in per_block.items():
-        fetched_between = 2 * sum(m for j, m in per_block.items() if j > i)
-        if fetched_between >= MAX_REUSE_DISTANCE:
-            total += n
-    return total
+    out, later = {}, 0
+    for i in sorted(per_block, reverse=True):  # one pass from the last block: `later` is what follows i
+        if 2 * later >= MAX_REUSE_DISTANCE:
+            out[i] = per_block[i]
+        later += per_block[i]
+    return out
+
+
+def regathered_for_backward(numels: dict[str, int]) -> int:
+    """Elements gathered a second time for backward in a step (regathered_blocks, summed)."""
+    return sum(regathered_blocks(numels).values())
 
 
 def zero_comm_pattern(cfg: RunConfig, stage: int, dtype_bytes: int) -> CommPattern:

@@ -186,12 +186,18 @@ def predicted_comm(run: dict, bench: dict) -> dict:
         calls = [[c for c in t["collectives"] if c["op"] == op] for t in traces]
         slowest_rank = max(sum(c["time_s"] or 0 for c in rank_calls) for rank_calls in calls)
         least_waiting = sum(min(c["time_s"] or 0 for c in same) for same in zip(*calls))
-        predicted, loaded = 0.0, 0.0
+        predicted, loaded, priced = 0.0, 0.0, {}
         for c in calls[0]:
-            t = call_time(bench["summary"], op, c["size_bytes"])
+            size = c["size_bytes"]
+            if size not in priced:  # a step repeats its sizes: each priced once
+                priced[size] = (
+                    call_time(bench["summary"], op, size),
+                    call_time(bench["summary"], op, size, under_load=True),
+                )
+            t, t_loaded = priced[size]
             unpriced += t is None
             predicted += t or 0.0
-            loaded += call_time(bench["summary"], op, c["size_bytes"], under_load=True) or 0.0
+            loaded += t_loaded or 0.0
         out[op] = {
             "measured_s_per_step": slowest_rank / steps,
             "least_waiting_s_per_step": least_waiting / steps,

@@ -156,7 +156,7 @@ def kept_gathered_blocks(cfg: RunConfig, numels: dict[str, int]) -> dict[int, in
     """Blocks (index: elements) a sharded stack keeps gathered from their forward to their backward:
     every block under FSDP with reshard_after_forward off; under ZeRO-3 the blocks whose reuse comes
     within stage3_max_reuse_distance (the schedule's rule: those are not gathered again for backward)."""
-    from backends.deepspeed_zero.comm import MAX_REUSE_DISTANCE, partitioned
+    from backends.deepspeed_zero.comm import regathered_blocks
 
     blocks = {
         i: sum(n for name, n in numels.items() if unit_of(name) == f"block.{i}")
@@ -166,13 +166,8 @@ def kept_gathered_blocks(cfg: RunConfig, numels: dict[str, int]) -> dict[int, in
     if cfg.backend == "torch-fsdp":
         return {} if options["reshard_after_forward"] else blocks
     if cfg.backend == "deepspeed" and options["zero_stage"] == 3:
-        part = partitioned(numels)
-        block_part = {i: sum(n for name, n in part.items() if unit_of(name) == f"block.{i}") for i in blocks}
-        return {
-            i: blocks[i]
-            for i in blocks
-            if 2 * sum(v for j, v in block_part.items() if j > i) < MAX_REUSE_DISTANCE
-        }
+        again = regathered_blocks(numels)
+        return {i: n for i, n in blocks.items() if i not in again}
     return {}
 
 

@@ -163,7 +163,7 @@ def deepspeed(cfg, steps, numels, stage, element_bytes):
     (all_gather_dp_groups: one all_gather_into_tensor per parameter group, allgather_bucket_size unused).
     Stage 3 (overlap_comm on) gathers each block's partitioned parameters ahead of its forward, one block
     ahead, and reduce-scatters gradients in reduce_bucket_size buckets as backward fills them."""
-    from backends.deepspeed_zero.comm import MAX_REUSE_DISTANCE, partitioned
+    from backends.deepspeed_zero.comm import partitioned, regathered_blocks
 
     n = sum(numels.values())
     messages = []
@@ -195,14 +195,9 @@ def deepspeed(cfg, steps, numels, stage, element_bytes):
                         "all_gather", size * element_bytes, issued, steps.at("forward", unit, m), "params"
                     )
                 )
-        block_part = {
-            i: sum(x for name, x in part.items() if unit_of(name) == f"block.{i}")
-            for i in range(cfg.spec.n_layers)
-        }
-        for i, size in block_part.items():  # comm.regathered_for_backward's rule, block by block
-            if 2 * sum(v for j, v in block_part.items() if j > i) >= MAX_REUSE_DISTANCE and size:
-                before = steps.at("backward", f"block.{i}", m)
-                messages.append(Message("all_gather", size * element_bytes, before - 2, before, "re-gather"))
+        for i, size in sorted(regathered_blocks(numels).items()):
+            before = steps.at("backward", f"block.{i}", m)
+            messages.append(Message("all_gather", size * element_bytes, before - 2, before, "re-gather"))
         end = steps.last_backward(m)
         for size in zero_chunks(n, element_bytes):
             messages.append(Message("reduce_scatter", size, end, end + 1, "gradients"))
