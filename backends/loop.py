@@ -11,6 +11,7 @@ import platform
 import resource
 import signal
 import socket
+import sys
 import time
 import traceback
 from abc import ABC, abstractmethod
@@ -21,6 +22,7 @@ import psutil
 
 from core.config import RunConfig
 from core.process import seen_process_settings
+from core.records import write_json_atomic
 from workloads.data import Shard, make_source, micro_batches
 
 # Environment variables through which the launchers tell a process its rank, in the order we trust them.
@@ -308,6 +310,16 @@ def record_termination() -> None:
         raise Terminated("stopped by SIGTERM (from its launcher or the harness)")
 
     signal.signal(signal.SIGTERM, handler)
+
+
+def write_failure_record(path: Path, exc: BaseException) -> None:
+    """Write the record of a rank that raised, deaf to SIGTERM from here on: a rank that failed because a
+    peer died is sent SIGTERM by its launcher moments later, and a Terminated raised while this record is
+    written would leave no record at all, so the rank would be taken for the one that died."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    record = failure_record(exc)
+    print(record["traceback"], file=sys.stderr, flush=True)
+    write_json_atomic(path, record)
 
 
 def failure_record(exc: BaseException) -> dict:

@@ -18,6 +18,8 @@ import pytest
 from conftest import REPO, harness, run_record
 from processes import leftovers
 
+from backends import loop
+from backends.loop import record_termination
 from core.records import load_record, load_records
 
 RUN = (
@@ -55,6 +57,31 @@ def faulty_run(results, *args, timeout_s: float = 60) -> tuple[dict, float | Non
     ]
     assert not leftovers(record["launch"]["log_dir"], wait_s=5), "a process outlived its run"
     return record, (done - injected[0]) if injected else None
+
+
+@pytest.mark.unit
+def test_a_rank_that_failed_still_writes_its_record_when_its_launcher_then_sends_sigterm(tmp_path):
+    """A rank whose peer died fails in its collective and is sent SIGTERM by its launcher while it writes
+    its record; the record must still be written, or the harness takes that rank for the one killed."""
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        record_termination()
+        error = RuntimeError("Connection closed by peer [127.0.0.1]:30346")
+        with pytest.MonkeyPatch.context() as mp:
+            real = loop.failure_record
+
+            def sigterm_then_record(exc):
+                os.kill(os.getpid(), signal.SIGTERM)  # what torchrun does to the surviving ranks
+                time.sleep(0.05)  # let the handler run, if any is installed
+                return real(exc)
+
+            mp.setattr(loop, "failure_record", sigterm_then_record)
+            loop.write_failure_record(tmp_path / "rank0.json", error)
+        record = json.loads((tmp_path / "rank0.json").read_text())
+        assert record["error"].startswith("RuntimeError: Connection closed by peer")
+        assert not record["terminated"]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @pytest.mark.slow
