@@ -40,15 +40,16 @@ class Trainer(ABC):
         self.rank = rank_from_env()
         self.world_size = cfg.process_group_size
         self.device_name = "cpu"
-        self.optimizer_times: list[float] = []  # seconds per optimizer step, timed only when alone
+        self.optimizer_times: list[float] = []  # seconds per optimizer step, in the optimizer-timed steps
+        self.time_optimizer = False  # set by run_training for its optimizer-timed steps only
 
     def timed_optimizer_step(self, optimizer_step) -> None:
-        """Run `optimizer_step()`. A process with no peer also times it, device-synchronised: an
-        isolated-counterfactual worker steps the optimizer over all P parameters where a rank of a sharded
-        stack steps P/N, and t_compute discounts the difference (harness.analyze.metrics); a 1-rank run's
-        optimizer time calibrates `harness predict`. A run with peers is not touched: a synchronisation
-        inside its step would change what it overlaps."""
-        if self.world_size > 1:
+        """Run `optimizer_step()`; in the optimizer-timed steps also time it between device
+        synchronisations. An isolated-counterfactual worker steps the optimizer over all P parameters where
+        a rank of a sharded stack steps P/N, and t_compute discounts the difference
+        (harness.analyze.metrics); a 1-rank run's optimizer time calibrates `harness predict`. The
+        measured steps are never touched: a synchronisation inside them would change what they overlap."""
+        if not self.time_optimizer:
             optimizer_step()
             return
         self.synchronize()
@@ -178,6 +179,12 @@ def data_shard(cfg: RunConfig, rank: int) -> Shard:
     return Shard(rank, cfg.world_size, cfg.micro_batch, cfg.grad_accum)
 
 
+def optimizer_timed_steps(cfg: RunConfig) -> int:
+    """How many steps a process with no peer runs after its measured ones to time its optimizer step
+    (each between device synchronisations): as many as the measured steps, at most 5."""
+    return min(cfg.steps, 5)
+
+
 def run_training(trainer: Trainer, cfg: RunConfig, weights_path: Path | None = None) -> dict:
     """The timing rules every backend shares; returns the raw rank record.
 
@@ -190,7 +197,9 @@ def run_training(trainer: Trainer, cfg: RunConfig, weights_path: Path | None = N
     dropped too, as the switch can itself trigger one-off work. `weights_path`: where to save the final
     weights of the measured steps (before the sync-off steps move them). Between the measured and the
     compute-only steps, `trace_steps` more run under the stack's profiler for the collective trace
-    (Trainer.trace_collectives); their times are recorded apart, as profiling slows them.
+    (Trainer.trace_collectives); their times are recorded apart, as profiling slows them. A process with
+    no peer instead runs `optimizer_timed_steps` more, each timing its optimizer step between device
+    synchronisations (Trainer.timed_optimizer_step), so no synchronisation enters the measured steps.
     """
     source = make_source(cfg.spec.vocab_size, cfg.spec.seq_len, cfg.global_batch, cfg.seed, cfg.data_path)
     shard = data_shard(cfg, trainer.rank)
@@ -215,7 +224,6 @@ def run_training(trainer: Trainer, cfg: RunConfig, weights_path: Path | None = N
         if step == cfg.warmup:
             trainer.reset_peak_memory()
             peak_rss_scope = "after warm-up" if reset_peak_rss() else "process lifetime"
-            trainer.optimizer_times.clear()
             faults_at_start = minor_page_faults()
         inject_fault(cfg, trainer.rank, step)
         t, t_data, loss, t_prep = timed_step(step, True)
@@ -240,6 +248,15 @@ def run_training(trainer: Trainer, cfg: RunConfig, weights_path: Path | None = N
         np.savez(weights_path, **weights)
 
     first = cfg.warmup + cfg.steps
+    if cfg.process_group_size == 1:  # no peer: a 1-rank run or an isolated-counterfactual worker
+        trainer.time_optimizer = True
+        for step in range(first, first + optimizer_timed_steps(cfg)):
+            t, _, loss, _ = timed_step(step, True)
+            if trainer.rank == 0:
+                print(f"step {step:4d} loss {loss:.4f} time {t * 1e3:8.1f} ms (optimizer timed)", flush=True)
+        trainer.time_optimizer = False
+        first += optimizer_timed_steps(cfg)
+
     comm_trace = None
     if cfg.trace_comm and cfg.trace_steps and cfg.process_group_size > 1:
         traced = range(first, first + cfg.trace_steps)
@@ -283,7 +300,7 @@ def run_training(trainer: Trainer, cfg: RunConfig, weights_path: Path | None = N
         "losses": losses,
         "warmup_losses": warmup_losses,
         "compute_only_step_times": compute_times,
-        "optimizer_step_times": list(trainer.optimizer_times[: cfg.steps]),
+        "optimizer_step_times": list(trainer.optimizer_times),
         "comm_trace": comm_trace,
         "math_mode": trainer.math_mode(),
         "memory": memory,

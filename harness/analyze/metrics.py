@@ -163,7 +163,8 @@ def compute_time(
 ) -> tuple[float | None, str]:
     """t_compute and how it was obtained. no_sync: the ranks' sync-off steps. isolated: the isolated
     workers' steps; where the stack shards the optimizer, each worker stepped the optimizer over all P
-    parameters while a rank steps P/N, so (N-1)/N of its measured optimizer time is taken off each step."""
+    parameters while a rank steps P/N, so (N-1)/N of its median optimizer time (timed in steps after the
+    measured ones) is taken off its median step."""
     if method == "no_sync":
         return rank_median_max(
             [r.get("compute_only_step_times") or [] for r in ranks]
@@ -171,19 +172,24 @@ def compute_time(
     if method != "isolated":
         return None, "none"
     workers = record.get("isolated_ranks") or []
-    series = []
     discount = sharding != "none" and world > 1
+    if not discount:
+        return rank_median_max(
+            [w.get("step_times") or [] for w in workers]
+        ), "isolated workers: median per worker, slowest worker"
+    per_worker = []
     for w in workers:
         steps, opt = w.get("step_times") or [], w.get("optimizer_step_times") or []
-        if discount and len(opt) == len(steps):
-            steps = [t - (world - 1) / world * o for t, o in zip(steps, opt)]
-        elif discount:
+        if not opt:
             return None, "isolated: optimizer step times missing, cannot discount the sharded optimizer"
-        series.append(steps)
-    detail = "isolated workers: median per worker, slowest worker"
-    if discount:
-        detail += f"; (N-1)/N of each worker's optimizer step taken off (a rank steps 1/{world} of it)"
-    return rank_median_max(series), detail
+        if not steps:
+            return None, "isolated: a worker recorded no steps"
+        per_worker.append(float(np.median(steps)) - (world - 1) / world * float(np.median(opt)))
+    detail = (
+        "isolated workers: median step per worker less (N-1)/N of its median optimizer step (a rank "
+        f"steps 1/{world} of it; timed in steps after the measured ones), slowest worker"
+    )
+    return (max(per_worker) if per_worker else None), detail
 
 
 def tokens_per_step(cfg: dict) -> int:
