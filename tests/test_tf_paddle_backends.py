@@ -70,6 +70,32 @@ def test_trains_like_torch_ddp_with_a_full_record(out, ddp_losses, backend, gpus
     assert rec["backend_info"]["framework"] == framework and rec["environment"]["versions"][framework]
 
 
+# TF 2.21's profiler can kill a worker as it stops (a double free while it collects the trace; README):
+# a run that ends so is run again, up to this many times in all. Any other failure fails the test.
+TF_PROFILE_ATTEMPTS = 3
+
+
+@pytest.mark.slow
+def test_tf_mwms_profile_trace_counts_every_gradient_byte_once_per_step(out):
+    """--tf-profile-trace: the trace's all-reduce bytes per step are the model's fp32 gradient bytes
+    (MWMS packs them into one all-reduce per step), read from TensorFlow's profiler and the step's graph."""
+    layout = RECORD_SHAPE.args(gpus=2, accum=1)
+    args = ["--backend", "tf-mwms", *layout, "--compute-method", "none", "--trace-steps", "2"]
+    for _ in range(TF_PROFILE_ATTEMPTS):
+        rec = run_record(out, *args, "--tf-profile-trace", expect_rc=None)
+        if rec["status"] == "ok":
+            break
+        tail = " ".join(rec["error"]["log_tail"])
+        assert rec["status"] == "crashed" and "Profiler session collecting data" in tail, rec["error"]
+    assert rec["status"] == "ok", f"the profiler killed a worker in {TF_PROFILE_ATTEMPTS} runs of {out}"
+    m = rec["summary"]["comm_measured"]
+    assert m["method"].startswith("tf.profiler") and m["ranks_traced"] == 2
+    assert m["ops"]["all_reduce"]["size_bytes_per_step"] == 4 * N and m["vs_analytic"] == 1.0
+    for r in rec["ranks"]:
+        calls = r["comm_trace"]["collectives"]
+        assert len(calls) == 2 and all(c["time_s"] > 0 and c["dtype"] == "float32" for c in calls)
+
+
 @pytest.mark.slow
 def test_paddle_sharding_stage_1_shards_the_optimizer_state(out, ddp_losses):
     rec = run_record(

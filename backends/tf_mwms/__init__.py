@@ -54,7 +54,7 @@ class TFOptions(Options):
         False,
         "--tf-profile-trace",
         help="take the collective trace with TensorFlow's profiler (off by default: in TF 2.21, stopping it "
-        "under MultiWorkerMirroredStrategy killed a worker in 4 of 17 runs, free() while 'collecting data')",
+        "under MultiWorkerMirroredStrategy can kill a worker, a double free while 'collecting data')",
     )
 
 
