@@ -9,7 +9,8 @@
 #   - (7) tf-mwms: what synchronize() still waits for after the loss read-back (if TF sees the GPU);
 #   - (9) allocator peaks reset after warm-up, against the model-state bytes; torch-fsdp vs torch-ddp, 1 rank;
 #   - the device contract under CUDA_VISIBLE_DEVICES=0: the GPU each rank record says it ran on;
-#   - harness predict calibrated by this GPU's 1-rank runs (the device name must match the H200 profile).
+#   - harness predict calibrated by this GPU's 1-rank runs (the device name must match the H200 profile),
+#     whose optimizer steps are timed between CUDA synchronisations in steps after the measured ones;
 # One summary line per record at the end. Records and logs land in ${CHECK_DIR:-gpu-results}; where OUT is
 # set (the device tool's folder that comes back), the summary and a tarball of them are copied there.
 #   bash scripts/gpu_check.sh            # about 4-6 minutes on one H200 (torch only); under 8 with all
@@ -166,6 +167,7 @@ for p in sorted(root.glob("*.json")):
     alloc = s.get("peak_allocated_bytes")
     scope = sorted({(k.get("memory") or {}).get("peak_rss_scope", "?") for k in ranks})
     step, prep = per_step_max(ranks, "step_times"), per_step_max(ranks, "data_prep")
+    opt = [t for k in ranks for t in k.get("optimizer_step_times") or []]  # 1 rank: timed after the measured
     ratio = f"{statistics.median(prep) / statistics.median(step):.1%}" if prep and step else "n/a"
     devices = [k.get("device") for k in r.get("ranks", [])]
     iso = [k.get("device") for k in r.get("isolated_ranks", [])]
@@ -179,6 +181,7 @@ for p in sorted(root.glob("*.json")):
     )
     print(f"    math mode: {'; '.join(settings)}   ranks on: {where or 'n/a'}   isolated workers on: "
           f"{', '.join(iso) if iso else 'none (1 rank: no counterfactual)' if c['world_size'] == 1 else 'none'}"
+          f"   optimizer step {med_ms(opt)} in {len(opt)} steps after the measured ones"
           f"{'   error: ' + str(r.get('error'))[:200] if r['status'] != 'ok' else ''}")
 PY
 echo "== done in ${SECONDS}s"
