@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
+from backends import get_backend
 from core.config import RunConfig
 from core.process import seen_process_settings
 from core.records import write_json_atomic
@@ -181,7 +182,10 @@ def data_shard(cfg: RunConfig, rank: int) -> Shard:
 
 def optimizer_timed_steps(cfg: RunConfig) -> int:
     """How many steps a process with no peer runs after its measured ones to time its optimizer step
-    (each between device synchronisations): as many as the measured steps, at most 5."""
+    (each between device synchronisations): as many as the measured steps, at most 5; none for an
+    isolated worker of a stack that does not shard its optimizer, whose optimizer time nothing uses."""
+    if cfg.isolated_index is not None and get_backend(cfg.backend).sharding(cfg) == "none":
+        return 0
     return min(cfg.steps, 5)
 
 

@@ -45,9 +45,9 @@ class CountingTrainer(Trainer):
         return {}
 
 
-def config(world_size: int, steps: int = 7) -> RunConfig:
+def config(world_size: int, steps: int = 7, **fields) -> RunConfig:
     return RunConfig(
-        backend="torch-ddp",
+        backend=fields.pop("backend", "torch-ddp"),
         workload="tiny",
         spec=PRESETS["tiny"],
         world_size=world_size,
@@ -56,6 +56,7 @@ def config(world_size: int, steps: int = 7) -> RunConfig:
         warmup=2,
         trace_comm=False,
         compute_method="none",
+        **fields,
     )
 
 
@@ -81,3 +82,17 @@ def test_a_rank_with_peers_neither_times_its_optimizer_nor_runs_extra_steps():
     record = run_training(trainer, cfg)
     assert trainer.syncs_per_step == [0] * (cfg.warmup + cfg.steps)
     assert record["optimizer_step_times"] == []
+
+
+@pytest.mark.parametrize(
+    "backend,options,timed",
+    [("torch-ddp", {}, 0), ("deepspeed", {"zero_stage": 0}, 0), ("deepspeed", {"zero_stage": 2}, 5)],
+)
+def test_an_isolated_worker_times_its_optimizer_only_where_the_stack_shards_it(backend, options, timed):
+    """The isolated counterfactual discounts the optimizer work a rank of a sharded stack does not do;
+    a worker of an unsharded stack has nothing to discount and runs no extra steps."""
+    cfg = config(world_size=2, backend=backend, backend_options=options, isolated_index=1)
+    trainer = CountingTrainer(cfg)
+    record = run_training(trainer, cfg)
+    assert trainer.syncs_per_step == [0] * (cfg.warmup + cfg.steps) + [2] * timed
+    assert len(record["optimizer_step_times"]) == timed
