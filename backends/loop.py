@@ -257,7 +257,7 @@ def run_training(trainer: Trainer, cfg: RunConfig, weights_path: Path | None = N
         for step in range(first, first + optimizer_timed_steps(cfg)):
             t, _, loss, _ = timed_step(step, True)
             if trainer.rank == 0:
-                print(f"step {step:4d} loss {loss:.4f} time {t * 1e3:8.1f} ms (optimizer timed)", flush=True)
+                print(f"step {step:4d} loss {loss:.4f} time {t * 1e3:8.1f} ms (optimizer-timed)", flush=True)
         trainer.time_optimizer = False
         first += optimizer_timed_steps(cfg)
 

@@ -181,3 +181,25 @@ def test_plain_progress_names_each_phase_and_reads_only_whole_lines(tmp_path):
     # 2,048 tokens a step in 200 ms
     assert "  measured 4/4: step 4 loss 3.0000 | 200.0 ms | 10,240 tokens/s | ETA 0:00" in lines
     assert any(line.startswith("  compute-only 2/3: step 6") for line in lines)
+
+
+def test_plain_progress_shows_a_one_rank_runs_optimizer_timed_steps_as_their_own_phase(tmp_path):
+    """A process with no peer times its optimizer in steps after the measured ones: they are shown as
+    their own phase, not counted as measured steps past the total."""
+    cfg = config("torch-ddp", 1, steps=3, warmup=1)
+    log = tmp_path / "rank0.log"
+    stream = io.StringIO()
+    with RunDisplay(cfg, live=False, stream=stream) as display:
+        display.phase("launching", log=log)
+        with open(log, "w") as f:
+            f.write("step    0 loss 7.0000 time    100.0 ms (warm-up)\n")
+            for step in range(1, 4):
+                f.write(f"step {step:4d} loss {7 - step:.4f} time    200.0 ms\n")
+            for step in range(4, 7):
+                f.write(f"step {step:4d} loss {7 - step:.4f} time    210.0 ms (optimizer-timed)\n")
+        display.phase("writing the record")
+    lines = [line.split("] ", 1)[1] for line in stream.getvalue().splitlines()]
+    phases = [line.split(":")[0] for line in lines if not line.startswith(" ")]
+    assert phases == ["launching", "warm-up", "measured", "timing the optimizer", "writing the record"]
+    assert any(line.startswith("  measured 3/3: step 3") for line in lines)
+    assert any(line.startswith("  timing the optimizer 3/3: step 6") for line in lines)

@@ -21,12 +21,18 @@ from typing import TextIO
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from backends.loop import optimizer_timed_steps
 from core.config import RunConfig
 
 # rank 0's line after each step (backends/loop.py): "step    3 loss 7.6021 time    123.4 ms (warm-up)"
 STEP_LINE = re.compile(r"step\s+(\d+) loss (\S+) time\s+(\S+) ms(?: \(([\w-]+)\))?")
 # the marker at the end of a step line -> the phase shown (no marker: measured)
-STEP_PHASES = {"warm-up": "warm-up", "compute-only": "compute-only", "traced": "tracing collectives"}
+STEP_PHASES = {
+    "warm-up": "warm-up",
+    "compute-only": "compute-only",
+    "traced": "tracing collectives",
+    "optimizer-timed": "timing the optimizer",
+}
 POLL_S = 0.25
 PLAIN_LINES_PER_PHASE = 4  # step lines printed per phase in plain mode, besides the phase's first line
 
@@ -116,6 +122,7 @@ class RunDisplay:
                     "warm-up": self.cfg.warmup,
                     "measured": self.cfg.steps,
                     "tracing collectives": self.cfg.trace_steps,
+                    "timing the optimizer": optimizer_timed_steps(self.cfg),
                 }
                 self.enter(name, totals.get(name, self.cfg.compute_steps + 1))
         self.done += 1

@@ -19,6 +19,7 @@ import uuid
 from pathlib import Path
 
 from backends.base import Backend, LaunchPlan
+from backends.loop import optimizer_timed_steps
 from core.config import RunConfig
 from core.process import REPO_ROOT, available_cpus, free_port
 from core.records import SCHEMA_VERSION, git_commit, now_iso, write_atomic, write_json_atomic
@@ -217,7 +218,7 @@ def run_isolated(
         display.phase(
             "isolated counterfactual",
             log=isolated_dir(run_dir, cfg.first_local_rank, repeat) / "rank0.log",
-            total=cfg.warmup + cfg.steps,
+            total=cfg.warmup + cfg.steps + optimizer_timed_steps(dataclasses.replace(cfg, isolated_index=0)),
             detail=f"(launch {repeat + 1}/{cfg.isolated_repeats})",
         )
         for plan in plans:
