@@ -164,6 +164,9 @@ class Backend(ABC):
     # nodes then start no ranks, and must not start their isolated workers while node 0's ranks still run.
     starts_remote_ranks: bool = False
     collective_api: str = ""  # the API `harness commbench` times, for tables
+    # whether its worker times the optimizer step on its own (Trainer.timed_optimizer_step): where it cannot,
+    # a process with no peer runs no optimizer-timed steps
+    times_optimizer: bool = True
     Options: type[Options] = Options
 
     @property

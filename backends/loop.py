@@ -183,8 +183,10 @@ def data_shard(cfg: RunConfig, rank: int) -> Shard:
 def optimizer_timed_steps(cfg: RunConfig) -> int:
     """How many steps a process with no peer runs after its measured ones to time its optimizer step
     (each between device synchronisations): as many as the measured steps, at most 5; none for an
-    isolated worker of a stack that does not shard its optimizer, whose optimizer time nothing uses."""
-    if cfg.isolated_index is not None and get_backend(cfg.backend).sharding(cfg) == "none":
+    isolated worker of a stack that does not shard its optimizer, whose optimizer time nothing uses, and
+    none for a stack whose worker cannot time its optimizer apart (tf-mwms)."""
+    backend = get_backend(cfg.backend)
+    if not backend.times_optimizer or (cfg.isolated_index is not None and backend.sharding(cfg) == "none"):
         return 0
     return min(cfg.steps, 5)
 
@@ -252,10 +254,12 @@ def run_training(trainer: Trainer, cfg: RunConfig, weights_path: Path | None = N
         np.savez(weights_path, **weights)
 
     first = cfg.warmup + cfg.steps
+    optimizer_timed_times = []  # the whole steps, to set beside the measured ones (their synchronisations)
     if cfg.process_group_size == 1:  # no peer: a 1-rank run or an isolated-counterfactual worker
         trainer.time_optimizer = True
         for step in range(first, first + optimizer_timed_steps(cfg)):
             t, _, loss, _ = timed_step(step, True)
+            optimizer_timed_times.append(t)
             if trainer.rank == 0:
                 print(f"step {step:4d} loss {loss:.4f} time {t * 1e3:8.1f} ms (optimizer-timed)", flush=True)
         trainer.time_optimizer = False
@@ -305,6 +309,7 @@ def run_training(trainer: Trainer, cfg: RunConfig, weights_path: Path | None = N
         "warmup_losses": warmup_losses,
         "compute_only_step_times": compute_times,
         "optimizer_step_times": list(trainer.optimizer_times),
+        "optimizer_timed_step_times": optimizer_timed_times,
         "comm_trace": comm_trace,
         "math_mode": trainer.math_mode(),
         "memory": memory,
@@ -333,10 +338,21 @@ def record_termination() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
+def record_failure(path: Path, exc: BaseException) -> None:
+    """Write the record of a rank that raised, deaf to SIGTERM while it writes: a rank that failed because
+    a peer died is sent SIGTERM by its launcher moments later, and a Terminated raised while this record is
+    written would leave no record at all, so the rank would be taken for the one that died. A SIGTERM that
+    lands before the handler is switched off raises Terminated once (the handler then ignores the next),
+    so the record is written again. Afterwards SIGTERM ends the process, so a rank stuck on its way out
+    is still ended by its launcher."""
+    try:
+        write_failure_record(path, exc)
+    except Terminated:
+        write_failure_record(path, exc)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def write_failure_record(path: Path, exc: BaseException) -> None:
-    """Write the record of a rank that raised, deaf to SIGTERM from here on: a rank that failed because a
-    peer died is sent SIGTERM by its launcher moments later, and a Terminated raised while this record is
-    written would leave no record at all, so the rank would be taken for the one that died."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     record = failure_record(exc)
     print(record["traceback"], file=sys.stderr, flush=True)

@@ -16,13 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backends import get_backend  # noqa: E402
 from backends.commbench import run_collectives  # noqa: E402
-from backends.loop import (  # noqa: E402
-    Terminated,
-    rank_from_env,
-    record_termination,
-    run_training,
-    write_failure_record,
-)
+from backends.loop import rank_from_env, record_failure, record_termination, run_training  # noqa: E402
 from core.config import RunConfig  # noqa: E402
 from core.process import die_with_parent  # noqa: E402
 from core.records import write_json_atomic  # noqa: E402
@@ -53,10 +47,7 @@ def main(run_dir: Path) -> int:
             record = run_training(trainer, cfg, run_dir / "weights_rank0.npz" if cfg.dump_weights else None)
             trainer.close()
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a recorded result
-        try:
-            write_failure_record(run_dir / f"rank{rank}.json", exc)
-        except Terminated:  # SIGTERM came before the record could turn it off; a second one is ignored
-            write_failure_record(run_dir / f"rank{rank}.json", exc)
+        record_failure(run_dir / f"rank{rank}.json", exc)
         return 1
     write_json_atomic(run_dir / f"rank{rank}.json", record)
     return 0

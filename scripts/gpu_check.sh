@@ -168,6 +168,8 @@ for p in sorted(root.glob("*.json")):
     scope = sorted({(k.get("memory") or {}).get("peak_rss_scope", "?") for k in ranks})
     step, prep = per_step_max(ranks, "step_times"), per_step_max(ranks, "data_prep")
     opt = [t for k in ranks for t in k.get("optimizer_step_times") or []]  # 1 rank: timed after the measured
+    timed = per_step_max(ranks, "optimizer_timed_step_times")  # those steps whole: their excess is the syncs'
+    gap = f" (those steps {med_ms(timed)}, +{(statistics.median(timed) - statistics.median(step)) * 1e3:.2f} ms on the measured)" if timed and step else ""
     ratio = f"{statistics.median(prep) / statistics.median(step):.1%}" if prep and step else "n/a"
     devices = [k.get("device") for k in r.get("ranks", [])]
     iso = [k.get("device") for k in r.get("isolated_ranks", [])]
@@ -181,7 +183,7 @@ for p in sorted(root.glob("*.json")):
     )
     print(f"    math mode: {'; '.join(settings)}   ranks on: {where or 'n/a'}   isolated workers on: "
           f"{', '.join(iso) if iso else 'none (1 rank: no counterfactual)' if c['world_size'] == 1 else 'none'}"
-          f"   optimizer step {med_ms(opt)} in {len(opt)} steps after the measured ones"
+          f"   optimizer step {med_ms(opt)} in {len(opt)} steps after the measured ones{gap}"
           f"{'   error: ' + str(r.get('error'))[:200] if r['status'] != 'ok' else ''}")
 PY
 echo "== done in ${SECONDS}s"

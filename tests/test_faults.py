@@ -60,26 +60,38 @@ def faulty_run(results, *args, timeout_s: float = 60) -> tuple[dict, float | Non
 
 
 @pytest.mark.unit
-def test_a_rank_that_failed_still_writes_its_record_when_its_launcher_then_sends_sigterm(tmp_path):
-    """A rank whose peer died fails in its collective and is sent SIGTERM by its launcher while it writes
-    its record; the record must still be written, or the harness takes that rank for the one killed."""
+@pytest.mark.parametrize("when", ["while it writes", "before it turns SIGTERM off"])
+def test_a_rank_that_failed_still_writes_its_record_when_its_launcher_then_sends_sigterm(tmp_path, when):
+    """A rank whose peer died fails in its collective and is sent SIGTERM by its launcher as it records
+    that; the record must still be written, with the rank's own error, or the harness takes that rank for
+    the one killed. Afterwards SIGTERM ends the process again, as a launcher expects."""
     previous = signal.getsignal(signal.SIGTERM)
+    error = RuntimeError("Connection closed by peer [127.0.0.1]:30346")
+
+    def sigterm_to_self():  # what torchrun does to the surviving ranks
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)  # let the handler run, if one is installed
+
     try:
         record_termination()
-        error = RuntimeError("Connection closed by peer [127.0.0.1]:30346")
         with pytest.MonkeyPatch.context() as mp:
-            real = loop.failure_record
+            if when == "while it writes":
+                real_record = loop.failure_record
+                mp.setattr(loop, "failure_record", lambda exc: (sigterm_to_self(), real_record(exc))[1])
+            else:
+                real_signal, sent = signal.signal, []
 
-            def sigterm_then_record(exc):
-                os.kill(os.getpid(), signal.SIGTERM)  # what torchrun does to the surviving ranks
-                time.sleep(0.05)  # let the handler run, if any is installed
-                return real(exc)
+                def signal_after_a_sigterm(signum, handler):
+                    if not sent:
+                        sent.append(signum)
+                        sigterm_to_self()
+                    return real_signal(signum, handler)
 
-            mp.setattr(loop, "failure_record", sigterm_then_record)
-            loop.write_failure_record(tmp_path / "rank0.json", error)
+                mp.setattr(loop.signal, "signal", signal_after_a_sigterm)
+            loop.record_failure(tmp_path / "rank0.json", error)
         record = json.loads((tmp_path / "rank0.json").read_text())
         assert record["error"].startswith("RuntimeError: Connection closed by peer")
-        assert not record["terminated"]
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
     finally:
         signal.signal(signal.SIGTERM, previous)
 

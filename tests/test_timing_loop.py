@@ -72,7 +72,7 @@ def test_a_process_without_peers_times_its_optimizer_after_the_measured_steps_ne
     assert extra == min(steps, 5)
     assert trainer.syncs_per_step == [0] * measured + [2] * extra
     assert len(record["step_times"]) == cfg.steps
-    assert len(record["optimizer_step_times"]) == extra
+    assert len(record["optimizer_step_times"]) == len(record["optimizer_timed_step_times"]) == extra
     assert all(0.002 <= t < 0.5 for t in record["optimizer_step_times"])
 
 
@@ -96,3 +96,12 @@ def test_an_isolated_worker_times_its_optimizer_only_where_the_stack_shards_it(b
     record = run_training(trainer, cfg)
     assert trainer.syncs_per_step == [0] * (cfg.warmup + cfg.steps) + [2] * timed
     assert len(record["optimizer_step_times"]) == timed
+
+
+def test_a_stack_whose_worker_cannot_time_its_optimizer_runs_no_optimizer_timed_steps():
+    """tf-mwms's update is one traced function with its all-reduce: extra steps would time nothing."""
+    cfg = config(world_size=1, backend="tf-mwms")
+    trainer = CountingTrainer(cfg)
+    record = run_training(trainer, cfg)
+    assert optimizer_timed_steps(cfg) == 0 and len(trainer.syncs_per_step) == cfg.warmup + cfg.steps
+    assert record["optimizer_timed_step_times"] == []

@@ -64,6 +64,7 @@ class TFMultiWorkerMirrored(Backend):
     launcher = "TF_CONFIG per worker process"
     collective_api = "tf.distribute replica context (MWMS)"
     compute_methods = ("isolated",)  # MWMS has no switch that turns the gradient all-reduce off
+    times_optimizer = False  # the gradient all-reduce and the update are one traced function
     Options = TFOptions
 
     def validate(self, cfg):
