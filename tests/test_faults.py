@@ -114,14 +114,18 @@ def test_rank_out_of_memory_is_recorded_as_oom_naming_it(results, kept):
 
 @pytest.mark.slow
 def test_a_rank_stopped_with_sigstop_ends_the_run_at_the_collective_timeout_naming_it(results, kept):
-    """SIGSTOP: the rank neither exits nor answers (a debugger, a job suspended on one node, a frozen
-    host); its peer gives up in the collective, the stopped rank is killed (SIGTERM waits while it is
-    stopped; SIGKILL does not), and the record blames it."""
-    record, _ = faulty_run(
+    """SIGSTOP: the rank neither exits nor answers (a job suspended on one node, a frozen host); its peer
+    gives up in the collective and the record blames the stopped rank. Its launcher's SIGTERM waits while
+    it is stopped (torchrun would SIGKILL it only after 30 s), so the harness resumes a stopped rank that
+    has a SIGTERM pending: it ends at once and records that it was stopped from outside."""
+    record, detect_s = faulty_run(
         results, "--inject-fault", "1:2:sigstop", "--collective-timeout", "5", timeout_s=90
     )
     assert record["status"] == "timeout" and record["error"]["rank"] == 1, record["error"]
     assert "rank(s) [0] gave up waiting in a collective for rank(s) [1]" in record["error"]["message"]
+    stopped = next(r for r in record["ranks"] if r["rank"] == 1)
+    assert stopped["terminated"] and "SIGTERM" in stopped["error"]
+    assert detect_s is not None and detect_s < 25, f"{detect_s:.0f} s from SIGSTOP to the harness's exit"
 
 
 def test_hung_rank_ends_the_run_at_the_collective_timeout(results, kept):

@@ -27,6 +27,7 @@ from core.process import REPO_ROOT, Process, die_with_parent
 # own (a launcher such as torchrun tears its workers down itself) before they are killed.
 FAILURE_GRACE_S = 15.0
 KILL_GRACE_S = 5.0
+STOPPED_CHECK_S = 2.0
 
 
 @dataclass
@@ -154,6 +155,36 @@ def tell_reaper(reaper: subprocess.Popen, line: str, last: bool = False) -> None
         pass  # a reaper gone or slow changes nothing while the harness itself is alive to clean up
 
 
+def pending_signals(pid: int) -> int:
+    """The signals waiting for a process (sent to it or to one of its threads), as a bit mask."""
+    try:
+        fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+        return int(fields["ShdPnd"], 16) | int(fields["SigPnd"], 16)
+    except (OSError, KeyError, ValueError):
+        return 0
+
+
+def resume_stopped_ranks_told_to_end(popens: list[subprocess.Popen]) -> None:
+    """SIGCONT every process we started (and its descendants) that is stopped (SIGSTOP: a frozen rank)
+    while a SIGTERM waits for it: its launcher is tearing the run down. Stopped, it cannot act on that
+    SIGTERM, and the launcher waits out its own grace (torchrun: 30 s) before SIGKILL; resumed, it ends at
+    once and records that it was stopped from outside. A process stopped under a debugger is left alone."""
+    for popen in popens:
+        try:
+            tree = [psutil.Process(popen.pid), *psutil.Process(popen.pid).children(recursive=True)]
+        except psutil.Error:
+            continue
+        for proc in tree:
+            try:
+                if proc.status() == psutil.STATUS_STOPPED and pending_signals(proc.pid) & SIGTERM_BIT:
+                    proc.send_signal(signal.SIGCONT)
+            except psutil.Error:
+                pass
+
+
+SIGTERM_BIT = 1 << (signal.SIGTERM - 1)
+
+
 def run_processes(
     processes: list[Process],
     log_path: Path,
@@ -186,7 +217,7 @@ def run_processes(
                     )
                 )
                 tell_reaper(reaper, str(popens[-1].pid))
-            first_failure = None
+            first_failure, last_stopped_check = None, start
             while any(p.poll() is None for p in popens):
                 now = time.monotonic()
                 if now - start > timeout_s:
@@ -199,6 +230,9 @@ def run_processes(
                     first_failure = now
                 if first_failure is not None and now - first_failure > FAILURE_GRACE_S:
                     break
+                if now - last_stopped_check > STOPPED_CHECK_S:  # a walk of /proc: not 10 times a second
+                    resume_stopped_ranks_told_to_end(popens)
+                    last_stopped_check = now
                 time.sleep(0.1)
         finally:
             kill_tree(popens)  # also reaps any stragglers (daemons, grandchildren) of a clean exit
