@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 
@@ -157,26 +158,38 @@ def test_github_benchmark_leaves_out_what_was_not_measured():
     assert all("range" not in e for tool in entries.values() for e in tool)  # one run: no spread
 
 
-def test_plain_progress_names_each_phase_and_reads_only_whole_lines(tmp_path):
-    cfg = config("torch-ddp", 2, steps=4, warmup=1, compute_steps=2, compute_method="no_sync")
-    log = tmp_path / "rank0.log"
+@contextlib.contextmanager
+def following_a_log(cfg, tmp_path):
+    """A plain-line display that follows rank 0's log from launch to the writing of the record: yields
+    the log (open for writing), the display and what it printed."""
     stream = io.StringIO()
     with RunDisplay(cfg, live=False, stream=stream) as display:
-        display.phase("launching", log=log)
-        with open(log, "w") as f:
-            f.write("[W socket] some framework noise\n")
-            f.write("step    0 loss 7.0000 time    100.0 ms (warm-up)\n")
-            for step in range(1, 5):
-                f.write(f"step {step:4d} loss {7 - step:.4f} time    200.0 ms\n")
-            f.write("step    5 loss 3.0000 time    150.0 ms (compute-only)\n")
-            f.write("step    6 loss 3.0000 time    1")  # still being written: not read yet
-            f.flush()
-            display.poll()
-            assert "compute-only 1/3" in stream.getvalue() and "2/3" not in stream.getvalue()
-            f.write("50.0 ms (compute-only)\n")
+        display.phase("launching", log=tmp_path / "rank0.log")
+        with open(tmp_path / "rank0.log", "w") as f:
+            yield f, display, stream
         display.phase("writing the record")
+
+
+def shown(stream) -> tuple[list[str], list[str]]:
+    """The printed lines without their clock, and the phases they name (each phase's first line)."""
     lines = [line.split("] ", 1)[1] for line in stream.getvalue().splitlines()]
-    phases = [line.split(":")[0] for line in lines if not line.startswith(" ")]
+    return lines, [line.split(":")[0] for line in lines if not line.startswith(" ")]
+
+
+def test_plain_progress_names_each_phase_and_reads_only_whole_lines(tmp_path):
+    cfg = config("torch-ddp", 2, steps=4, warmup=1, compute_steps=2, compute_method="no_sync")
+    with following_a_log(cfg, tmp_path) as (f, display, stream):
+        f.write("[W socket] some framework noise\n")
+        f.write("step    0 loss 7.0000 time    100.0 ms (warm-up)\n")
+        for step in range(1, 5):
+            f.write(f"step {step:4d} loss {7 - step:.4f} time    200.0 ms\n")
+        f.write("step    5 loss 3.0000 time    150.0 ms (compute-only)\n")
+        f.write("step    6 loss 3.0000 time    1")  # still being written: not read yet
+        f.flush()
+        display.poll()
+        assert "compute-only 1/3" in stream.getvalue() and "2/3" not in stream.getvalue()
+        f.write("50.0 ms (compute-only)\n")
+    lines, phases = shown(stream)
     assert phases == ["launching", "warm-up", "measured", "compute-only", "writing the record"]
     # 2,048 tokens a step in 200 ms
     assert "  measured 4/4: step 4 loss 3.0000 | 200.0 ms | 10,240 tokens/s | ETA 0:00" in lines
@@ -187,19 +200,13 @@ def test_plain_progress_shows_a_one_rank_runs_optimizer_timed_steps_as_their_own
     """A process with no peer times its optimizer in steps after the measured ones: they are shown as
     their own phase, not counted as measured steps past the total."""
     cfg = config("torch-ddp", 1, steps=3, warmup=1)
-    log = tmp_path / "rank0.log"
-    stream = io.StringIO()
-    with RunDisplay(cfg, live=False, stream=stream) as display:
-        display.phase("launching", log=log)
-        with open(log, "w") as f:
-            f.write("step    0 loss 7.0000 time    100.0 ms (warm-up)\n")
-            for step in range(1, 4):
-                f.write(f"step {step:4d} loss {7 - step:.4f} time    200.0 ms\n")
-            for step in range(4, 7):
-                f.write(f"step {step:4d} loss {7 - step:.4f} time    210.0 ms (optimizer-timed)\n")
-        display.phase("writing the record")
-    lines = [line.split("] ", 1)[1] for line in stream.getvalue().splitlines()]
-    phases = [line.split(":")[0] for line in lines if not line.startswith(" ")]
+    with following_a_log(cfg, tmp_path) as (f, _, stream):
+        f.write("step    0 loss 7.0000 time    100.0 ms (warm-up)\n")
+        for step in range(1, 4):
+            f.write(f"step {step:4d} loss {7 - step:.4f} time    200.0 ms\n")
+        for step in range(4, 7):
+            f.write(f"step {step:4d} loss {7 - step:.4f} time    210.0 ms (optimizer-timed)\n")
+    lines, phases = shown(stream)
     assert phases == ["launching", "warm-up", "measured", "timing the optimizer", "writing the record"]
     assert any(line.startswith("  measured 3/3: step 3") for line in lines)
     assert any(line.startswith("  timing the optimizer 3/3: step 6") for line in lines)
