@@ -256,14 +256,15 @@ def run_training(trainer: Trainer, cfg: RunConfig, weights_path: Path | None = N
     first = cfg.warmup + cfg.steps
     optimizer_timed_times = []  # the whole steps, to set beside the measured ones (their synchronisations)
     if cfg.process_group_size == 1:  # no peer: a 1-rank run or an isolated-counterfactual worker
+        timed_steps = optimizer_timed_steps(cfg)
         trainer.time_optimizer = True
-        for step in range(first, first + optimizer_timed_steps(cfg)):
+        for step in range(first, first + timed_steps):
             t, _, loss, _ = timed_step(step, True)
             optimizer_timed_times.append(t)
             if trainer.rank == 0:
                 print(f"step {step:4d} loss {loss:.4f} time {t * 1e3:8.1f} ms (optimizer-timed)", flush=True)
         trainer.time_optimizer = False
-        first += optimizer_timed_steps(cfg)
+        first += timed_steps
 
     comm_trace = None
     if cfg.trace_comm and cfg.trace_steps and cfg.process_group_size > 1:
@@ -353,6 +354,7 @@ def record_failure(path: Path, exc: BaseException) -> None:
 
 
 def write_failure_record(path: Path, exc: BaseException) -> None:
+    """record_failure's one attempt: SIGTERM off, then the record."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     record = failure_record(exc)
     print(record["traceback"], file=sys.stderr, flush=True)

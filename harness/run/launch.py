@@ -28,6 +28,7 @@ from core.process import REPO_ROOT, Process, die_with_parent
 FAILURE_GRACE_S = 15.0
 KILL_GRACE_S = 5.0
 STOPPED_CHECK_S = 2.0
+SIGTERM_BIT = 1 << (signal.SIGTERM - 1)  # in /proc/PID/status's pending-signal masks
 
 
 @dataclass
@@ -171,7 +172,8 @@ def resume_stopped_ranks_told_to_end(popens: list[subprocess.Popen]) -> None:
     once and records that it was stopped from outside. A process stopped under a debugger is left alone."""
     for popen in popens:
         try:
-            tree = [psutil.Process(popen.pid), *psutil.Process(popen.pid).children(recursive=True)]
+            leader = psutil.Process(popen.pid)
+            tree = [leader, *leader.children(recursive=True)]
         except psutil.Error:
             continue
         for proc in tree:
@@ -180,9 +182,6 @@ def resume_stopped_ranks_told_to_end(popens: list[subprocess.Popen]) -> None:
                     proc.send_signal(signal.SIGCONT)
             except psutil.Error:
                 pass
-
-
-SIGTERM_BIT = 1 << (signal.SIGTERM - 1)
 
 
 def run_processes(
