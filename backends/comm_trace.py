@@ -184,27 +184,36 @@ def horovod_collectives(events: list[dict], world: int) -> list[dict]:
     The timeline has a row per tensor: the op (B ALLREDUCE ... E, whose end event carries dtype and shape)
     with its phases inside (NEGOTIATE_*, MEMCPY_IN_FUSION_BUFFER, then the transfer: GLOO_ALLREDUCE,
     NCCL_ALLREDUCE, GLOO_BCAST, ...). BROADCAST's end carries no shape: its size is unknown (None).
-    Tensors fused into one buffer share one transfer, so rows whose transfers start together are one call
-    (their elements summed), timed by that transfer. The timeline records no compute, so overlap is not
-    known from it (None)."""
+    Tensors fused into one buffer share one transfer: Horovod writes that transfer's begin for each of them
+    in one loop (Timeline::ActivityStartAll), each stamped as it is written, so they are a run of adjacent
+    begin events a few microseconds apart that nothing else begins inside (other tensors' ends may land
+    between them). Each such run is one call (its elements summed), from its first begin to its last end.
+    The timeline records no compute, so overlap is not known from it (None)."""
     transfers: dict[tuple[str, int], dict] = {}
     stacks: dict[int, list[dict]] = {}
+    run, run_name = 0, None  # the run of adjacent transfer begins each transfer belongs to
     for e in events:
         pid, phase = e.get("pid"), e.get("ph")
+        if phase in ("B", "X"):
+            name = e.get("name", "")
+            if phase == "X" or not name.startswith(TRANSFER_PREFIXES):
+                run_name = None
+            elif name != run_name:
+                run, run_name = run + 1, name
         if phase == "B":
-            stacks.setdefault(pid, []).append(e)
+            stacks.setdefault(pid, []).append({**e, "run": run})
         elif phase == "E" and stacks.get(pid):
             begin = stacks[pid].pop()
             name = begin["name"]
             if name.startswith(TRANSFER_PREFIXES):
-                stacks.setdefault(("transfer", pid), []).append((name, begin["ts"], e["ts"]))
+                stacks.setdefault(("transfer", pid), []).append((begin["run"], begin["ts"], e["ts"]))
             elif name in HOROVOD_OPS and stacks.get(("transfer", pid)):
-                _, start, end = stacks[("transfer", pid)].pop()
+                run_of, start, end = stacks[("transfer", pid)].pop()
                 args = e.get("args") or {}
                 shape = json.loads(args["shape"]) if "shape" in args else None  # ALLGATHER's: the output's
                 count = math.prod(shape) if shape is not None else None
                 call = transfers.setdefault(
-                    (name, start),
+                    (name, run_of),
                     {
                         "op": HOROVOD_OPS[name],
                         "elements": 0,
@@ -213,6 +222,7 @@ def horovod_collectives(events: list[dict], world: int) -> list[dict]:
                         "end": end,
                     },
                 )
+                call["start"], call["end"] = min(call["start"], start), max(call["end"], end)
                 call["elements"] = (
                     None if count is None or call["elements"] is None else call["elements"] + count
                 )

@@ -76,43 +76,65 @@ def test_a_scalar_collective_counts_one_element():
     assert call["elements"] == 1 and call["size_bytes"] == 8
 
 
-def timeline_text(rows: list[tuple[int, str, int, int, str, str | None]]) -> str:
-    """A Horovod timeline (left unterminated, as Horovod leaves it while running): per tensor row (pid),
-    op, the transfer's start and end, transfer name, shape."""
+def timeline_text(calls: list[tuple[str, int, int, str, list[tuple[int, str | None]]]]) -> str:
+    """A Horovod timeline (left unterminated, as Horovod leaves it while running), its events in the order
+    Horovod writes them: per call (one response: op, its transfer's start and end, transfer name, and its
+    tensors as (pid, shape)) each phase begun and ended for all its tensors in one loop, each event stamped
+    a microsecond after the one before, as Timeline::ActivityStartAll and ActivityEndAll write them."""
     events = []
-    for pid, op, start, end, transfer, shape in rows:
-        events += [
-            {"ph": "B", "name": f"NEGOTIATE_{op}", "ts": start - 50, "pid": pid},
-            {"ph": "E", "ts": start - 40, "pid": pid},
-            {"ph": "B", "name": op, "ts": start - 30, "pid": pid},
-            {"ph": "B", "name": "MEMCPY_IN_FUSION_BUFFER", "ts": start - 20, "pid": pid},
-            {"ph": "E", "ts": start - 10, "pid": pid},
-            {"ph": "B", "name": transfer, "ts": start, "pid": pid},
-            {"ph": "E", "ts": end, "pid": pid},
-            {
-                "ph": "E",
-                "ts": end + 5,
-                "pid": pid,
-                **({"args": {"dtype": "float32", "shape": shape}} if shape else {}),
-            },
-        ]
+
+    def each(tensors, ph, ts, name=None, args=None):
+        for i, (pid, shape) in enumerate(tensors):
+            event = {"ph": ph, "ts": ts + i, "pid": pid}
+            if name:
+                event["name"] = name
+            if args and shape:
+                event["args"] = {"dtype": "float32", "shape": shape}
+            events.append(event)
+
+    for op, start, end, transfer, tensors in calls:
+        each(tensors, "B", start - 50, f"NEGOTIATE_{op}")
+        each(tensors, "E", start - 40)
+        each(tensors, "B", start - 30, op)
+        each(tensors, "B", start - 20, "MEMCPY_IN_FUSION_BUFFER")
+        each(tensors, "E", start - 10)
+        each(tensors, "B", start, transfer)
+        each(tensors, "E", end)
+        each(tensors, "E", end + 5, args=True)
     return "[\n" + ",\n".join(json.dumps(e) for e in events) + ","
 
 
 def test_horovod_timeline_counts_a_fused_allreduce_once_with_every_tensor_in_it():
+    """Fused tensors' transfer begins are a run of adjacent events microseconds apart (their order in the
+    file, not equal stamps, makes them one call); a response that follows is a call of its own, however
+    soon it starts."""
     text = timeline_text(
         [
-            (1, "ALLREDUCE", 1000, 1500, "GLOO_ALLREDUCE", "[1000]"),  # fused with pid 2: one transfer
-            (2, "ALLREDUCE", 1000, 1500, "GLOO_ALLREDUCE", "[2, 1500]"),
-            (3, "ALLGATHER", 2000, 2100, "GLOO_ALLGATHER", "[800]"),  # the gathered output's shape
-            (4, "BROADCAST", 3000, 3050, "GLOO_BCAST", None),  # Horovod gives no shape for broadcasts
+            ("ALLREDUCE", 1000, 1500, "GLOO_ALLREDUCE", [(1, "[1000]"), (2, "[2, 1500]"), (3, "[10]")]),
+            ("ALLREDUCE", 1510, 1600, "GLOO_ALLREDUCE", [(4, "[100]")]),
+            ("ALLGATHER", 2000, 2100, "GLOO_ALLGATHER", [(5, "[800]")]),  # the gathered output's shape
+            ("BROADCAST", 3000, 3050, "GLOO_BCAST", [(6, None)]),  # Horovod gives no shape for broadcasts
         ]
     )
-    reduce, gather, bcast = horovod_collectives(timeline_events(text), world=2)
-    assert (reduce["op"], reduce["elements"], reduce["size_bytes"]) == ("all_reduce", 4000, 16000)
-    assert reduce["time_s"] == pytest.approx(500e-6) and reduce["overlapped_s"] is None
+    fused, alone, gather, bcast = horovod_collectives(timeline_events(text), world=2)
+    assert (fused["op"], fused["elements"], fused["size_bytes"]) == ("all_reduce", 4010, 16040)
+    # from the first tensor's begin to the last tensor's end (stamped 1000 and 1502)
+    assert fused["time_s"] == pytest.approx(502e-6) and fused["overlapped_s"] is None
+    assert (alone["elements"], alone["time_s"]) == (100, pytest.approx(90e-6))
     assert (gather["op"], gather["elements"], gather["size_bytes"]) == ("all_gather", 800, 3200)
     assert bcast["op"] == "broadcast" and bcast["size_bytes"] is None
+
+
+def test_another_tensor_s_end_inside_a_run_of_transfer_begins_does_not_split_the_call():
+    """Horovod's GPU finalizer thread writes ends while the background thread begins the next transfer: an
+    end between two begins leaves them one call."""
+    events = timeline_events(
+        timeline_text([("ALLREDUCE", 1000, 1500, "NCCL_ALLREDUCE", [(1, "[8]"), (2, "[8]")])])
+    )
+    begins = [i for i, e in enumerate(events) if e.get("name") == "NCCL_ALLREDUCE"]
+    events.insert(begins[1], {"ph": "E", "ts": 1000, "pid": 9})  # pid 9: nothing open, ignored
+    (call,) = horovod_collectives(events, world=2)
+    assert call["elements"] == 16
 
 
 def trace(calls, steps=1, **extra):
