@@ -1,7 +1,10 @@
 """Does commbench price a training run's communication? For each stack at N ranks: one training run (its
 collective trace gives every call's op, size and time) and one `harness commbench` of the same stack,
 device and N; each traced call is priced at commbench's time for its op and size
-(harness.analyze.collectives.predicted_comm), and the sums per step are set side by side.
+(harness.analyze.collectives.predicted_comm), and the sums per step are set side by side. The "matched" line
+holds each call, as the last rank to arrive saw it, against commbench's figure for the condition it ran in
+(beside compute or not) with commbench's statistic (harness.analyze.collectives.matched_comm): the 25%
+cross-check of the communication issue.
 
     .venv/bin/python scripts/comm_crosscheck.py --backends torch-ddp,horovod --gpus 2 --out /tmp/crosscheck
 
@@ -18,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness.analyze.collectives import predicted_comm  # noqa: E402
+from harness.analyze.collectives import matched_comm, predicted_comm  # noqa: E402
 
 STACKS = {  # label -> harness flags
     "torch-ddp": ["--backend", "torch-ddp"],
@@ -27,6 +30,8 @@ STACKS = {  # label -> harness flags
     "deepspeed-zero2": ["--backend", "deepspeed", "--zero-stage", "2"],
     "deepspeed-zero3": ["--backend", "deepspeed", "--zero-stage", "3"],
     "horovod": ["--backend", "horovod"],
+    # TF's profiler can crash a worker as it stops (README): its trace is opt-in
+    "tf-mwms": ["--backend", "tf-mwms", "--tf-profile-trace"],
 }
 
 
@@ -51,7 +56,9 @@ def main() -> int:
     parser.add_argument("--backends", default=",".join(STACKS), help=", ".join(STACKS))
     parser.add_argument("--gpus", type=int, default=2)
     parser.add_argument("--steps", type=int, default=10, help="measured steps of the training run")
-    parser.add_argument("--trace-steps", type=int, default=5)
+    parser.add_argument(
+        "--trace-steps", type=int, default=15, help="traced steps: each call's median needs several"
+    )
     parser.add_argument("--out", type=Path, default=Path("crosscheck"))
     args = parser.parse_args()
     print(
@@ -106,6 +113,15 @@ def main() -> int:
                 f"{label:16s} {op:15s} {o['measured_s_per_step'] * 1e3:8.2f}, "
                 f"{o['least_waiting_s_per_step'] * 1e3:8.2f}"
                 f"{'':29s} {o['predicted_s_per_step'] * 1e3:17.2f} {ratio:>10s}{least}{under}",
+                flush=True,
+            )
+        matched = matched_comm(run, bench)
+        if matched:
+            m = matched
+            print(
+                f"{label:16s} {'matched':15s} {m['measured_s_per_step'] * 1e3:8.2f} ms/step against "
+                f"{m['predicted_s_per_step'] * 1e3:.2f}: {m['ratio']:.2f} ({m['calls_per_step']:g} calls a "
+                f"step, {m['calls_beside_compute_per_step']:g} beside compute; {m['statistic']})",
                 flush=True,
             )
         print(

@@ -19,6 +19,7 @@ from harness.analyze.baseline import trim
 from harness.analyze.collectives import (
     call_time,
     fit_alpha_beta,
+    matched_comm,
     op_time_index,
     predicted_comm,
     summarize_commbench,
@@ -340,6 +341,45 @@ def test_calls_beside_a_compute_thread_are_priced_by_the_fit_of_their_means():
     assert call_time(single, "all_reduce", 1 << 21, under_load=True) is None
     idle = [1e-4 + s / 1e9 for s in (1 << 20, 1 << 22)]  # log-log between the idle medians around it
     assert call_time(bench, "all_reduce", 1 << 21) == pytest.approx(np.sqrt(idle[0] * idle[1]))
+
+
+@unit
+def test_a_run_s_calls_are_held_against_commbench_as_the_last_rank_to_arrive_saw_them():
+    """The matched cross-check. Commbench (2 ranks): idle 1 ms at 4 KiB and 2 ms at 16 KiB; under load
+    3 ms and 6 ms. The run: 3 traced steps, each an all-reduce of 4 KiB that ran beside compute (80% of
+    it) then one of 16 KiB that did not; rank 0 waited 5 ms for rank 1 in every call, so rank 1's times
+    are the calls'. Beside compute the statistic is commbench's there, a mean (3, 4, 8 ms: 5 ms); idle a
+    median (2, 2, 20 ms: 2 ms, the stalled call left out). Measured 7 ms against 3 + 2 = 5 ms priced."""
+    sizes = [4096, 16384]
+    record = synthetic_record("all_reduce", 2, sizes, [[[1e-3] * 5, [2e-3] * 5]] * 2)
+    record["config"]["commbench"]["under_load"] = True
+    for rank in record["ranks"]:
+        for point, t in zip(rank["collectives"], (3e-3, 6e-3)):
+            point["times_under_load"] = [t] * 5
+    bench = {"summary": summarize_commbench(record)}
+
+    def call(size, t, overlapped):
+        return {"op": "all_reduce", "size_bytes": size, "time_s": t, "overlapped_s": overlapped}
+
+    rank1 = [(3e-3, 2e-3), (4e-3, 2e-3), (8e-3, 20e-3)]
+    ranks = [[], []]
+    for beside, idle in rank1:
+        for r, wait in ((0, 5e-3), (1, 0.0)):
+            ranks[r] += [call(4096, beside + wait, 0.8 * (beside + wait)), call(16384, idle + wait, 0.0)]
+    run = {"ranks": [{"comm_trace": {"steps": 3, "collectives": calls}} for calls in ranks]}
+    matched = matched_comm(run, bench)
+    assert matched["statistic"] == "each call position's median or mean over steps"
+    assert (matched["calls_per_step"], matched["calls_beside_compute_per_step"]) == (2, 1)
+    assert matched["predicted_s_per_step"] == pytest.approx(5e-3)
+    assert matched["measured_s_per_step"] == pytest.approx(7e-3)
+    # Horovod fuses what each cycle finds ready, so its steps differ: each call priced, the mean over steps
+    # (one rank's timeline, no overlap known: every call idle)
+    varying = [call(4096, 1e-3, None), call(16384, 3e-3, None), call(4096, 2e-3, None)]
+    run = {"ranks": [{"comm_trace": {"steps": 2, "collectives": varying}}]}
+    matched = matched_comm(run, bench)
+    assert matched["statistic"] == "mean over steps" and matched["calls_per_step"] == 1.5
+    assert matched["measured_s_per_step"] == pytest.approx(3e-3)
+    assert matched["predicted_s_per_step"] == pytest.approx(2e-3)
 
 
 @unit

@@ -232,3 +232,58 @@ def predicted_comm(run: dict, bench: dict) -> dict:
         else None,
         "unpriced_calls": unpriced,
     }
+
+
+BESIDE_COMPUTE = 0.5  # a traced call that overlapped compute for more than this share of its time
+
+
+def matched_comm(run: dict, bench: dict) -> dict | None:
+    """A training run's traced collectives against commbench under the conditions commbench times them.
+
+    - Each call as the last rank to arrive saw it (the least time over ranks): commbench starts every call
+      from a barrier, so a rank's wait for a late peer is no part of its figure.
+    - Each call priced by the condition it ran in: beside compute for most of its time (its overlap share
+      over `BESIDE_COMPUTE`, where the trace measures overlap) at commbench's under-load time, the fit of
+      means; otherwise at the idle time, a median.
+    - Where every traced step repeats one sequence of calls, each position in the step is measured with
+      commbench's statistic for its price: the mean over steps for a call priced under load, the median for
+      one priced idle (a call the scheduler stalled once moves a mean). Where the sequence varies from step
+      to step (Horovod fuses what each cycle finds ready), the mean over steps.
+    None if commbench has no time for a traced call."""
+    traces = [
+        r["comm_trace"] for r in run["ranks"] if (r.get("comm_trace") or {}).get("collectives") is not None
+    ]
+    steps = traces[0]["steps"]
+    calls = list(zip(*(t["collectives"] for t in traces)))  # [call][rank]: ranks issue the same calls
+    sequence = [(same[0]["op"], same[0]["size_bytes"]) for same in calls]
+    per_step = len(calls) // steps if steps else 0
+    repeats = per_step > 0 and len(calls) == per_step * steps and sequence == sequence[:per_step] * steps
+    # the groups of calls measured together: each position in the step, or each call on its own
+    groups = [calls[k::per_step] for k in range(per_step)] if repeats else [[same] for same in calls]
+    loaded_known = bool(bench["summary"].get("under_load"))
+    measured = predicted = beside_calls = 0.0
+    for group in groups:
+        shares = [
+            c["overlapped_s"] / c["time_s"]
+            for same in group
+            for c in same
+            if c["overlapped_s"] is not None and c["time_s"]
+        ]
+        beside = loaded_known and bool(shares) and float(np.median(shares)) > BESIDE_COMPUTE
+        price = call_time(bench["summary"], group[0][0]["op"], group[0][0]["size_bytes"], under_load=beside)
+        if price is None:
+            return None
+        last_arrival = [min(c["time_s"] or 0.0 for c in same) for same in group]
+        statistic = np.mean if beside or not repeats else np.median
+        measured += float(statistic(last_arrival)) * len(group)
+        predicted += price * len(group)
+        beside_calls += beside * len(group)
+    measured, predicted = measured / steps, predicted / steps
+    return {
+        "statistic": "each call position's median or mean over steps" if repeats else "mean over steps",
+        "calls_per_step": len(calls) / steps,
+        "calls_beside_compute_per_step": beside_calls / steps,
+        "measured_s_per_step": float(measured),
+        "predicted_s_per_step": float(predicted),
+        "ratio": float(measured / predicted) if predicted else None,
+    }
