@@ -6,34 +6,41 @@ codes are harness.usage's.
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 
-from harness.analyze import baseline, compare, history, report
-from harness.predict import command as predict
-from harness.run import commands, commbench, doctor, plan, schedulers, sweep
 from harness.usage import EXIT_OK, EXIT_USAGE, Parser, UsageError
 
-COMMAND_MODULES = (
-    commands,
-    commbench,
-    sweep,
-    report,
-    compare,
-    baseline,
-    history,
-    plan,
-    schedulers,
-    doctor,
-    predict,
-)
+# Every command and the module that registers it, in the order `harness --help` lists them. Only the module
+# of the command given is imported: the analysis and prediction modules import pandas and scipy, about
+# 0.6 s that every `harness run` would otherwise pay. `harness --help` (or no command) imports them all.
+COMMANDS = {
+    "run": "harness.run.commands",
+    "list": "harness.run.commands",
+    "collect": "harness.run.commands",
+    "commbench": "harness.run.commbench",
+    "sweep": "harness.run.sweep",
+    "report": "harness.analyze.report",
+    "results": "harness.analyze.report",
+    "compare": "harness.analyze.compare",
+    "baseline": "harness.analyze.baseline",
+    "history": "harness.analyze.history",
+    "plan": "harness.run.plan",
+    "slurm": "harness.run.schedulers",
+    "k8s": "harness.run.schedulers",
+    "doctor": "harness.run.doctor",
+    "predict": "harness.predict.command",
+}
 
 
-def make_parser() -> Parser:
+def make_parser(command: str | None = None) -> Parser:
+    """The parser of `command` alone when it is one (its module imported), else of every command."""
     parser = Parser(prog="harness", description="distbench: one model, six distributed-training stacks")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    for module in COMMAND_MODULES:
-        module.register(sub)
+    modules = [COMMANDS[command]] if command in COMMANDS else list(dict.fromkeys(COMMANDS.values()))
+    for name in modules:
+        importlib.import_module(name).register(sub)
     return parser
 
 
@@ -41,7 +48,7 @@ def main(argv=None) -> int:
     code = EXIT_OK
     try:
         argv = sys.argv[1:] if argv is None else list(argv)
-        args = make_parser().parse_args(argv)
+        args = make_parser(argv[0] if argv else None).parse_args(argv)
         args.argv = argv
         code = args.func(args)
         sys.stdout.flush()  # a reader that hung up shows here, not as a traceback at exit

@@ -13,7 +13,6 @@ from rich.table import Table
 
 from backends import all_backends, backend_names, get_backend
 from core.config import RunConfig
-from harness.analyze.export import write_tensorboard
 from harness.analyze.summary import print_summary
 from harness.run.launch import stop_on_sigterm
 from harness.run.nodes import check_run_id, requested_world
@@ -56,8 +55,12 @@ def cmd_run(args) -> int:
     print(record_line(record, args.out / (record["run_id"] + ".json")))
     if record.get("unwritten"):
         return EXIT_FAILED
-    for folder in write_tensorboard([record], args.tensorboard) if args.tensorboard else []:
-        print(f"tensorboard: {folder}")
+    if args.tensorboard:
+        # imported here: tensorboard's protobufs and pandas would cost every run's start about 0.25 s
+        from harness.analyze.export import write_tensorboard
+
+        for folder in write_tensorboard([record], args.tensorboard):
+            print(f"tensorboard: {folder}")
     return EXIT_OK if record["status"] == "ok" else EXIT_FAILED
 
 

@@ -23,7 +23,6 @@ from backends.loop import optimizer_timed_steps
 from core.config import RunConfig
 from core.process import REPO_ROOT, available_cpus, free_port
 from core.records import SCHEMA_VERSION, git_commit, now_iso, write_atomic, write_json_atomic
-from harness.analyze.collectives import summarize_commbench
 from harness.analyze.metrics import summarize
 from harness.run.devices import isolated_devices, node_devices
 from harness.run.launch import LaunchResult, run_processes
@@ -474,6 +473,9 @@ def assemble_commbench_record(
         "environment": environment or {},
         "sweep": sweep,
     }
+    # imported here: its pandas and scipy would cost every training run's start about 0.2 s
+    from harness.analyze.collectives import summarize_commbench
+
     try:
         record["summary"] = summarize_commbench(record) if status == "ok" else {}
     except Exception as exc:  # noqa: BLE001 - the raw ranks are the result; never lose them to an analysis bug
