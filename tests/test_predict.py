@@ -461,9 +461,12 @@ def test_predictions_are_records_of_their_own_kind_tabled_apart(tmp_path, capsys
 # label -> (run flags, the ops its commbench needs, whether the model meets the bounds on this 2-core CPU).
 # Collectives are priced as commbench timed them beside a compute thread (on 2 cores a step's calls share
 # them with compute: 2-3x the idle times below 8 MB). The one that misses: Horovod's step is over-predicted
-# by about a quarter (beside a compute thread its background cycle slows calls 5-10x, where in a step most
-# of its calls run after backward). ZeRO-3 meets them with 1.5-2 points to spare on the exposed ratio (seen
-# +5 to +12% and +8 to +10 points). scripts/predict_validation.py gives the table.
+# by about a quarter. Its calls in a step cost their idle price (scripts/comm_crosscheck.py: traced /
+# idle 0.98-1.19 in three rounds), while beside commbench's compute thread they take 5-8x that; priced idle,
+# the step would be under-predicted by about as much, by the compute two Horovod processes take from each
+# other on 2 cores (1-rank step 68.4 ms, 2-rank isolated compute 79.5 ms), which no input measures. ZeRO-3
+# meets the bounds with 1.5-2 points to spare on the exposed ratio (seen +5 to +12% and +8 to +10 points).
+# scripts/predict_validation.py gives the table.
 OWN_RUNS = {
     "torch-ddp": (["--backend", "torch-ddp"], "allreduce", True),
     "deepspeed-zero1": (["--backend", "deepspeed", "--zero-stage", "1"], "allreduce,allgather", True),
