@@ -185,21 +185,20 @@ def horovod_collectives(events: list[dict], world: int) -> list[dict]:
     with its phases inside (NEGOTIATE_*, MEMCPY_IN_FUSION_BUFFER, then the transfer: GLOO_ALLREDUCE,
     NCCL_ALLREDUCE, GLOO_BCAST, ...). BROADCAST's end carries no shape: its size is unknown (None).
     Tensors fused into one buffer share one transfer: Horovod writes that transfer's begin for each of them
-    in one loop (Timeline::ActivityStartAll), each stamped as it is written, so they are a run of adjacent
-    begin events a few microseconds apart that nothing else begins inside (other tensors' ends may land
-    between them). Each such run is one call (its elements summed), from its first begin to its last end.
+    in one loop (Timeline::ActivityStartAll), each stamped as it is written, microseconds apart. So one call
+    is a run of begins of one transfer name that ends when a transfer begins after one of the run's has
+    ended. Other events between them (ends, other tensors' negotiation, which another thread writes on
+    GPU) do not end a run. Each run is one call (its elements summed), from its first begin to its last
+    end. Responses that overlap in time (GPU finalizer threads in parallel) would be taken as one call.
     The timeline records no compute, so overlap is not known from it (None)."""
     transfers: dict[tuple[str, int], dict] = {}
     stacks: dict[int, list[dict]] = {}
-    run, run_name = 0, None  # the run of adjacent transfer begins each transfer belongs to
+    run, run_name, run_ended = 0, None, False  # the run of one transfer's begins
     for e in events:
         pid, phase = e.get("pid"), e.get("ph")
-        if phase in ("B", "X"):
-            name = e.get("name", "")
-            if phase == "X" or not name.startswith(TRANSFER_PREFIXES):
-                run_name = None
-            elif name != run_name:
-                run, run_name = run + 1, name
+        if phase == "B" and e.get("name", "").startswith(TRANSFER_PREFIXES):
+            if e["name"] != run_name or run_ended:
+                run, run_name, run_ended = run + 1, e["name"], False
         if phase == "B":
             stacks.setdefault(pid, []).append({**e, "run": run})
         elif phase == "E" and stacks.get(pid):
@@ -207,6 +206,7 @@ def horovod_collectives(events: list[dict], world: int) -> list[dict]:
             name = begin["name"]
             if name.startswith(TRANSFER_PREFIXES):
                 stacks.setdefault(("transfer", pid), []).append((begin["run"], begin["ts"], e["ts"]))
+                run_ended = run_ended or begin["run"] == run
             elif name in HOROVOD_OPS and stacks.get(("transfer", pid)):
                 run_of, start, end = stacks[("transfer", pid)].pop()
                 args = e.get("args") or {}

@@ -125,16 +125,20 @@ def test_horovod_timeline_counts_a_fused_allreduce_once_with_every_tensor_in_it(
     assert bcast["op"] == "broadcast" and bcast["size_bytes"] is None
 
 
-def test_another_tensor_s_end_inside_a_run_of_transfer_begins_does_not_split_the_call():
-    """Horovod's GPU finalizer thread writes ends while the background thread begins the next transfer: an
-    end between two begins leaves them one call."""
+def test_other_tensors_events_inside_a_run_of_transfer_begins_do_not_split_the_call():
+    """On GPU a finalizer thread writes the transfer's begins while the background thread writes other
+    tensors' negotiation (a begin and a rank's tick) and ends: none of them splits the fused call."""
     events = timeline_events(
-        timeline_text([("ALLREDUCE", 1000, 1500, "NCCL_ALLREDUCE", [(1, "[8]"), (2, "[8]")])])
+        timeline_text([("ALLREDUCE", 1000, 1500, "NCCL_ALLREDUCE", [(1, "[8]"), (2, "[8]"), (3, "[8]")])])
     )
     begins = [i for i, e in enumerate(events) if e.get("name") == "NCCL_ALLREDUCE"]
-    events.insert(begins[1], {"ph": "E", "ts": 1000, "pid": 9})  # pid 9: nothing open, ignored
+    events[begins[2] : begins[2]] = [{"ph": "X", "name": "1", "ts": 1001, "pid": 7, "dur": 0}]
+    events[begins[1] : begins[1]] = [
+        {"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": 1000, "pid": 7},
+        {"ph": "E", "ts": 1000, "pid": 9},  # pid 9: nothing open, ignored
+    ]
     (call,) = horovod_collectives(events, world=2)
-    assert call["elements"] == 16
+    assert call["elements"] == 24
 
 
 def trace(calls, steps=1, **extra):
