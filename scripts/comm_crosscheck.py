@@ -109,19 +109,25 @@ def main() -> int:
             least = f" (least waiting {o['least_waiting_ratio']:.2f})" if o.get("least_waiting_ratio") else ""
             loaded = o.get("predicted_under_load_s_per_step")
             under = f"; under load {loaded * 1e3:.2f} ms, ratio {o['ratio_under_load']:.2f}" if loaded else ""
+            waiting = o["least_waiting_s_per_step"]
             print(
                 f"{label:16s} {op:15s} {o['measured_s_per_step'] * 1e3:8.2f}, "
-                f"{o['least_waiting_s_per_step'] * 1e3:8.2f}"
-                f"{'':29s} {o['predicted_s_per_step'] * 1e3:17.2f} {ratio:>10s}{least}{under}",
+                + (f"{waiting * 1e3:8.2f}" if waiting is not None else f"{'n/a':>8s}")
+                + f"{'':29s} {o['predicted_s_per_step'] * 1e3:17.2f} {ratio:>10s}{least}{under}",
                 flush=True,
             )
-        matched = matched_comm(run, bench)
-        if matched:
-            m = matched
+        m = matched_comm(run, bench)
+        if m and m["ratio"]:
             print(
                 f"{label:16s} {'matched':15s} {m['measured_s_per_step'] * 1e3:8.2f} ms/step against "
                 f"{m['predicted_s_per_step'] * 1e3:.2f}: {m['ratio']:.2f} ({m['calls_per_step']:g} calls a "
                 f"step, {m['calls_beside_compute_per_step']:g} beside compute; {m['statistic']})",
+                flush=True,
+            )
+        else:
+            print(
+                f"{label:16s} {'matched':15s} n/a (no traced step, the ranks' calls differ, a call has no "
+                "time, or commbench has no time for one)",
                 flush=True,
             )
         print(

@@ -372,6 +372,12 @@ def test_a_run_s_calls_are_held_against_commbench_as_the_last_rank_to_arrive_saw
     assert (matched["calls_per_step"], matched["calls_beside_compute_per_step"]) == (2, 1)
     assert matched["predicted_s_per_step"] == pytest.approx(5e-3)
     assert matched["measured_s_per_step"] == pytest.approx(7e-3)
+    # a time rank 1 did not record: rank 0's (with its wait) is the only one there is, not zero
+    ranks[1][0] = {**ranks[1][0], "time_s": None}
+    assert matched_comm(run, bench)["measured_s_per_step"] == pytest.approx((8e-3 + 4e-3 + 8e-3) / 3 + 2e-3)
+    # ranks whose calls differ cannot be paired call by call
+    del ranks[0][-1]
+    assert matched_comm(run, bench) is None
     # Horovod fuses what each cycle finds ready, so its steps differ: each call priced, the mean over steps
     # (one rank's timeline, no overlap known: every call idle)
     varying = [call(4096, 1e-3, None), call(16384, 3e-3, None), call(4096, 2e-3, None)]

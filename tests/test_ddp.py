@@ -24,7 +24,11 @@ def test_two_worker_record_has_every_field_and_loss_decreases(out):
         "20",
         "--timeout",
         "180",
+        "--tensorboard",
+        out.parent / "tensorboard",  # imported only when asked for: this run is its path's test
     )
+    (curves,) = (out.parent / "tensorboard").iterdir()
+    assert rec["run_id"] in curves.name and any(curves.glob("events.out.tfevents.*"))
     assert (
         rec["status"] == "ok"
         and rec["error"] is None

@@ -185,8 +185,10 @@ def test_real_sweep_records_a_failure_goes_on_and_resumes(tmp_path):
     def sweep(*extra):
         return harness(*argv, *extra, timeout=150)
 
-    first = sweep()
+    curves = tmp_path.with_name(tmp_path.name + "-tensorboard")
+    first = sweep("--tensorboard", str(curves))
     assert first.returncode == 1, first.stdout + first.stderr
+    assert len(list(curves.iterdir())) == 1  # the ok run's curves; the failed run has none
     assert "[1/2] torch-ddp N=2 repeat 1/1: failed" in first.stdout and "[2/2] torch-ddp N=1" in first.stdout
     records = sorted(load_records([tmp_path]), key=lambda r: r["environment"]["start_time"])
     assert [(r["config"]["world_size"], r["status"]) for r in records] == [(2, "failed"), (1, "ok")]

@@ -170,6 +170,15 @@ def call_time(summary: dict, op: str, size: float, under_load: bool = False) -> 
     return fit["alpha_s"] + (size * bus_factor(op, summary["world_size"]) / beta if beta else 0.0)
 
 
+def aligned_calls(traces: list[dict], op: str | None = None) -> list[tuple] | None:
+    """The ranks' traced calls (of `op`, or all) side by side, call k of every rank together: ranks issue
+    the same collectives in the same order. None where their (op, size) sequences differ, since pairing
+    them by position would then pair different calls."""
+    calls = [[c for c in t["collectives"] if op is None or c["op"] == op] for t in traces]
+    sequences = [[(c["op"], c["size_bytes"]) for c in rank] for rank in calls]
+    return list(zip(*calls)) if all(seq == sequences[0] for seq in sequences) else None
+
+
 def predicted_comm(run: dict, bench: dict) -> dict:
     """A training run's traced collectives priced by a commbench record of the same stack, device and N.
     Per op: the traced time per step (the slowest rank's), the same with each call's time taken from the
@@ -185,7 +194,10 @@ def predicted_comm(run: dict, bench: dict) -> dict:
     for op in sorted({c["op"] for t in traces for c in t["collectives"]}):
         calls = [[c for c in t["collectives"] if c["op"] == op] for t in traces]
         slowest_rank = max(sum(c["time_s"] or 0 for c in rank_calls) for rank_calls in calls)
-        least_waiting = sum(min(c["time_s"] or 0 for c in same) for same in zip(*calls))
+        together = aligned_calls(traces, op)
+        least_waiting = (
+            sum(min(c["time_s"] or 0 for c in same) for same in together) if together is not None else None
+        )
         predicted, loaded, priced = 0.0, 0.0, {}
         for c in calls[0]:
             size = c["size_bytes"]
@@ -200,10 +212,12 @@ def predicted_comm(run: dict, bench: dict) -> dict:
             loaded += t_loaded or 0.0
         out[op] = {
             "measured_s_per_step": slowest_rank / steps,
-            "least_waiting_s_per_step": least_waiting / steps,
+            "least_waiting_s_per_step": least_waiting / steps if least_waiting is not None else None,
             "predicted_s_per_step": predicted / steps,
             "ratio": slowest_rank / predicted if predicted else None,
-            "least_waiting_ratio": least_waiting / predicted if predicted else None,
+            "least_waiting_ratio": least_waiting / predicted
+            if predicted and least_waiting is not None
+            else None,
             # priced as calls that run beside compute, where commbench timed them so (--under-load)
             "predicted_under_load_s_per_step": loaded / steps if loaded else None,
             "ratio_under_load": slowest_rank / loaded if loaded else None,
@@ -249,14 +263,17 @@ def matched_comm(run: dict, bench: dict) -> dict | None:
       commbench's statistic for its price: the mean over steps for a call priced under load, the median for
       one priced idle (a call the scheduler stalled once moves a mean). Where the sequence varies from step
       to step (Horovod fuses what each cycle finds ready), the mean over steps.
-    None if commbench has no time for a traced call."""
+    None where no step was traced, the ranks' calls differ, a call has no time on any rank, or commbench
+    has no time for a call."""
     traces = [
         r["comm_trace"] for r in run["ranks"] if (r.get("comm_trace") or {}).get("collectives") is not None
     ]
-    steps = traces[0]["steps"]
-    calls = list(zip(*(t["collectives"] for t in traces)))  # [call][rank]: ranks issue the same calls
+    steps = traces[0]["steps"] if traces else 0
+    calls = aligned_calls(traces) if steps else None  # [call][rank]
+    if not calls:
+        return None
     sequence = [(same[0]["op"], same[0]["size_bytes"]) for same in calls]
-    per_step = len(calls) // steps if steps else 0
+    per_step = len(calls) // steps
     repeats = per_step > 0 and len(calls) == per_step * steps and sequence == sequence[:per_step] * steps
     # the groups of calls measured together: each position in the step, or each call on its own
     groups = [calls[k::per_step] for k in range(per_step)] if repeats else [[same] for same in calls]
@@ -273,7 +290,10 @@ def matched_comm(run: dict, bench: dict) -> dict | None:
         price = call_time(bench["summary"], group[0][0]["op"], group[0][0]["size_bytes"], under_load=beside)
         if price is None:
             return None
-        last_arrival = [min(c["time_s"] or 0.0 for c in same) for same in group]
+        known = [[c["time_s"] for c in same if c["time_s"] is not None] for same in group]
+        if not all(known):
+            return None
+        last_arrival = [min(times) for times in known]
         statistic = np.mean if beside or not repeats else np.median
         measured += float(statistic(last_arrival)) * len(group)
         predicted += price * len(group)

@@ -473,10 +473,10 @@ def assemble_commbench_record(
         "environment": environment or {},
         "sweep": sweep,
     }
-    # imported here: its pandas and scipy would cost every training run's start about 0.2 s
-    from harness.analyze.collectives import summarize_commbench
-
     try:
+        # imported here: its pandas and scipy would cost every training run's start about 0.2 s
+        from harness.analyze.collectives import summarize_commbench
+
         record["summary"] = summarize_commbench(record) if status == "ok" else {}
     except Exception as exc:  # noqa: BLE001 - the raw ranks are the result; never lose them to an analysis bug
         record["summary"] = {"error": f"{type(exc).__name__}: {exc}"}

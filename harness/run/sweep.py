@@ -22,7 +22,6 @@ from backends.base import Backend
 from core.config import RunConfig
 from core.process import available_cpus
 from core.records import config_key, load_records
-from harness.analyze.export import write_tensorboard
 from harness.run.launch import stop_on_sigterm, stopped
 from harness.run.nodes import read_hosts
 from harness.run.options import add_run_arguments, build_config, check_out_dir, os_error_line
@@ -212,6 +211,9 @@ def cmd_sweep(args) -> int:
             if record.get("unwritten"):
                 print(record_line(record, args.out / (record["run_id"] + ".json")), flush=True)
             if args.tensorboard:
+                # imported here: tensorboard's protobufs and pandas cost every sweep's start about 0.25 s
+                from harness.analyze.export import write_tensorboard
+
                 write_tensorboard([record], args.tensorboard)
             now = time.monotonic()
             line = progress_line(k, len(runs), run, record, now - t0, now - start, args.repeats)
