@@ -170,11 +170,17 @@ def call_time(summary: dict, op: str, size: float, under_load: bool = False) -> 
     return fit["alpha_s"] + (size * bus_factor(op, summary["world_size"]) / beta if beta else 0.0)
 
 
-def aligned_calls(traces: list[dict], op: str | None = None) -> list[tuple] | None:
-    """The ranks' traced calls (of `op`, or all) side by side, call k of every rank together: ranks issue
-    the same collectives in the same order. None where their (op, size) sequences differ, since pairing
-    them by position would then pair different calls."""
-    calls = [[c for c in t["collectives"] if op is None or c["op"] == op] for t in traces]
+def traced_ranks(run: dict) -> list[dict]:
+    """The collective traces of a run's ranks that have one (Horovod's timeline: rank 0's only)."""
+    return [
+        r["comm_trace"] for r in run["ranks"] if (r.get("comm_trace") or {}).get("collectives") is not None
+    ]
+
+
+def aligned_calls(calls: list[list[dict]]) -> list[tuple] | None:
+    """Each rank's traced calls side by side, call k of every rank together: ranks issue the same
+    collectives in the same order. None where their (op, size) sequences differ, since pairing them by
+    position would then pair different calls."""
     sequences = [[(c["op"], c["size_bytes"]) for c in rank] for rank in calls]
     return list(zip(*calls)) if all(seq == sequences[0] for seq in sequences) else None
 
@@ -186,15 +192,13 @@ def predicted_comm(run: dict, bench: dict) -> dict:
     commbench's time for each traced call's op and size summed, and the ratios; the same priced under
     load where commbench timed calls beside a compute thread. Calls commbench did not measure (an op it
     lacks) are counted, not priced."""
-    traces = [
-        r["comm_trace"] for r in run["ranks"] if (r.get("comm_trace") or {}).get("collectives") is not None
-    ]
+    traces = traced_ranks(run)
     steps = traces[0]["steps"]
     out, unpriced = {}, 0
     for op in sorted({c["op"] for t in traces for c in t["collectives"]}):
         calls = [[c for c in t["collectives"] if c["op"] == op] for t in traces]
         slowest_rank = max(sum(c["time_s"] or 0 for c in rank_calls) for rank_calls in calls)
-        together = aligned_calls(traces, op)
+        together = aligned_calls(calls)
         least_waiting = (
             sum(min(c["time_s"] or 0 for c in same) for same in together) if together is not None else None
         )
@@ -265,11 +269,9 @@ def matched_comm(run: dict, bench: dict) -> dict | None:
       to step (Horovod fuses what each cycle finds ready), the mean over steps.
     None where no step was traced, the ranks' calls differ, a call has no time on any rank, or commbench
     has no time for a call."""
-    traces = [
-        r["comm_trace"] for r in run["ranks"] if (r.get("comm_trace") or {}).get("collectives") is not None
-    ]
+    traces = traced_ranks(run)
     steps = traces[0]["steps"] if traces else 0
-    calls = aligned_calls(traces) if steps else None  # [call][rank]
+    calls = aligned_calls([t["collectives"] for t in traces]) if steps else None  # [call][rank]
     if not calls:
         return None
     sequence = [(same[0]["op"], same[0]["size_bytes"]) for same in calls]
