@@ -178,6 +178,20 @@ def test_measured_volume_uses_the_ring_factor_and_sits_beside_the_analytic():
     assert op["analytic_size_bytes_per_step"] == 4000 and op["ranks_agree"]
 
 
+def test_a_rank_whose_trace_lost_a_call_is_named_and_does_not_set_the_size():
+    """Every rank issues the same all-reduces: rank 0's profile dropping step 2's (as TensorFlow's can) is
+    a loss of events, so the size per step is rank 1's and rank 0 is named with what it held."""
+    ranks = [
+        {"rank": 0, **trace([call("all_reduce", 4000, 0.01)], steps=2)},
+        {"rank": 1, **trace([call("all_reduce", 4000, 0.01), call("all_reduce", 4000, 0.03)], steps=2)},
+    ]
+    m = measured_comm(ranks, 2, [])
+    op = m["ops"]["all_reduce"]
+    assert op["size_bytes_per_step"] == 4000 and op["calls_per_step"] == 1.0
+    assert not op["ranks_agree"] and op["ranks_short"] == {"0": 2000}
+    assert op["busbw_Bps"] == pytest.approx(4000 / 0.02)
+
+
 def test_a_rank_without_a_trace_is_left_out_and_an_unknown_overlap_is_not_zero():
     """Horovod's timeline is rank 0's only: rank 1's reason is kept, its missing data not counted as 0."""
     ranks = [

@@ -70,8 +70,9 @@ def test_trains_like_torch_ddp_with_a_full_record(out, ddp_losses, backend, gpus
     assert rec["backend_info"]["framework"] == framework and rec["environment"]["versions"][framework]
 
 
-# TF 2.21's profiler can kill a worker as it stops (a double free while it collects the trace; README):
-# a run that ends so is run again, up to this many times in all. Any other failure fails the test.
+# TF 2.21's profiler can kill a worker as it stops (a double free while it collects the trace; README), or
+# lose a rank's last collective event (the record names that rank in ranks_short): a run that ends either way
+# is run again, up to this many times in all. Any other failure fails the test.
 TF_PROFILE_ATTEMPTS = 3
 
 
@@ -83,10 +84,11 @@ def test_tf_mwms_profile_trace_counts_every_gradient_byte_once_per_step(out):
     args = ["--backend", "tf-mwms", *layout, "--compute-method", "none", "--trace-steps", "2"]
     for _ in range(TF_PROFILE_ATTEMPTS):
         rec = run_record(out, *args, "--tf-profile-trace", expect_rc=None)
-        if rec["status"] == "ok":
+        if rec["status"] == "ok" and not rec["summary"]["comm_measured"]["ops"]["all_reduce"]["ranks_short"]:
             break
-        tail = " ".join(rec["error"]["log_tail"])
-        assert rec["status"] == "crashed" and "Profiler session collecting data" in tail, rec["error"]
+        if rec["status"] != "ok":
+            tail = " ".join(rec["error"]["log_tail"])
+            assert rec["status"] == "crashed" and "Profiler session collecting data" in tail, rec["error"]
     assert rec["status"] == "ok", f"the profiler killed a worker in {TF_PROFILE_ATTEMPTS} runs of {out}"
     m = rec["summary"]["comm_measured"]
     assert m["method"].startswith("tf.profiler") and m["ranks_traced"] == 2

@@ -107,11 +107,20 @@ def measured_comm(ranks: list[dict], world: int, terms: list[dict]) -> dict | No
     compute ran alongside, and busbw = S x bus factor / time; and the bytes each rank sent per step (S x
     bus factor, summed), next to the analytic volume and per op beside the analytic size; the traced steps'
     median time (profiling slows them). Only ranks whose instrument wrote a trace count (Horovod's timeline
-    is rank 0's); with none, the reason. None without ranks."""
+    is rank 0's); with none, the reason. None without ranks.
+
+    Every collective here spans all ranks, so each rank issues the same calls; a rank whose trace holds
+    fewer bytes of an op than another's lost events (TensorFlow's profiler can drop the last one). The op's
+    size is then the largest rank's, and `ranks_short` names the ranks below it, with their sizes."""
     if not ranks:
         return None
     traces = [r.get("comm_trace") or {} for r in ranks]
-    traced = [t for t in traces if t.get("method") and t.get("collectives") is not None]
+    traced_by_rank = {
+        r.get("rank", i): t
+        for i, (r, t) in enumerate(zip(ranks, traces))
+        if t.get("method") and t.get("collectives") is not None
+    }
+    traced, traced_ids = list(traced_by_rank.values()), list(traced_by_rank)
     if not traced:
         reasons = {t.get("reason") for t in traces} - {None}
         return {"method": None, "reason": "; ".join(sorted(reasons)) or "not traced"}
@@ -124,13 +133,17 @@ def measured_comm(ranks: list[dict], world: int, terms: list[dict]) -> dict | No
         times = [sum(c["time_s"] or 0 for c in calls) / steps for calls in per_rank]
         overlaps = [c["overlapped_s"] for calls in per_rank for c in calls if c["overlapped_s"] is not None]
         total_time = sum(times) * steps
+        fullest = max(range(len(sizes)), key=sizes.__getitem__)
         ops[op] = {
-            "calls_per_step": len(per_rank[0]) / steps,
-            "size_bytes_per_step": sizes[0],
+            "calls_per_step": len(per_rank[fullest]) / steps,
+            "size_bytes_per_step": sizes[fullest],
             "ranks_agree": len(set(sizes)) == 1,
+            "ranks_short": {
+                str(traced_ids[i]): size for i, size in enumerate(sizes) if size < sizes[fullest]
+            },
             "time_s_per_step": max(times),
             "overlap_fraction": sum(overlaps) / total_time if overlaps and total_time else None,
-            "busbw_Bps": sizes[0] * bus_factor(op, world) / max(times) if max(times) else None,
+            "busbw_Bps": sizes[fullest] * bus_factor(op, world) / max(times) if max(times) else None,
             "dtypes": sorted({str(c["dtype"]) for calls in per_rank for c in calls}),
             "analytic_size_bytes_per_step": sum(
                 t["elements"] * t["dtype_bytes"] * t["per_step"] for t in terms if t["op"] == op

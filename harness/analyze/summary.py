@@ -32,6 +32,10 @@ def measured_comm_text(m: dict | None) -> str:
         f"{op} {o['calls_per_step']:g}/step, {fmt_bytes(o['size_bytes_per_step'])}, "
         f"{o['time_s_per_step'] * 1e3:.1f} ms, overlapped {fmt(o['overlap_fraction'], '{:.0%}')}, "
         f"busbw {fmt(o['busbw_Bps'] and o['busbw_Bps'] / 1e9, '{:.2f}')} GB/s"
+        + "".join(
+            f" (rank {rank}'s trace lost calls: {fmt_bytes(size)})"
+            for rank, size in (o.get("ranks_short") or {}).items()
+        )
         for op, o in m["ops"].items()
     )
     return (
