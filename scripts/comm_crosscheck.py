@@ -57,8 +57,12 @@ def main() -> int:
     parser.add_argument("--gpus", type=int, default=2)
     parser.add_argument("--steps", type=int, default=10, help="measured steps of the training run")
     parser.add_argument(
-        "--trace-steps", type=int, default=15, help="traced steps: each call's median needs several"
+        "--trace-steps", type=int, default=60, help="traced steps: each call position's median needs many"
     )
+    parser.add_argument(
+        "--iters", type=int, default=100, help="commbench's timed calls per op and size (its own default: 20)"
+    )
+    parser.add_argument("--sizes", default="1K:16M", help="commbench's message sizes")
     parser.add_argument("--out", type=Path, default=Path("crosscheck"))
     args = parser.parse_args()
     print(
@@ -89,7 +93,8 @@ def main() -> int:
             )  # only the ops the run issued: the others cost minutes and price nothing here
             bench = harness(
                 "commbench",
-                ["--backend", flags[1], "--gpus", str(args.gpus), "--sizes", "1K:16M"]
+                ["--backend", flags[1], "--gpus", str(args.gpus), "--sizes", args.sizes]
+                + ["--iters", str(args.iters)]
                 + ["--ops", ",".join(traced)]
                 + (["--under-load"] if run["config"]["device"] == "cpu" else []),  # CPU only
                 args.out,
