@@ -35,9 +35,8 @@ PROFILER_OPTIONS = tf.profiler.experimental.ProfilerOptions(
     host_tracer_level=1, python_tracer_level=0, device_tracer_level=0
 )
 
-# The last step's collective kernel can return to the step before its thread closes its profiler event: a
-# profiler stopped at once lost that event on one rank in 3 of 30 runs here (0 of 30 after this wait). Waited
-# after the traced steps' times are taken.
+# The last step's collective kernel can return to the step before its thread closes its profiler event, and a
+# profiler stopped at once then loses that event (README). Waited after the traced steps' times are taken.
 PROFILER_GRACE_S = 0.1
 
 POLICIES = {"bf16": "mixed_bfloat16", "fp16": "mixed_float16"}

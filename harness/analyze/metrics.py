@@ -134,13 +134,12 @@ def measured_comm(ranks: list[dict], world: int, terms: list[dict]) -> dict | No
         overlaps = [c["overlapped_s"] for calls in per_rank for c in calls if c["overlapped_s"] is not None]
         total_time = sum(times) * steps
         fullest = max(range(len(sizes)), key=sizes.__getitem__)
+        short = {str(traced_ids[i]): size for i, size in enumerate(sizes) if size < sizes[fullest]}
         ops[op] = {
             "calls_per_step": len(per_rank[fullest]) / steps,
             "size_bytes_per_step": sizes[fullest],
-            "ranks_agree": len(set(sizes)) == 1,
-            "ranks_short": {
-                str(traced_ids[i]): size for i, size in enumerate(sizes) if size < sizes[fullest]
-            },
+            "ranks_agree": not short,
+            "ranks_short": short,
             "time_s_per_step": max(times),
             "overlap_fraction": sum(overlaps) / total_time if overlaps and total_time else None,
             "busbw_Bps": sizes[fullest] * bus_factor(op, world) / max(times) if max(times) else None,
