@@ -9,6 +9,8 @@
 #   - (7) tf-mwms: what synchronize() still waits for after the loss read-back (if TF sees the GPU);
 #   - (9) allocator peaks reset after warm-up, against the model-state bytes; torch-fsdp vs torch-ddp, 1 rank;
 #   - the device contract under CUDA_VISIBLE_DEVICES=0: the GPU each rank record says it ran on;
+#   - the collective trace on GPU (torch profiler: c10d ops paired with NCCL kernels, overlap from the other
+#     kernels): each rank's traced calls per op, bytes, time and overlap, or why there is no trace;
 #   - harness predict calibrated by this GPU's 1-rank runs (the device name must match the H200 profile),
 #     whose optimizer steps are timed between CUDA synchronisations in steps after the measured ones;
 # One summary line per record at the end. Records and logs land in ${CHECK_DIR:-gpu-results}; where OUT is
@@ -185,6 +187,26 @@ for p in sorted(root.glob("*.json")):
           f"{', '.join(iso) if iso else 'none (1 rank: no counterfactual)' if c['world_size'] == 1 else 'none'}"
           f"   optimizer step {med_ms(opt)} in {len(opt)} steps after the measured ones{gap}"
           f"{'   error: ' + str(r.get('error'))[:200] if r['status'] != 'ok' else ''}")
+    for k in ranks:  # the trace on GPU: NCCL kernels paired with the c10d ops (1 rank: DDP/FSDP still call)
+        trace = k.get("comm_trace") or {}
+        calls = trace.get("collectives")
+        if calls is None:
+            print(f"    rank {k['rank']} comm trace: none ({trace.get('reason') or 'not asked'})")
+            continue
+        by_op = {}
+        for c in calls:
+            o = by_op.setdefault(c["op"], [0, 0, 0.0, 0.0, 0])
+            o[0] += 1
+            o[1] += c["size_bytes"] or 0
+            o[2] += c["time_s"] or 0.0
+            o[3] += c["overlapped_s"] or 0.0
+            o[4] += c["time_s"] is None
+        ops = "; ".join(
+            f"{op} x{n} {b / 2**20:.2f} MiB {t * 1e3:.2f} ms overlap {ov / t if t else 0:.0%}"
+            + (f" ({u} without a kernel)" if u else "")
+            for op, (n, b, t, ov, u) in by_op.items()
+        )
+        print(f"    rank {k['rank']} comm trace ({trace.get('method')}, {trace.get('steps')} steps): {ops or 'no calls'}")
 PY
 echo "== done in ${SECONDS}s"
 if [[ -n ${OUT:-} && -d ${OUT:-} ]]; then
