@@ -191,7 +191,12 @@ def optimizer_timed_steps(cfg: RunConfig) -> int:
     return min(cfg.steps, 5)
 
 
-def run_training(trainer: Trainer, cfg: RunConfig, weights_path: Path | None = None) -> dict:
+# What a rank's measured record says of its trace until the trace is done: a rank that dies while tracing
+# (an instrument's crash as it stops, a peer gone) is kept with this, its measured steps being complete.
+TRACE_LOST = "lost: the rank ended while its collective trace ran or stopped, after its measured steps"
+
+
+def run_training(trainer: Trainer, cfg: RunConfig, weights_path: Path | None = None, checkpoint=None) -> dict:
     """The timing rules every backend shares; returns the raw rank record.
 
     A step is timed from a device-synchronised boundary to the next: taking this rank's micro-batches
@@ -201,11 +206,13 @@ def run_training(trainer: Trainer, cfg: RunConfig, weights_path: Path | None = N
     peak RSS are reset after them. Then, if the trainer can switch gradient sync off, `compute_steps` more
     steps run with sync off (after the measured ones, since they let replicas drift); the first of those is
     dropped too, as the switch can itself trigger one-off work. `weights_path`: where to save the final
-    weights of the measured steps (before the sync-off steps move them). Between the measured and the
-    compute-only steps, `trace_steps` more run under the stack's profiler for the collective trace
-    (Trainer.trace_collectives); their times are recorded apart, as profiling slows them. A process with
-    no peer instead runs `optimizer_timed_steps` more, each timing its optimizer step between device
-    synchronisations (Trainer.timed_optimizer_step), so no synchronisation enters the measured steps.
+    weights of the measured steps (before the sync-off steps move them). A process with no peer instead runs
+    `optimizer_timed_steps` more, each timing its optimizer step between device synchronisations
+    (Trainer.timed_optimizer_step), so no synchronisation enters the measured steps. Last, after memory is
+    read, `trace_steps` more run under the stack's profiler for the collective trace
+    (Trainer.trace_collectives); their times are recorded apart, as profiling slows them. Before them the
+    record of everything measured goes to `checkpoint` (with its trace TRACE_LOST), so a rank that dies
+    while tracing still has its measurements on file.
     """
     source = make_source(cfg.spec.vocab_size, cfg.spec.seq_len, cfg.global_batch, cfg.seed, cfg.data_path)
     shard = data_shard(cfg, trainer.rank)
@@ -266,22 +273,6 @@ def run_training(trainer: Trainer, cfg: RunConfig, weights_path: Path | None = N
         trainer.time_optimizer = False
         first += timed_steps
 
-    comm_trace = None
-    if cfg.trace_comm and cfg.trace_steps and cfg.process_group_size > 1:
-        traced = range(first, first + cfg.trace_steps)
-
-        def traced_steps() -> list[float]:
-            times = []
-            for step in traced:
-                t, _, loss, _ = timed_step(step, True)
-                times.append(t)
-                if trainer.rank == 0:
-                    print(f"step {step:4d} loss {loss:.4f} time {t * 1e3:8.1f} ms (traced)", flush=True)
-            return times
-
-        comm_trace = trainer.trace_collectives(traced_steps)
-        first += cfg.trace_steps
-
     compute_times = []
     if (
         trainer.can_skip_grad_sync
@@ -295,9 +286,10 @@ def run_training(trainer: Trainer, cfg: RunConfig, weights_path: Path | None = N
                 compute_times.append(t)
             if trainer.rank == 0:
                 print(f"step {step:4d} loss {loss:.4f} time {t * 1e3:8.1f} ms (compute-only)", flush=True)
+        first += cfg.compute_steps + 1
 
     memory = {"peak_rss": peak_rss_bytes(), "peak_rss_scope": peak_rss_scope, **trainer.memory()}
-    return {
+    record = {
         "rank": trainer.rank,
         "host": socket.gethostname(),
         "device": trainer.device_name,
@@ -311,7 +303,7 @@ def run_training(trainer: Trainer, cfg: RunConfig, weights_path: Path | None = N
         "compute_only_step_times": compute_times,
         "optimizer_step_times": list(trainer.optimizer_times),
         "optimizer_timed_step_times": optimizer_timed_times,
-        "comm_trace": comm_trace,
+        "comm_trace": None,
         "math_mode": trainer.math_mode(),
         "memory": memory,
         "model_state_bytes": model_state,
@@ -320,6 +312,23 @@ def run_training(trainer: Trainer, cfg: RunConfig, weights_path: Path | None = N
         "threads": cfg.threads_per_worker,
         "process_settings": seen_process_settings(),
     }
+    if cfg.trace_comm and cfg.trace_steps and cfg.process_group_size > 1:
+        if checkpoint:
+            checkpoint({**record, "comm_trace": {"method": None, "reason": TRACE_LOST}})
+        traced = range(first, first + cfg.trace_steps)
+
+        def traced_steps() -> list[float]:
+            times = []
+            for step in traced:
+                inject_fault(cfg, trainer.rank, step)
+                t, _, loss, _ = timed_step(step, True)
+                times.append(t)
+                if trainer.rank == 0:
+                    print(f"step {step:4d} loss {loss:.4f} time {t * 1e3:8.1f} ms (traced)", flush=True)
+            return times
+
+        record["comm_trace"] = trainer.trace_collectives(traced_steps)
+    return record
 
 
 class Terminated(BaseException):

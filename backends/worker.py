@@ -3,7 +3,9 @@
 It sends this rank's stdout/stderr (the framework's native logs too) to RUN_DIR/rank{R}.log, builds the
 backend's Trainer and runs the shared timed loop (or, for `harness commbench`, its Collectives and their
 timing loop), and writes RUN_DIR/rank{R}.json atomically — also when the
-rank fails, so the harness can say which rank broke and why.
+rank fails, so the harness can say which rank broke and why. Before a training rank's collective trace it
+also writes RUN_DIR/rank{R}.measured.json, everything measured, which the harness keeps if the rank dies
+while tracing.
 """
 
 import importlib
@@ -44,7 +46,13 @@ def main(run_dir: Path) -> int:
             comm.close()
         else:
             trainer = importlib.import_module(backend.worker_module).make_trainer(cfg)
-            record = run_training(trainer, cfg, run_dir / "weights_rank0.npz" if cfg.dump_weights else None)
+            measured_path = run_dir / f"rank{rank}.measured.json"
+            record = run_training(
+                trainer,
+                cfg,
+                run_dir / "weights_rank0.npz" if cfg.dump_weights else None,
+                checkpoint=lambda measured: write_json_atomic(measured_path, measured),
+            )
             trainer.close()
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a recorded result
         record_failure(run_dir / f"rank{rank}.json", exc)

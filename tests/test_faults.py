@@ -96,12 +96,70 @@ def test_a_rank_that_failed_still_writes_its_record_when_its_launcher_then_sends
         signal.signal(signal.SIGTERM, previous)
 
 
+@pytest.mark.unit
+def test_a_run_is_kept_only_if_every_rank_had_measured_before_it_failed():
+    """Rank 1 died while tracing (no final record), rank 0 then failed in a collective: both measured
+    records are kept, each trace saying how its rank ended. A rank whose final record is ok keeps it. A
+    rank without a measured record failed before its measurements were complete, and a run timed out or
+    stopped from outside is not trusted: nothing is kept then."""
+    from harness.run.launch import LaunchResult
+    from harness.run.runner import measured_before_failure
+
+    def measured(rank):
+        return {
+            "rank": rank,
+            "status": "ok",
+            "step_times": [0.1],
+            "comm_trace": {"method": None, "reason": "lost"},
+        }
+
+    done = LaunchResult([1, -9], False, 10.0)
+    failed = {0: {"rank": 0, "status": "failed", "error": "RuntimeError: Connection closed by peer"}}
+    kept = measured_before_failure(done, failed, {0: measured(0), 1: measured(1)}, range(2))
+    assert [k["step_times"] for k in kept.values()] == [[0.1], [0.1]]
+    assert kept[0]["comm_trace"]["reason"] == "lost: RuntimeError: Connection closed by peer"
+    assert kept[1]["comm_trace"]["reason"].startswith("lost: it exited without a record")
+    final = {"rank": 0, "status": "ok", "step_times": [0.2], "comm_trace": {"method": "torch profiler"}}
+    assert measured_before_failure(done, {0: final}, {0: measured(0), 1: measured(1)}, range(2))[0] is final
+    assert measured_before_failure(done, failed, {0: measured(0)}, range(2)) is None
+    assert (
+        measured_before_failure(
+            LaunchResult([None, -9], True, 60.0), failed, {0: measured(0), 1: measured(1)}, range(2)
+        )
+        is None
+    )
+    stopped = LaunchResult([1, -9], False, 10.0, "SIGTERM from outside the harness")
+    assert measured_before_failure(stopped, failed, {0: measured(0), 1: measured(1)}, range(2)) is None
+
+
 @pytest.mark.slow
 def test_killed_rank_is_recorded_as_crashed_naming_it(results, kept):
     record, detect_s = faulty_run(results, "--inject-fault", "1:2:sigkill")
     assert record["status"] == "crashed" and record["error"]["rank"] == 1
     assert any("injecting fault 'sigkill'" in line for line in record["error"]["log_tail"])
     assert detect_s is not None and detect_s < 45
+
+
+@pytest.mark.slow
+def test_a_rank_killed_while_tracing_leaves_an_ok_run_that_records_the_incident(results, kept):
+    """Every rank had measured when rank 1 died in its first traced step (5: 1 warm-up + 4 measured): the
+    run is ok with both ranks' figures, the incident names rank 1 with its last lines, and both traces
+    say they were lost and how (rank 0's peer vanished in a collective, or its launcher stopped it). A kill in a measured step still
+    crashes the run (test_killed_rank_is_recorded_as_crashed_naming_it)."""
+    record = run_record(
+        results, *RUN, "--timeout", "60", "--inject-fault", "1:5:sigkill", expect_rc=0, timeout=180
+    )
+    assert record["status"] == "ok" and record["error"] is None
+    incident = record["incident"]
+    assert (incident["phase"], incident["status"], incident["rank"]) == ("collective trace", "crashed", 1)
+    assert any("injecting fault 'sigkill' at step 5" in line for line in incident["log_tail"])
+    assert [len(r["step_times"]) for r in record["ranks"]] == [4, 4]
+    assert record["summary"]["throughput_tokens_per_s"] > 0
+    traces = [r["comm_trace"] for r in record["ranks"]]
+    assert all(t["method"] is None and t["reason"].startswith(loop.TRACE_LOST) for t in traces)
+    assert "exited without a record" in traces[1]["reason"]
+    assert re.search(r"closed by peer|SIGTERM", traces[0]["reason"])  # failed in the call, or was stopped
+    assert not leftovers(record["launch"]["log_dir"], wait_s=5)
 
 
 @pytest.mark.slow

@@ -41,8 +41,9 @@ def measured_comm_text(m: dict | None) -> str:
     return (
         f"{fmt_bytes(m['bytes_per_rank_per_step'])} per rank per step "
         f"({fmt(m['vs_analytic'], '{:.3f}')} x analytic) by {m['method']} over {m['steps']} step(s), "
-        f"{m['ranks_traced']} rank(s) traced; traced steps {fmt(m.get('trace_cost'), '{:+.0%}')} vs "
-        f"measured: {ops}"
+        f"{m['ranks_traced']} rank(s) traced"
+        + (f" (the others: {m['untraced_reason']})" if m.get("untraced_reason") else "")
+        + f"; traced steps {fmt(m.get('trace_cost'), '{:+.0%}')} vs measured: {ops}"
     )
 
 
@@ -133,9 +134,18 @@ def print_summary(record: dict, stream=None) -> None:
     if record.get("error"):
         err = record["error"]
         rows.append(("error", f"rank {err.get('rank')}: {err.get('message')}"))
+    if record.get("incident"):  # after every rank had measured: the figures stand, the trace may not
+        inc = record["incident"]
+        rows.append(
+            (
+                "INCIDENT (after the measured steps)",
+                f"{inc['status']} in the {inc['phase']}, rank {inc.get('rank')}: {inc.get('message')}",
+            )
+        )
     for k, v in rows:
         table.add_row(escape(k), escape(v))
     console.print(table)
-    if record.get("error") and record["error"].get("log_tail"):
-        console.print(f"[bold]last log lines of rank {record['error'].get('rank')}:[/bold]")
-        console.print("\n".join(record["error"]["log_tail"]), markup=False, highlight=False)
+    for what in ("error", "incident"):
+        if record.get(what) and record[what].get("log_tail"):
+            console.print(f"[bold]last log lines of rank {record[what].get('rank')}:[/bold]")
+            console.print("\n".join(record[what]["log_tail"]), markup=False, highlight=False)

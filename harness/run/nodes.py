@@ -208,9 +208,10 @@ def start_node(cfg: RunConfig, run_dir: Path, argv: list[str], started: str) -> 
     return marker
 
 
-def ranks_launched(run_dir: Path, marker: dict, result: LaunchResult) -> dict:
-    """Say that this node's launcher has exited (its ranks are done), before the isolated counterfactual."""
-    marker = {**marker, "ranks_done": True, "ranks_ok": result.ok}
+def ranks_launched(run_dir: Path, marker: dict, result: LaunchResult, measured: bool) -> dict:
+    """Say that this node's launcher has exited (its ranks are done), before the isolated counterfactual;
+    `measured`: every rank of the node finished its measured steps (even if one then died while tracing)."""
+    marker = {**marker, "ranks_done": True, "ranks_ok": measured}
     write_json_atomic(marker_path(run_dir, marker["node_rank"]), marker)
     return marker
 

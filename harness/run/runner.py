@@ -55,13 +55,38 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
         return []
 
 
-def gather_ranks(run_dir: Path, world: int) -> dict[int, dict]:
+def gather_ranks(run_dir: Path, world: int, suffix: str = "") -> dict[int, dict]:
+    """The rank records on file: rank{R}.json, or with suffix ".measured" what each rank wrote before its
+    collective trace (backends.loop.run_training's checkpoint)."""
     ranks = {}
     for r in range(world):
-        path = run_dir / f"rank{r}.json"
+        path = run_dir / f"rank{r}{suffix}.json"
         if path.exists():
             ranks[r] = json.loads(path.read_text())
     return ranks
+
+
+def measured_before_failure(
+    result: LaunchResult, ranks: dict[int, dict], measured: dict[int, dict], rank_ids
+) -> dict[int, dict] | None:
+    """The ranks to keep when a run failed only after every rank had measured: each rank's final record
+    where it is ok, else the record it wrote before its collective trace, whose trace says it was lost and
+    how the rank ended. None where any rank failed before that (its measured steps are incomplete), or the
+    run was timed out or stopped from outside (then nothing about it is trusted)."""
+    if result.timed_out or result.stopped:
+        return None
+    kept = {}
+    for r in rank_ids:
+        final = ranks.get(r)
+        if final and final.get("status") == "ok":
+            kept[r] = final
+        elif r in measured:
+            how = (final or {}).get("error") or "it exited without a record (killed, or died in native code)"
+            trace = measured[r]["comm_trace"]
+            kept[r] = {**measured[r], "comm_trace": {**trace, "reason": f"{trace['reason']}: {how}"}}
+        else:
+            return None
+    return kept
 
 
 # How a rank's error says it failed because of another rank rather than on its own (each framework words it
@@ -315,9 +340,20 @@ def run_node(
     marker = start_node(cfg, run_dir, argv, now_iso())
     display.phase("launching", log=run_dir / "rank0.log")
     result = launch_node(backend, cfg, run_dir)
-    marker = ranks_launched(run_dir, marker, result)
+    per_node = cfg.world_size // cfg.nodes
+    node_ranks = range(cfg.node_rank * per_node, (cfg.node_rank + 1) * per_node)
+    measured = result.ok or (
+        measured_before_failure(
+            result,
+            gather_ranks(run_dir, cfg.world_size),
+            gather_ranks(run_dir, cfg.world_size, ".measured"),
+            node_ranks,
+        )
+        is not None
+    )
+    marker = ranks_launched(run_dir, marker, result, measured)
     isolated_error = None
-    if result.ok and cfg.compute_method == "isolated" and cfg.world_size > 1:
+    if measured and cfg.compute_method == "isolated" and cfg.world_size > 1:
         # Where node 0's launcher runs this node's ranks too, they may still be running: wait for them.
         if backend.starts_remote_ranks and cfg.node_rank != 0:
             isolated_error = wait_for_ranks(run_dir, 0, cfg.timeout_s)
@@ -337,6 +373,13 @@ def write_record(
     status, error = classify(result, ranks, cfg.world_size, run_dir)
     if error and len(ranks) < cfg.world_size and absent_nodes(markers):
         error["message"] += "; " + absent_nodes(markers)
+    incident = None
+    if status != "ok" and not cfg.commbench:
+        measured = gather_ranks(run_dir, cfg.world_size, ".measured")
+        kept = measured_before_failure(result, ranks, measured, range(cfg.world_size))
+        if kept is not None:  # every rank had measured: the failure is the trace's, recorded as such
+            ranks, incident = kept, {"phase": "collective trace", "status": status, **error}
+            status, error = "ok", None
 
     isolated, comm_error = [], None
     if status == "ok" and cfg.compute_method == "isolated" and cfg.world_size > 1:
@@ -353,6 +396,7 @@ def write_record(
         error=error,
         isolated_ranks=isolated,
         comm_error=comm_error,
+        **({"incident": incident} if not cfg.commbench else {}),
         launch={
             "returncodes": result.returncodes,
             "elapsed_s": result.elapsed_s,
@@ -401,12 +445,15 @@ def assemble_record(
     error: dict | None = None,
     isolated_ranks: list[dict] = (),
     comm_error: str | None = None,
+    incident: dict | None = None,
     launch: dict | None = None,
     environment: dict | None = None,
     sweep: dict | None = None,
 ) -> dict:
     """THE run record, from the raw rank records and what the runner saw; pure, so tests build records the
-    same way the runner does. The summary is computed by harness.analyze.metrics from the raw records."""
+    same way the runner does. The summary is computed by harness.analyze.metrics from the raw records.
+    `incident`: a failure after every rank had measured (a rank that died while tracing), which leaves the
+    run ok and is recorded as what happened (phase, rank, message, last log lines)."""
     comm = {"t_compute_method": cfg.compute_method if cfg.world_size > 1 else "none"}
     if comm_error:
         comm["error"] = comm_error
@@ -416,6 +463,7 @@ def assemble_record(
         "run_id": run_id,
         "status": status,
         "error": error,
+        "incident": incident,
         "config": cfg.to_dict(),
         "backend_info": {
             "label": backend.label(cfg),
