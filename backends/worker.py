@@ -4,8 +4,8 @@ It sends this rank's stdout/stderr (the framework's native logs too) to RUN_DIR/
 backend's Trainer and runs the shared timed loop (or, for `harness commbench`, its Collectives and their
 timing loop), and writes RUN_DIR/rank{R}.json atomically — also when the
 rank fails, so the harness can say which rank broke and why. Before a training rank's collective trace it
-also writes RUN_DIR/rank{R}.measured.json, everything measured, which the harness keeps if the rank dies
-while tracing.
+also writes RUN_DIR/rank{R}.measured.json, everything measured (again with the trace, before teardown),
+which the harness keeps if the rank dies while tracing or tearing down.
 """
 
 import importlib
@@ -53,6 +53,8 @@ def main(run_dir: Path) -> int:
                 run_dir / "weights_rank0.npz" if cfg.dump_weights else None,
                 checkpoint=lambda measured: write_json_atomic(measured_path, measured),
             )
+            if measured_path.exists():  # the trace too, should the teardown below fail (a peer gone)
+                write_json_atomic(measured_path, record)
             trainer.close()
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a recorded result
         record_failure(run_dir / f"rank{rank}.json", exc)

@@ -30,8 +30,7 @@ STACKS = {  # label -> harness flags
     "deepspeed-zero2": ["--backend", "deepspeed", "--zero-stage", "2"],
     "deepspeed-zero3": ["--backend", "deepspeed", "--zero-stage", "3"],
     "horovod": ["--backend", "horovod"],
-    # TF's profiler can crash a worker as it stops (README): its trace is opt-in
-    "tf-mwms": ["--backend", "tf-mwms", "--tf-profile-trace"],
+    "tf-mwms": ["--backend", "tf-mwms"],
 }
 
 

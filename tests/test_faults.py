@@ -99,7 +99,8 @@ def test_a_rank_that_failed_still_writes_its_record_when_its_launcher_then_sends
 @pytest.mark.unit
 def test_a_run_is_kept_only_if_every_rank_had_measured_before_it_failed():
     """Rank 1 died while tracing (no final record), rank 0 then failed in a collective: both measured
-    records are kept, each trace saying how its rank ended. A rank whose final record is ok keeps it. A
+    records are kept, each trace saying how its rank ended. A rank whose final record is ok keeps it; one
+    that died tearing down keeps the measured record it rewrote with its trace. A
     rank without a measured record failed before its measurements were complete, and a run timed out or
     stopped from outside is not trusted: nothing is kept then."""
     from harness.run.launch import LaunchResult
@@ -121,6 +122,8 @@ def test_a_run_is_kept_only_if_every_rank_had_measured_before_it_failed():
     assert kept[1]["comm_trace"]["reason"].startswith("lost: it exited without a record")
     final = {"rank": 0, "status": "ok", "step_times": [0.2], "comm_trace": {"method": "torch profiler"}}
     assert measured_before_failure(done, {0: final}, {0: measured(0), 1: measured(1)}, range(2))[0] is final
+    traced = {**measured(1), "comm_trace": {"method": "torch profiler", "collectives": []}}
+    assert measured_before_failure(done, failed, {0: measured(0), 1: traced}, range(2))[1] is traced
     assert measured_before_failure(done, failed, {0: measured(0)}, range(2)) is None
     assert (
         measured_before_failure(
@@ -144,8 +147,8 @@ def test_killed_rank_is_recorded_as_crashed_naming_it(results, kept):
 def test_a_rank_killed_while_tracing_leaves_an_ok_run_that_records_the_incident(results, kept):
     """Every rank had measured when rank 1 died in its first traced step (5: 1 warm-up + 4 measured): the
     run is ok with both ranks' figures, the incident names rank 1 with its last lines, and both traces
-    say they were lost and how (rank 0's peer vanished in a collective, or its launcher stopped it). A kill in a measured step still
-    crashes the run (test_killed_rank_is_recorded_as_crashed_naming_it)."""
+    say they were lost and how (rank 0's peer vanished in a collective, or its launcher stopped it). A
+    kill in a measured step still crashes the run (test_killed_rank_is_recorded_as_crashed_naming_it)."""
     record = run_record(
         results, *RUN, "--timeout", "60", "--inject-fault", "1:5:sigkill", expect_rc=0, timeout=180
     )

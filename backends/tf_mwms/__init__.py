@@ -50,12 +50,6 @@ class TFOptions(Options):
         help="the all-reduce implementation (CommunicationImplementation)",
     )
     xla: bool = option(False, "--xla", help="compile forward + backward with XLA (jit_compile)")
-    profile_trace: bool = option(
-        False,
-        "--tf-profile-trace",
-        help="take the collective trace with TensorFlow's profiler (off by default: in TF 2.21, stopping it "
-        "under MultiWorkerMirroredStrategy can kill a worker, a double free while 'collecting data')",
-    )
 
 
 class TFMultiWorkerMirrored(Backend):

@@ -170,14 +170,10 @@ class MWMSTrainer(Trainer):
         """TensorFlow's profiler (tf.profiler.experimental) over the traced steps: each collective kernel
         (the gradients' CollectiveReduceV2 inside apply_gradients) with its time on its rank. The profile
         holds no tensor sizes, so each collective node's input shape and dtype are read from the graphs of
-        the step's traced functions (the same tf.function calls, no retracing) and joined by node name."""
-        if not TFOptions.from_dict(self.cfg.backend_options).profile_trace:
-            return {
-                "method": None,
-                "reason": "tf-mwms traces only with --tf-profile-trace: stopping TensorFlow 2.21's "
-                "profiler under MultiWorkerMirroredStrategy can kill a worker (a double free while "
-                "'collecting data')",
-            }
+        the step's traced functions (the same tf.function calls, no retracing) and joined by node name.
+        Stopping TensorFlow 2.21's profiler under MultiWorkerMirroredStrategy now and then kills the worker
+        (a double free while "collecting data"); the run keeps its measurements and records the incident
+        (harness.run.runner.measured_before_failure)."""
         from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
         with tempfile.TemporaryDirectory() as folder:

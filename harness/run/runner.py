@@ -19,7 +19,7 @@ import uuid
 from pathlib import Path
 
 from backends.base import Backend, LaunchPlan
-from backends.loop import optimizer_timed_steps
+from backends.loop import TRACE_LOST, optimizer_timed_steps
 from core.config import RunConfig
 from core.process import REPO_ROOT, available_cpus, free_port
 from core.records import SCHEMA_VERSION, git_commit, now_iso, write_atomic, write_json_atomic
@@ -70,9 +70,10 @@ def measured_before_failure(
     result: LaunchResult, ranks: dict[int, dict], measured: dict[int, dict], rank_ids
 ) -> dict[int, dict] | None:
     """The ranks to keep when a run failed only after every rank had measured: each rank's final record
-    where it is ok, else the record it wrote before its collective trace, whose trace says it was lost and
-    how the rank ended. None where any rank failed before that (its measured steps are incomplete), or the
-    run was timed out or stopped from outside (then nothing about it is trusted)."""
+    where it is ok, else the last record it wrote before that: with its trace where the rank died tearing
+    down, else from before its trace, whose trace then says it was lost and how the rank ended. None where
+    any rank failed before that (its measured steps are incomplete), or the run was timed out or stopped
+    from outside (then nothing about it is trusted)."""
     if result.timed_out or result.stopped:
         return None
     kept = {}
@@ -81,8 +82,12 @@ def measured_before_failure(
         if final and final.get("status") == "ok":
             kept[r] = final
         elif r in measured:
-            how = (final or {}).get("error") or "it exited without a record (killed, or died in native code)"
             trace = measured[r]["comm_trace"]
+            if trace.get("collectives") is not None:  # it died tearing down, its trace done
+                kept[r] = measured[r]
+                continue
+            how = (final or {}).get("error") or "it exited without a record (killed, or died in native code)"
+            how = how.strip().splitlines()[0][:200]  # the whole error is in the rank's log
             kept[r] = {**measured[r], "comm_trace": {**trace, "reason": f"{trace['reason']}: {how}"}}
         else:
             return None
@@ -377,8 +382,13 @@ def write_record(
     if status != "ok" and not cfg.commbench:
         measured = gather_ranks(run_dir, cfg.world_size, ".measured")
         kept = measured_before_failure(result, ranks, measured, range(cfg.world_size))
-        if kept is not None:  # every rank had measured: the failure is the trace's, recorded as such
-            ranks, incident = kept, {"phase": "collective trace", "status": status, **error}
+        if kept is not None:  # every rank had measured: the failure came after, recorded as such
+            lost = any(
+                ((k.get("comm_trace") or {}).get("reason") or "").startswith(TRACE_LOST)
+                for k in kept.values()
+            )
+            phase = "collective trace" if lost else "teardown"
+            ranks, incident = kept, {"phase": phase, "status": status, **error}
             status, error = "ok", None
 
     isolated, comm_error = [], None
