@@ -163,6 +163,9 @@ def test_a_rank_killed_while_tracing_leaves_an_ok_run_that_records_the_incident(
     assert "exited without a record" in traces[1]["reason"]
     assert re.search(r"closed by peer|SIGTERM", traces[0]["reason"])  # failed in the call, or was stopped
     assert not leftovers(record["launch"]["log_dir"], wait_s=5)
+    report = harness("report", results).stdout  # listed apart from the failed runs: its figures stand
+    incidents = report[report.index("## Incidents after the measured steps") :]
+    assert record["run_id"] in incidents.split("\n## ")[0]
 
 
 @pytest.mark.slow

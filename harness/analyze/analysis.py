@@ -12,6 +12,7 @@ import pandas as pd
 
 from core.records import config_key, device_name
 from harness.analyze.metrics import summarize
+from harness.analyze.summary import incident_text
 
 # Runs in one group are repeats of the same measurement: the same core.records.ConfigKey. A context is a
 # ConfigKey but its label and N: the runs whose speedup over N = 1 is defined (the same per-device batch for
@@ -35,6 +36,7 @@ def run_row(record: dict) -> dict:
         "run_id": record["run_id"],
         "status": record["status"],
         "error": error.get("message"),
+        "incident": incident_text(record.get("incident")),
         "sweep_id": sweep.get("id"),
         "repeat": sweep.get("repeat"),
         "backend": cfg["backend"],

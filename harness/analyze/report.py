@@ -426,6 +426,23 @@ def build(records: list[dict], at_gpus: int | None, noise_cv: float, with_figure
                 ],
             )
         )
+    incidents = runs[runs["incident"].notna()] if "incident" in runs else runs.iloc[0:0]
+    if len(incidents):  # ok runs whose figures stand, but part of whose record (a trace) was lost
+        sections.append(
+            Section(
+                "Incidents after the measured steps (the runs are ok)",
+                2,
+                [
+                    Table(
+                        ["run", "backend", "N", "incident"],
+                        [
+                            [r.run_id, r.label, str(r.world_size), str(r.incident)]
+                            for r in incidents.itertuples()
+                        ],
+                    )
+                ],
+            )
+        )
     measured = set(runs.loc[runs["status"] == "ok", "backend"])
     missing = [
         f"{b.name} ({'available, but no ok run in these records' if ok_ else 'unavailable here: ' + why})"

@@ -47,6 +47,14 @@ def measured_comm_text(m: dict | None) -> str:
     )
 
 
+def incident_text(incident: dict | None) -> str | None:
+    """A failure after every rank had measured (the run stays ok), in one line."""
+    if not incident:
+        return None
+    where = f"{incident['status']} in the {incident['phase']}, rank {incident.get('rank')}"
+    return f"{where}: {incident.get('message')}"
+
+
 def print_summary(record: dict, stream=None) -> None:
     """A short human summary of one run record."""
     cfg, s, env = record["config"], record["summary"], record["environment"]
@@ -135,13 +143,7 @@ def print_summary(record: dict, stream=None) -> None:
         err = record["error"]
         rows.append(("error", f"rank {err.get('rank')}: {err.get('message')}"))
     if record.get("incident"):  # after every rank had measured: the figures stand, the trace may not
-        inc = record["incident"]
-        rows.append(
-            (
-                "INCIDENT (after the measured steps)",
-                f"{inc['status']} in the {inc['phase']}, rank {inc.get('rank')}: {inc.get('message')}",
-            )
-        )
+        rows.append(("INCIDENT (after the measured steps)", incident_text(record["incident"])))
     for k, v in rows:
         table.add_row(escape(k), escape(v))
     console.print(table)

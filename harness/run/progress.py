@@ -6,7 +6,7 @@ stopped), by a thread of the harness process that polls the file: nothing enters
 On a terminal it is a live rich display; otherwise, or with --quiet, plain lines (one per phase and a few
 per phase for the steps), so CI logs stay readable. The runner tells it the phases it alone knows
 (launching, the isolated counterfactual's launches, writing the record); the worker's lines tell the rest
-(warm-up, measured, timing the optimizer, tracing collectives, compute-only).
+(warm-up, measured, timing the optimizer, compute-only, tracing collectives).
 """
 
 from __future__ import annotations
