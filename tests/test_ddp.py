@@ -142,8 +142,8 @@ def test_isolated_counterfactual_cross_check(out):
         "launching",
         "warm-up",
         "measured",
-        "tracing collectives",
         "compute-only",
+        "tracing collectives",
         "writing the record",
         "ok",
     )
