@@ -212,7 +212,8 @@ def run_training(trainer: Trainer, cfg: RunConfig, weights_path: Path | None = N
     read, `trace_steps` more run under the stack's profiler for the collective trace
     (Trainer.trace_collectives); their times are recorded apart, as profiling slows them. Before them the
     record of everything measured goes to `checkpoint` (with its trace TRACE_LOST), so a rank that dies
-    while tracing still has its measurements on file.
+    while tracing still has its measurements on file, and after compute-only steps one synced step
+    re-aligns the ranks.
     """
     source = make_source(cfg.spec.vocab_size, cfg.spec.seq_len, cfg.global_batch, cfg.seed, cfg.data_path)
     shard = data_shard(cfg, trainer.rank)
@@ -315,6 +316,9 @@ def run_training(trainer: Trainer, cfg: RunConfig, weights_path: Path | None = N
     if cfg.trace_comm and cfg.trace_steps and cfg.process_group_size > 1:
         if checkpoint:
             checkpoint({**record, "comm_trace": {"method": None, "reason": TRACE_LOST}})
+        if compute_times:  # steps without a collective let the ranks drift apart: one synced step, untimed,
+            timed_step(first, True)  # so the first traced call does not take up that skew as its time
+            first += 1
         traced = range(first, first + cfg.trace_steps)
 
         def traced_steps() -> list[float]:

@@ -9,8 +9,9 @@
 #   - (7) tf-mwms: what synchronize() still waits for after the loss read-back (if TF sees the GPU);
 #   - (9) allocator peaks reset after warm-up, against the model-state bytes; torch-fsdp vs torch-ddp, 1 rank;
 #   - the device contract under CUDA_VISIBLE_DEVICES=0: the GPU each rank record says it ran on;
-#   - the collective trace on GPU (torch profiler: c10d ops paired with NCCL kernels, overlap from the other
-#     kernels): each rank's traced calls per op, bytes, time and overlap, or why there is no trace;
+#   - the collective trace's GPU path (torch profiler: c10d ops paired with NCCL kernels, overlap from the
+#     other kernels): runs trace only at 2+ ranks, so a probe runs NCCL all-reduces at world 1 under the
+#     profiler and reads them with backends.comm_trace (what it pairs, and the NCCL kernels it saw);
 #   - harness predict calibrated by this GPU's 1-rank runs (the device name must match the H200 profile),
 #     whose optimizer steps are timed between CUDA synchronisations in steps after the measured ones;
 # One summary line per record at the end. Records and logs land in ${CHECK_DIR:-gpu-results}; where OUT is
@@ -116,6 +117,45 @@ elif in_budget paddle-fleet; then
         --compute-method none
 fi
 
+# The trace's GPU path on one GPU: NCCL all-reduces at world 1 beside matmuls, under the profiler the torch
+# workers use, read by backends.comm_trace.torch_collectives.
+echo "== [${SECONDS}s] the collective trace's GPU path (NCCL at world 1, torch profiler)"
+CUDA_VISIBLE_DEVICES=0 "$py" - <<'PY' 2>&1 | grep -E "^probe|Error|Traceback"
+import json, os, sys, tempfile
+sys.path.insert(0, os.getcwd())
+import torch
+import torch.distributed as dist
+from torch.autograd import profiler
+from backends.comm_trace import torch_collectives
+
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29631")
+torch.cuda.set_device(0)
+dist.init_process_group("nccl", rank=0, world_size=1)
+a, g = torch.randn(2048, 2048, device="cuda"), torch.randn(1 << 20, device="cuda")
+for _ in range(3):
+    a @ a, dist.all_reduce(g)
+torch.cuda.synchronize()
+with profiler.profile(use_cpu=True, use_device="cuda", record_shapes=True, use_kineto=True) as prof:
+    for _ in range(5):
+        b = a @ a
+        dist.all_reduce(g)
+        c = a @ a
+    torch.cuda.synchronize()
+with tempfile.TemporaryDirectory() as folder:
+    path = os.path.join(folder, "trace.json")
+    prof.export_chrome_trace(path)
+    events = json.load(open(path))["traceEvents"]
+kernels = sorted({e["name"][:70] for e in events if e.get("cat") == "kernel" and "nccl" in e["name"].lower()})
+calls = torch_collectives(events, 1)
+timed = [c for c in calls if c["time_s"] is not None]
+print(f"probe trace on GPU: {len(calls)} c10d call(s), {len(timed)} paired with an NCCL kernel; "
+      f"NCCL kernels seen: {kernels or 'none (NCCL may launch none at world 1)'}")
+for c in timed[:3]:
+    print(f"probe   {c['op']} {c['size_bytes']} B, {c['dtype']}: {c['time_s'] * 1e6:.1f} us, "
+          f"other kernels during it {c['overlapped_s'] * 1e6:.1f} us")
+dist.destroy_process_group()
+PY
+
 # harness commbench on NCCL needs one GPU per rank and at least 2 ranks: not on this one-GPU machine. What
 # it can check here: that asking for it is refused before anything launches (exit 2, one line).
 echo "== [${SECONDS}s] harness commbench --gpus 2 on one GPU (must be refused: exit 2)"
@@ -187,11 +227,13 @@ for p in sorted(root.glob("*.json")):
           f"{', '.join(iso) if iso else 'none (1 rank: no counterfactual)' if c['world_size'] == 1 else 'none'}"
           f"   optimizer step {med_ms(opt)} in {len(opt)} steps after the measured ones{gap}"
           f"{'   error: ' + str(r.get('error'))[:200] if r['status'] != 'ok' else ''}")
-    for k in ranks:  # the trace on GPU: NCCL kernels paired with the c10d ops (1 rank: DDP/FSDP still call)
-        trace = k.get("comm_trace") or {}
+    for k in ranks:  # a traced run (2+ ranks; none on one GPU): its calls as the trace paired them
+        trace = k.get("comm_trace")
+        if trace is None:
+            continue
         calls = trace.get("collectives")
         if calls is None:
-            print(f"    rank {k['rank']} comm trace: none ({trace.get('reason') or 'not asked'})")
+            print(f"    rank {k['rank']} comm trace: none ({trace.get('reason')})")
             continue
         by_op = {}
         for c in calls:

@@ -35,9 +35,8 @@ def cmd_run(args) -> int:
     stop_on_sigterm()
     if cfg.node_rank:  # another node's harness only runs its launcher; node 0 writes the record
         node = run_node(backend, cfg, args.out / "logs" / args.run_id, sys.argv)
-        done = (
-            not node["timed_out"] and not node.get("stopped") and all(rc == 0 for rc in node["returncodes"])
-        )
+        # ranks_ok: every rank of the node had measured, even if one then died while tracing (an incident)
+        done = not node["timed_out"] and not node.get("stopped") and node["ranks_ok"]
         print(
             f"node {cfg.node_rank}: launcher exit codes {node['returncodes']}"
             f"{' (timed out)' if node['timed_out'] else ''}; "

@@ -262,7 +262,7 @@ def wait_for_nodes(run_dir: Path, cfg: RunConfig) -> list[dict | None]:
     launch) plus a grace; once node 0's failed, the others only get the grace to notice and report: the
     run has failed whatever they do, and the record should not wait on a peer that waits for a dead one."""
     own = read_markers(run_dir, 1)[0] or {}
-    own_ok = not own.get("timed_out") and all(rc == 0 for rc in own.get("returncodes", [1]))
+    own_ok = not own.get("timed_out") and own.get("ranks_ok", False)  # its ranks all measured
     launches = 1 + (cfg.isolated_repeats if cfg.compute_method == "isolated" else 0)
     deadline = time.monotonic() + (launches * cfg.timeout_s if own_ok else 0) + NODE_GRACE_S
     while True:

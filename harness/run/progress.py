@@ -23,6 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from backends.loop import optimizer_timed_steps
 from core.config import RunConfig
+from harness.analyze.summary import incident_text
 
 # rank 0's line after each step (backends/loop.py): "step    3 loss 7.6021 time    123.4 ms (warm-up)"
 STEP_LINE = re.compile(r"step\s+(\d+) loss (\S+) time\s+(\S+) ms(?: \(([\w-]+)\))?")
@@ -97,7 +98,12 @@ class RunDisplay:
         """The end: the run's status and, on failure, the failing rank's last lines as the record has them
         (`tail_lines` of them: 0 where the summary printed next shows them all)."""
         error = record.get("error") or {}
-        self.say(f"{record['status']}" + (f": {error.get('message', '')}" if error else ""))
+        incident = record.get("incident")
+        self.say(
+            f"{record['status']}"
+            + (f": {error.get('message', '')}" if error else "")
+            + (f", with an incident after the measured steps: {incident_text(incident)}" if incident else "")
+        )
         for line in (error.get("log_tail") or [])[-tail_lines:] if tail_lines else []:
             self.say(f"  | {line}")
 

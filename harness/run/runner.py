@@ -66,6 +66,11 @@ def gather_ranks(run_dir: Path, world: int, suffix: str = "") -> dict[int, dict]
     return ranks
 
 
+def trace_lost(rank: dict) -> bool:
+    """Whether a rank's record is the one it wrote before its trace (the trace never finished)."""
+    return ((rank.get("comm_trace") or {}).get("reason") or "").startswith(TRACE_LOST)
+
+
 def measured_before_failure(
     result: LaunchResult, ranks: dict[int, dict], measured: dict[int, dict], rank_ids
 ) -> dict[int, dict] | None:
@@ -82,8 +87,8 @@ def measured_before_failure(
         if final and final.get("status") == "ok":
             kept[r] = final
         elif r in measured:
-            trace = measured[r]["comm_trace"]
-            if trace.get("collectives") is not None:  # it died tearing down, its trace done
+            trace = measured[r].get("comm_trace") or {}
+            if not trace_lost(measured[r]):  # it died tearing down, its trace done (or its stack has none)
                 kept[r] = measured[r]
                 continue
             how = (final or {}).get("error") or "it exited without a record (killed, or died in native code)"
@@ -346,7 +351,11 @@ def run_node(
     display.phase("launching", log=run_dir / "rank0.log")
     result = launch_node(backend, cfg, run_dir)
     per_node = cfg.world_size // cfg.nodes
-    node_ranks = range(cfg.node_rank * per_node, (cfg.node_rank + 1) * per_node)
+    node_ranks = (  # the ranks this node's launcher ran: every rank where node 0's starts them all
+        range(cfg.world_size)
+        if backend.starts_remote_ranks and cfg.node_rank == 0
+        else range(cfg.node_rank * per_node, (cfg.node_rank + 1) * per_node)
+    )
     measured = result.ok or (
         measured_before_failure(
             result,
@@ -383,10 +392,8 @@ def write_record(
         measured = gather_ranks(run_dir, cfg.world_size, ".measured")
         kept = measured_before_failure(result, ranks, measured, range(cfg.world_size))
         if kept is not None:  # every rank had measured: the failure came after, recorded as such
-            lost = any(
-                ((k.get("comm_trace") or {}).get("reason") or "").startswith(TRACE_LOST)
-                for k in kept.values()
-            )
+            culprit = error.get("rank")
+            lost = trace_lost(kept[culprit]) if culprit in kept else any(map(trace_lost, kept.values()))
             phase = "collective trace" if lost else "teardown"
             ranks, incident = kept, {"phase": phase, "status": status, **error}
             status, error = "ok", None

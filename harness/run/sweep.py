@@ -149,6 +149,8 @@ def progress_line(
         if record["status"] == "ok" and tput
         else (record.get("error") or {}).get("message", "")
     )
+    if record.get("incident"):
+        outcome += f" (incident after the measured steps: {record['incident']['phase']})"
     eta = elapsed / k * (n - k)
     return (
         f"[{k}/{n}] {record['backend_info']['label']} N={run.cfg.world_size} "
