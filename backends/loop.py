@@ -212,8 +212,8 @@ def run_training(trainer: Trainer, cfg: RunConfig, weights_path: Path | None = N
     read, `trace_steps` more run under the stack's profiler for the collective trace
     (Trainer.trace_collectives); their times are recorded apart, as profiling slows them. Before them the
     record of everything measured goes to `checkpoint` (with its trace TRACE_LOST), so a rank that dies
-    while tracing still has its measurements on file, and after compute-only steps one synced step
-    re-aligns the ranks.
+    while tracing still has its measurements on file, and after them the record with its trace; after
+    compute-only steps one synced step re-aligns the ranks first.
     """
     source = make_source(cfg.spec.vocab_size, cfg.spec.seq_len, cfg.global_batch, cfg.seed, cfg.data_path)
     shard = data_shard(cfg, trainer.rank)
@@ -332,6 +332,8 @@ def run_training(trainer: Trainer, cfg: RunConfig, weights_path: Path | None = N
             return times
 
         record["comm_trace"] = trainer.trace_collectives(traced_steps)
+        if checkpoint:  # again with the trace, should the teardown that follows fail (a peer gone)
+            checkpoint(record)
     return record
 
 

@@ -53,8 +53,6 @@ def main(run_dir: Path) -> int:
                 run_dir / "weights_rank0.npz" if cfg.dump_weights else None,
                 checkpoint=lambda measured: write_json_atomic(measured_path, measured),
             )
-            if measured_path.exists():  # the trace too, should the teardown below fail (a peer gone)
-                write_json_atomic(measured_path, record)
             trainer.close()
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a recorded result
         record_failure(run_dir / f"rank{rank}.json", exc)

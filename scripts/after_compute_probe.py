@@ -24,13 +24,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from core.process import free_port  # noqa: E402
 
 DDP_TINY_LAST_BUCKET = 807_680  # floats: torch-ddp's last bucket on the tiny workload
 
@@ -61,12 +66,6 @@ def worker(rank: int, port: int, conditions, elements: int, calls: int, skew_s: 
             times[label].append(time.perf_counter() - start)
     queue.put((rank, times))
     dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main() -> int:

@@ -413,7 +413,7 @@ def write_record(
         error=error,
         isolated_ranks=isolated,
         comm_error=comm_error,
-        **({"incident": incident} if not cfg.commbench else {}),
+        incident=incident,  # a commbench record takes none (assemble_commbench_record drops it)
         launch={
             "returncodes": result.returncodes,
             "elapsed_s": result.elapsed_s,
