@@ -292,3 +292,67 @@ def tf_collectives(spans: list[dict], inputs: dict[str, tuple[int, str]], world:
             )
         )
     return out
+
+
+# struct tcp_info (linux/tcp.h): byte offsets of the u64 counters read here (Linux 4.19+); TCP_INFO_BYTES is
+# the struct's size up to tcpi_snd_wnd (5.4). tcpi_bytes_acked is not used: it waits for the peer's ACK,
+# which may come after the reading, so a reading between steps would move bytes from one step to the next.
+TCP_INFO_BYTES = 232
+TCPI_BYTES_RECEIVED, TCPI_BYTES_SENT, TCPI_BYTES_RETRANS = 128, 200, 208
+
+
+def tcp_counters() -> dict[tuple, tuple[int, int]]:
+    """This process's connected TCP sockets, by (local port, peer port): the kernel's count of the payload
+    bytes they sent (retransmissions taken out) and received, no TCP/IP headers. Read from /proc/self/fd
+    and getsockopt(TCP_INFO) on a duplicate of each descriptor; {} where the platform has no such
+    interface."""
+    import os
+    import socket
+    import struct
+
+    if not hasattr(socket, "TCP_INFO") or not os.path.isdir("/proc/self/fd"):
+        return {}
+    counters = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                continue
+            sock = socket.socket(fileno=os.dup(int(fd)))
+        except (OSError, ValueError):  # closed meanwhile, or not a socket Python can wrap
+            continue
+        with sock:
+            if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):
+                continue
+            try:
+                peer = sock.getpeername()
+                info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, TCP_INFO_BYTES)
+            except OSError:  # a listening or unconnected socket
+                continue
+            if len(info) < TCPI_BYTES_RETRANS + 8:  # a kernel before 4.19
+                continue
+            (received,) = struct.unpack_from("Q", info, TCPI_BYTES_RECEIVED)
+            sent, retransmitted = struct.unpack_from("QQ", info, TCPI_BYTES_SENT)
+            counters[(sock.getsockname()[1], peer[1])] = (sent - retransmitted, received)
+    return counters
+
+
+def wire_bytes(before: dict, after: dict) -> dict:
+    """Bytes this process's TCP connections sent and received between two tcp_counters() readings, over
+    the connections open at both that carried any; a connection opened or closed in between is not
+    counted and is named in `connections_changed`."""
+    common = [key for key in after if key in before]
+    moved = [key for key in common if after[key] != before[key]]
+    by_connection = [
+        {
+            "ports": list(k),
+            "sent_bytes": after[k][0] - before[k][0],
+            "received_bytes": after[k][1] - before[k][1],
+        }
+        for k in moved
+    ]
+    return {
+        "sent_bytes": sum(c["sent_bytes"] for c in by_connection),
+        "received_bytes": sum(c["received_bytes"] for c in by_connection),
+        "connections": by_connection,
+        "connections_changed": len(set(before) ^ set(after)),
+    }

@@ -76,7 +76,9 @@ class Trainer(ABC):
     def trace_collectives(self, run_steps) -> dict:
         """Run `run_steps()` (a few full steps after the measured ones; returns their times) under this
         stack's own profiler and return the collectives it saw: {"method", "steps", "step_times",
-        "collectives": [backends.comm_trace entries]}. A stack without a trace yet runs nothing, says so."""
+        "collectives": [backends.comm_trace entries]}; a stack whose instrument cannot see its collectives
+        may give "wire" (backends.comm_trace.wire_bytes) instead, with collectives None and a reason. A stack
+        without a trace yet runs nothing, says so."""
         return {"method": None, "reason": f"no collective trace for {self.framework} workers yet"}
 
     def synchronize(self) -> None:

@@ -8,11 +8,20 @@ tests/test_ddp.py and tests/test_torch_family.py.
 from __future__ import annotations
 
 import json
+import socket
 
 import pytest
 
-from backends.comm_trace import horovod_collectives, tf_collectives, timeline_events, torch_collectives
+from backends.comm_trace import (
+    horovod_collectives,
+    tcp_counters,
+    tf_collectives,
+    timeline_events,
+    torch_collectives,
+    wire_bytes,
+)
 from harness.analyze.metrics import measured_comm
+from harness.analyze.summary import measured_comm_text
 
 pytestmark = pytest.mark.unit
 
@@ -205,6 +214,54 @@ def test_a_rank_without_a_trace_is_left_out_and_an_unknown_overlap_is_not_zero()
         [{"comm_trace": {"method": None, "reason": "no trace for tensorflow"}}] * 2, 2, []
     )
     assert untraced == {"method": None, "reason": "no trace for tensorflow"}
+
+
+def test_tcp_counters_count_each_connections_payload_both_ways():
+    """A localhost connection inside this process, both ends: 100,000 bytes one way and 3,000 back are what
+    the kernel's counters of each end moved between two readings; sockets that moved nothing are left out."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        idle = socket.create_connection(server.getsockname())
+        idle_end, _ = server.accept()
+        client = socket.create_connection(server.getsockname())
+        accepted, _ = server.accept()
+        with idle, idle_end, client, accepted:
+            before = tcp_counters()
+            client.sendall(b"x" * 100_000)
+            received = 0
+            while received < 100_000:
+                received += len(accepted.recv(1 << 16))
+            accepted.sendall(b"y" * 3_000)
+            assert len(client.recv(3_000, socket.MSG_WAITALL)) == 3_000
+            moved = wire_bytes(before, tcp_counters())
+    ends = {(c["sent_bytes"], c["received_bytes"]) for c in moved["connections"]}
+    assert ends == {(100_000, 3_000), (3_000, 100_000)}
+    assert moved["sent_bytes"] == moved["received_bytes"] == 103_000 and moved["connections_changed"] == 0
+
+
+def test_bytes_on_the_wire_stand_in_for_a_trace_without_ops_or_times():
+    """Paddle on CPU: each rank's bytes sent per step, their mean beside the analytic volume (a 2-rank
+    all-reduce of 4,000 B sends 4,000 B from each rank), and no per-op figure."""
+    terms = [{"op": "all_reduce", "elements": 1000, "dtype_bytes": 4, "per_step": 1, "what": "gradients"}]
+
+    def wired(rank, sent):
+        wire = {"sent_bytes": sent, "received_bytes": 0, "connections": [], "connections_changed": 0}
+        return {
+            "rank": rank,
+            "comm_trace": {
+                "method": "kernel TCP counters",
+                "steps": 2,
+                "step_times": [0.1] * 2,
+                "collectives": None,
+                "wire": wire,
+                "reason": "no events",
+            },
+        }
+
+    m = measured_comm([wired(0, 8_200), wired(1, 8_000)], 2, terms)
+    assert m["method"] == "kernel TCP counters" and m["ranks_traced"] == 2 and m["ops"] == {}
+    assert m["wire_sent_bytes_per_step"] == {"0": 4_100, "1": 4_000}
+    assert m["bytes_per_rank_per_step"] == 4_050 and m["vs_analytic"] == pytest.approx(4_050 / 4_000)
+    assert "bytes on the wire only" in measured_comm_text(m)
 
 
 def test_tf_profile_collectives_get_their_size_from_the_graph_and_their_time_from_the_profile():

@@ -68,6 +68,27 @@ def test_trains_like_torch_ddp_with_a_full_record(out, ddp_losses, backend, gpus
         assert s["t_compute_s"] > 0 and s["comm_bytes_per_rank_per_step"] == 2 * (2 - 1) / 2 * N * 4
     framework = {"tf-mwms": "tensorflow", "paddle-fleet": "paddle"}[backend]
     assert rec["backend_info"]["framework"] == framework and rec["environment"]["versions"][framework]
+    if (backend, gpus) == ("paddle-fleet", 2):  # the trace is on by default: Paddle's is bytes on the wire
+        assert_wire_bytes_are_the_gradients_once_per_step(rec)
+
+
+# gloo's framing on top of the payload: a header per message it sends, a few buckets and chunks a step
+GLOO_FRAMING_BYTES_PER_STEP = 4096
+
+
+def assert_wire_bytes_are_the_gradients_once_per_step(rec: dict) -> None:
+    """Each of 2 ranks sends half its gradients in the all-reduce's reduce-scatter and half in its
+    all-gather: 4N bytes a step (2(n-1)/n x S with S = 4N), plus gloo's framing, on its TCP connections;
+    and what one rank sent is what the other received."""
+    m = rec["summary"]["comm_measured"]
+    assert m["method"] == "kernel TCP counters" and m["ranks_traced"] == 2 and m["ops"] == {}, m
+    for rank, sent in m["wire_sent_bytes_per_step"].items():
+        assert 4 * N <= sent <= 4 * N + GLOO_FRAMING_BYTES_PER_STEP, (rank, sent, 4 * N)
+    wires = [r["comm_trace"]["wire"] for r in rec["ranks"]]
+    assert (
+        wires[0]["sent_bytes"] == wires[1]["received_bytes"]
+        and wires[1]["sent_bytes"] == wires[0]["received_bytes"]
+    )
 
 
 # TF 2.21's profiler can kill a worker as it stops (a double free while it collects the trace; README): the

@@ -122,6 +122,13 @@ def measured_comm(ranks: list[dict], world: int, terms: list[dict]) -> dict | No
     }
     traced, traced_ids = list(traced_by_rank.values()), list(traced_by_rank)
     if not traced:
+        wired = {
+            r.get("rank", i): t
+            for i, (r, t) in enumerate(zip(ranks, traces))
+            if t.get("method") and t.get("wire")
+        }
+        if wired:
+            return wire_comm(wired, traces, world, terms)
         reasons = {t.get("reason") for t in traces} - {None}
         return {"method": None, "reason": "; ".join(sorted(reasons)) or "not traced"}
     untraced = sorted({t["reason"] for t in traces if t.get("collectives") is None and t.get("reason")})
@@ -159,6 +166,30 @@ def measured_comm(ranks: list[dict], world: int, terms: list[dict]) -> dict | No
         "ops": ops,
         "bytes_per_rank_per_step": sent,
         "vs_analytic": sent / analytic_bytes if analytic_bytes else None,
+        "traced_step_time_s": float(np.median(traced_steps)) if traced_steps else None,
+    }
+
+
+def wire_comm(wired: dict, traces: list[dict], world: int, terms: list[dict]) -> dict:
+    """measured_comm from the bytes each rank's connections carried over the traced steps (a stack whose
+    own instrument records no collective: Paddle on CPU): the ranks' mean sent bytes per step beside the
+    analytic volume (a ring sends the same from every rank; a rooted op does not, so the mean), each
+    rank's own, and no per-op figure: neither op nor time is known."""
+    steps = next(iter(wired.values()))["steps"]
+    sent = {str(rank): t["wire"]["sent_bytes"] / t["steps"] for rank, t in wired.items()}
+    per_rank = float(np.mean(list(sent.values())))
+    analytic_bytes = comm_bytes_per_rank(terms, world)
+    untraced = sorted({t["reason"] for t in traces if not t.get("wire") and t.get("reason")})
+    traced_steps = slowest([t["step_times"] for t in traces if t.get("step_times")])
+    return {
+        "method": next(iter(wired.values()))["method"],
+        "steps": steps,
+        "ranks_traced": len(wired),
+        "untraced_reason": "; ".join(untraced) or None,
+        "ops": {},
+        "wire_sent_bytes_per_step": sent,
+        "bytes_per_rank_per_step": per_rank,
+        "vs_analytic": per_rank / analytic_bytes if analytic_bytes else None,
         "traced_step_time_s": float(np.median(traced_steps)) if traced_steps else None,
     }
 

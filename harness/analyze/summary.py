@@ -43,7 +43,8 @@ def measured_comm_text(m: dict | None) -> str:
         f"({fmt(m['vs_analytic'], '{:.3f}')} x analytic) by {m['method']} over {m['steps']} step(s), "
         f"{m['ranks_traced']} rank(s) traced"
         + (f" (the others: {m['untraced_reason']})" if m.get("untraced_reason") else "")
-        + f"; traced steps {fmt(m.get('trace_cost'), '{:+.0%}')} vs measured: {ops}"
+        + f"; traced steps {fmt(m.get('trace_cost'), '{:+.0%}')} vs measured: "
+        + (ops or "bytes on the wire only, no op or time per collective")
     )
 
 
