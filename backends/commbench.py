@@ -27,10 +27,18 @@ class WrongResult(RuntimeError):
     """A collective returned something other than the known answer."""
 
 
+# A burst: calls issued back to back, waited for together, as nccl-tests times its iterations and as
+# DeepSpeed ZeRO-3 gathers its persistent parameters after every step (one call per tensor, all queued
+# before the first is waited for). Timed up to BURST_MAX_BYTES, where a call's latency is most of its cost.
+BURST_CALLS = 8
+BURST_MAX_BYTES = 1 << 20
+
+
 class Collectives(ABC):
     """One rank's handle on a stack's collective API: buffers, the call, and the device's synchronisation."""
 
     framework = ""
+    burst_mode = "sequential"  # how call_burst issues its calls: "async" where the API returns handles
 
     def __init__(self, cfg: RunConfig):
         self.cfg = cfg
@@ -48,6 +56,12 @@ class Collectives(ABC):
     def call(self, op: str, buffers) -> None:
         """Issue `op` on `buffers` with this stack's API; returns when the framework does (the loop then
         synchronises the device)."""
+
+    def call_burst(self, op: str, buffer_sets: list) -> None:
+        """Issue `op` on each of `buffer_sets` back to back and return when all are done. Here one call
+        after another; a stack whose API returns handles queues them all first (burst_mode "async")."""
+        for buffers in buffer_sets:
+            self.call(op, buffers)
 
     @abstractmethod
     def result(self, op: str, buffers) -> np.ndarray:
@@ -154,13 +168,27 @@ class ComputeLoad:
         return False
 
 
+def timed_bursts(comm: Collectives, op: str, buffer_sets: list, repeats: int) -> list[float]:
+    """Seconds per call of `repeats` bursts, each from a barrier to the device being idle after its last
+    call, divided by its calls."""
+    times = []
+    for _ in range(repeats):
+        comm.barrier()
+        t0 = time.perf_counter()
+        comm.call_burst(op, buffer_sets)
+        comm.synchronize()
+        times.append((time.perf_counter() - t0) / len(buffer_sets))
+    return times
+
+
 def run_collectives(comm: Collectives, cfg: RunConfig) -> dict:
     """Time every op at every size; returns the raw rank record (per call times, nothing derived).
 
     A timed call runs from a barrier to the device being idle again, so each is one collective on its own:
     unlike nccl-tests, which times a batch of calls back to back, launch overhead is included (the cost a
-    training step pays for a collective issued alone). With `under_load` every point is timed again beside
-    a ComputeLoad. Fault injection counts (op, size) points as steps."""
+    training step pays for a collective issued alone). Sizes up to BURST_MAX_BYTES are also timed in bursts
+    of BURST_CALLS calls (the cost per call of calls queued back to back). With `under_load` every series is
+    timed again beside a ComputeLoad. Fault injection counts (op, size) points as steps."""
     spec = comm.spec
     points, index = [], 0
     for op in spec.ops:
@@ -180,6 +208,13 @@ def run_collectives(comm: Collectives, cfg: RunConfig) -> dict:
             if spec.under_load:
                 with ComputeLoad():
                     point["times_under_load"] = timed_calls(comm, op, buffers, spec.iters)
+            if size <= BURST_MAX_BYTES:  # each call of a burst on buffers of its own
+                burst = [comm.prepare(op, elements, 0.0) for _ in range(BURST_CALLS)]
+                comm.call_burst(op, burst)  # untimed: the extra buffers' first use
+                point["burst_times"] = timed_bursts(comm, op, burst, spec.iters)
+                if spec.under_load:
+                    with ComputeLoad():
+                        point["burst_times_under_load"] = timed_bursts(comm, op, burst, spec.iters)
             points.append(point)
             if comm.rank == 0:
                 loaded = point.get("times_under_load")
@@ -196,6 +231,7 @@ def run_collectives(comm: Collectives, cfg: RunConfig) -> dict:
         "pid": os.getpid(),
         "status": "ok",
         "collectives": points,
+        "burst": {"calls": BURST_CALLS, "mode": comm.burst_mode},
         "versions": {"python": platform.python_version(), **comm.versions()},
         "threads": cfg.threads_per_worker,
         "process_settings": seen_process_settings(),

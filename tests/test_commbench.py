@@ -14,7 +14,7 @@ import pytest
 from conftest import harness
 from processes import leftovers
 
-from backends.commbench import WrongResult, check_output, expected_output
+from backends.commbench import BURST_CALLS, WrongResult, check_output, expected_output
 from harness.analyze.baseline import trim
 from harness.analyze.collectives import (
     call_time,
@@ -245,7 +245,10 @@ def test_every_stack_s_collectives_are_timed_checked_and_recorded(backend, out):
                 p["bytes"] / p["time_s"]["median"] * bus_factor(op, 2)
             )
             assert p["time_under_load_s"]["n"] == 3  # timed beside a compute thread too
+            assert p["time_burst_s"]["n"] == p["time_burst_under_load_s"]["n"] == 3  # and in bursts
     assert [len(r["collectives"]) for r in record["ranks"]] == [2 * OFFERED[backend]] * 2
+    mode = "sequential" if backend in ("tf-mwms", "paddle-fleet") else "async"
+    assert [r["burst"] for r in record["ranks"]] == [{"calls": BURST_CALLS, "mode": mode}] * 2
     assert record["environment"]["versions"]
 
 
@@ -313,6 +316,34 @@ def test_a_traced_call_is_priced_by_commbench_at_its_op_and_size():
     priced = predicted_comm(run, {"summary": bench})["ops"]["all_reduce"]
     assert priced["predicted_s_per_step"] == pytest.approx(2e-4)
     assert priced["ratio"] == pytest.approx(3.0) and priced["least_waiting_ratio"] == pytest.approx(1.0)
+
+
+@unit
+def test_a_call_among_others_queued_back_to_back_is_priced_per_call_of_a_burst():
+    """Bursts are timed up to 64 KiB here: a call alone takes 1 ms, one of a burst 0.1 ms idle (medians,
+    log-log between sizes) and, beside compute, 0.2 ms of α plus S / 1 GB/s (the fit of the means). Above
+    the largest burst size, and in a record without bursts, a burst call is priced as a call alone."""
+    sizes = [1 << 10, 1 << 16, 1 << 20]
+    record = synthetic_record("all_gather", 2, sizes, [[[1e-3] * 5] * 3] * 2)
+    record["config"]["commbench"]["under_load"] = True
+    for rank in record["ranks"]:
+        for point in rank["collectives"]:
+            point["times_under_load"] = [3e-3] * 5
+            if point["bytes"] <= 1 << 16:
+                point["burst_times"] = [1e-4] * 5
+                point["burst_times_under_load"] = [1e-4 + point["bytes"] / 2 / 1e9] * 4 + [
+                    3e-4 + point["bytes"] / 2 / 1e9
+                ]
+    bench = summarize_commbench(record)
+    assert bench["ops"]["all_gather"]["points"][0]["time_burst_s"]["n"] == 5
+    assert "time_burst_s" not in bench["ops"]["all_gather"]["points"][2]
+    assert call_time(bench, "all_gather", 1 << 12, burst=True) == pytest.approx(1e-4)
+    assert call_time(bench, "all_gather", 1 << 12) == pytest.approx(1e-3)
+    loaded = call_time(bench, "all_gather", 1 << 12, under_load=True, burst=True)
+    assert loaded == pytest.approx(1.4e-4 + (1 << 12) / 2 / 1e9, rel=1e-6)
+    assert call_time(bench, "all_gather", 1 << 20, burst=True) == pytest.approx(1e-3)  # above the bursts
+    before_bursts = summarize_commbench(synthetic_record("all_gather", 2, sizes, [[[1e-3] * 5] * 3] * 2))
+    assert call_time(before_bursts, "all_gather", 1 << 12, burst=True) == pytest.approx(1e-3)
 
 
 @unit

@@ -107,6 +107,34 @@ def test_zero3_gathers_each_persistent_parameter_after_the_step_in_a_call_of_its
     assert sorted(m.size_bytes for m in after_step) == sorted(
         math.prod(shape) * 4 for name, shape in shapes.items() if name != "tok_emb"
     )
+    # queued back to back before the first is waited for: priced as calls of a burst, nothing else is
+    assert all(m.burst for m in after_step) and not any(m.burst for m in messages if m not in after_step)
+
+
+@unit
+def test_zero3_s_persistent_gathers_cost_what_commbench_s_bursts_say():
+    """Calls alone take 2 ms and calls of a burst 0.25 ms at every size: ZeRO-3's 51 gathers after the step
+    cost 51 x 0.25 ms, and its gathers and reduce-scatter issued alone 2 ms each."""
+    cfg = dataclasses.replace(
+        cfg_for("deepspeed", world=2, precision="fp32", zero_stage=3), device="cpu", nodes=1, gpus_per_node=2
+    )
+    sizes = [1 << 8, 1 << 23]
+    bench = commbench_record(
+        "deepspeed", {"all_gather": (sizes, [2e-3, 2e-3]), "reduce_scatter": (sizes, [2e-3, 2e-3])}
+    )
+    profile = local_profile([bench], "deepspeed", cpus=2)
+    messages, _ = schedule(cfg)
+
+    def comm_busy(profile):
+        calib = calibrate([calibration_record(0.1, 0.02, "deepspeed-zero3")], cfg, profile)
+        return predict_point(cfg, profile, calib, 1e6, None)["corners"]["nominal"]["comm_busy_s"]
+
+    assert comm_busy(profile) == pytest.approx(len(messages) * 2e-3)  # no bursts timed: calls alone
+    for rank in bench["ranks"]:
+        for point in rank["collectives"]:
+            point["burst_times"] = [2.5e-4] * 5
+    bursts = local_profile([bench], "deepspeed", cpus=2)
+    assert comm_busy(bursts) == pytest.approx(51 * 2.5e-4 + (len(messages) - 51) * 2e-3)
 
 
 @unit

@@ -41,6 +41,21 @@ class HorovodCollectives(Collectives):
         else:
             raise ValueError(f"unknown collective {op}")
 
+    burst_mode = "async"
+
+    def call_burst(self, op, buffer_sets):
+        """Every call submitted to the background thread (hvd.*_async), then each handle synchronised: the
+        calls of one cycle are negotiated, and may be fused, together, as DistributedOptimizer's are."""
+        submit = {
+            "all_reduce": lambda t: hvd.allreduce_async(t, op=hvd.Sum),
+            "broadcast": lambda t: hvd.broadcast_async(t, root_rank=0),
+            "all_gather": hvd.allgather_async,
+            "reduce_scatter": lambda t: hvd.reducescatter_async(t, op=hvd.Sum),
+            "all_to_all": hvd.alltoall_async,
+        }[op]
+        for handle in [submit(buffers) for buffers in buffer_sets]:
+            hvd.synchronize(handle)
+
     def result(self, op, buffers):
         return self.output.double().cpu().numpy()
 

@@ -34,10 +34,19 @@ def fit_alpha_beta(sizes: list[int], times: list[float], op: str, world: int) ->
     }
 
 
+# A commbench point's raw series (per rank, per call) -> its statistics' key in the summary.
+SERIES = {
+    "times": "time_s",
+    "times_under_load": "time_under_load_s",
+    "burst_times": "time_burst_s",
+    "burst_times_under_load": "time_burst_under_load_s",
+}
+
+
 def summarize_commbench(record: dict) -> dict:
     """Per op: per size the slowest rank's call times (median, p10, p90), algbw and busbw at the median;
     and the α-β fit over all sizes. The same times and fit beside a compute thread when the run measured
-    them too (`under_load`)."""
+    them too (`under_load`), and per call in bursts (calls queued back to back) at the sizes timed so."""
     world = record["config"]["world_size"]
     ranks = [r for r in record["ranks"] if r.get("status") == "ok"]
     if len(ranks) < world:
@@ -55,9 +64,10 @@ def summarize_commbench(record: dict) -> dict:
             "busbw_Bps": algbw and algbw * bus_factor(op, world),
             "times_s": times,
         }
-        if "times_under_load" in point:
-            loaded = stats(slowest([r["collectives"][i]["times_under_load"] for r in ranks]))
-            entry["time_under_load_s"] = {k: loaded[k] for k in ("median", "mean", "p10", "p90", "n")}
+        for series, key in SERIES.items():
+            if series != "times" and series in point:
+                timed = stats(slowest([r["collectives"][i][series] for r in ranks]))
+                entry[key] = {k: timed[k] for k in ("median", "mean", "p10", "p90", "n")}
         ops.setdefault(op, {"points": []})["points"].append(entry)
     for op, entry in ops.items():
         points = entry["points"]
@@ -70,6 +80,16 @@ def summarize_commbench(record: dict) -> dict:
                 # pools the 20-odd calls of each.
                 loaded = [p["time_under_load_s"]["mean"] for p in points]
                 entry["fit_under_load"] = fit_alpha_beta(sizes, loaded, op, world)
+            for key, fit_key in (
+                ("time_burst_s", "fit_burst"),
+                ("time_burst_under_load_s", "fit_burst_under_load"),
+            ):
+                timed = [p for p in points if key in p]
+                if len(timed) >= 2:
+                    average = "mean" if "under_load" in key else "median"
+                    entry[fit_key] = fit_alpha_beta(
+                        [p["bytes"] for p in timed], [p[key][average] for p in timed], op, world
+                    )
     return {
         "ops": ops,
         "world_size": world,
@@ -147,15 +167,30 @@ def commbench_aggregate(rows: pd.DataFrame) -> pd.DataFrame:
     return agg
 
 
-def call_time(summary: dict, op: str, size: float, under_load: bool = False) -> float | None:
+def call_time(
+    summary: dict, op: str, size: float, under_load: bool = False, burst: bool = False
+) -> float | None:
     """What commbench says one `op` of `size` bytes takes. Idle: its median times interpolated log-log
     between the measured sizes, the α-β fit outside them. Beside a compute thread (`under_load`): the α-β
-    fit of the mean times at every size. None if the op (or that series) was not measured."""
+    fit of the mean times at every size. None if the op (or that series) was not measured.
+
+    `burst`: a call among others queued back to back, priced per call of commbench's bursts the same way
+    (median idle, the fit of the means under load) up to the largest size timed in bursts, and as a call
+    alone above it (or where the record has no bursts: records before them)."""
     entry = (summary.get("ops") or {}).get(op)
     if not entry or not size:
         return None
     if under_load and any("time_under_load_s" not in p for p in entry["points"]):
         return None
+    if burst:
+        key = "time_burst_under_load_s" if under_load else "time_burst_s"
+        timed = [p for p in entry["points"] if key in p]
+        if len(timed) >= 2 and size <= timed[-1]["bytes"]:
+            sizes = np.array([p["bytes"] for p in timed], float)
+            if under_load:
+                return fitted_time(entry["fit_burst_under_load"], op, size, summary["world_size"])
+            times = np.array([p[key]["median"] for p in timed], float)
+            return float(np.exp(np.interp(np.log(size), np.log(sizes), np.log(times))))
     fit = entry.get("fit_under_load" if under_load else "fit")
     sizes = np.array([p["bytes"] for p in entry["points"]], float)
     if under_load:  # the fit where there is one (2+ sizes); else the one size's mean, at that size
@@ -166,8 +201,13 @@ def call_time(summary: dict, op: str, size: float, under_load: bool = False) -> 
         return float(np.exp(np.interp(np.log(size), np.log(sizes), np.log(times))))
     if not fit:
         return None
+    return fitted_time(fit, op, size, summary["world_size"])
+
+
+def fitted_time(fit: dict, op: str, size: float, world: int) -> float:
+    """t(S) = α + S·busfactor/β of an α-β fit (fit_alpha_beta)."""
     beta = fit["beta_busbw_Bps"]
-    return fit["alpha_s"] + (size * bus_factor(op, summary["world_size"]) / beta if beta else 0.0)
+    return fit["alpha_s"] + (size * bus_factor(op, world) / beta if beta else 0.0)
 
 
 def traced_ranks(run: dict) -> list[dict]:

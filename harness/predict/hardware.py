@@ -97,24 +97,28 @@ class Profile:
         tree = 2 * ((per_node - 1) * intra + math.log2(nodes) * inter)
         return base + min(ring, tree)
 
-    def collective_time(self, op: str, size_bytes: float, world: int, corner: str) -> float:
-        """Seconds for one `op` of nccl-tests size `size_bytes` over `world` ranks."""
+    def collective_time(
+        self, op: str, size_bytes: float, world: int, corner: str, burst: bool = False
+    ) -> float:
+        """Seconds for one `op` of nccl-tests size `size_bytes` over `world` ranks; `burst`: one of calls
+        queued back to back (measured profiles price it from commbench's bursts; the catalogue's α-β
+        already is nccl-tests' back-to-back figure)."""
         if world == 1 or not size_bytes:
             return 0.0
         if self.commbench:
-            return self.measured_call(op, size_bytes, world)
+            return self.measured_call(op, size_bytes, world, burst)
         return self.latency(op, world, corner) + size_bytes * bus_factor(op, world) / self.busbw(
             world, corner
         )
 
-    def measured_call(self, op: str, size_bytes: float, world: int) -> float:
+    def measured_call(self, op: str, size_bytes: float, world: int, burst: bool = False) -> float:
         summary = self.commbench.get(world)
         if summary is None:
             raise ProfileError(
                 f"profile {self.name}: no commbench record at {world} ranks (have: "
                 f"{', '.join(map(str, sorted(self.commbench)))}); run `harness commbench --gpus {world}`"
             )
-        t = call_time(summary, op, size_bytes, under_load=self.under_load)
+        t = call_time(summary, op, size_bytes, under_load=self.under_load, burst=burst)
         if t is None:
             raise ProfileError(f"profile {self.name}: the commbench record at {world} ranks has no {op}")
         return t

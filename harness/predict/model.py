@@ -249,7 +249,7 @@ def predict_point(cfg: RunConfig, profile: Profile, calib: Calibration, tokens: 
         result = replay(
             durations,
             messages,
-            lambda m, c=corner: profile.collective_time(m.op, m.size_bytes, cfg.world_size, c),
+            lambda m, c=corner: profile.collective_time(m.op, m.size_bytes, cfg.world_size, c, m.burst),
         )
         cv = calib.step_cv if calib.step_cv is not None else pick(profile.step_cv, corner, False)
         straggler = cv * result["compute_s"] * expected_slowest(cfg.world_size)
