@@ -18,6 +18,7 @@ from backends.commbench import BURST_CALLS, WrongResult, check_output, expected_
 from harness.analyze.baseline import trim
 from harness.analyze.collectives import (
     call_time,
+    commbench_rows,
     fit_alpha_beta,
     matched_comm,
     op_time_index,
@@ -285,6 +286,7 @@ def test_commbench_records_go_to_report_results_and_compare_beside_training_reco
     proc = harness("report", out)
     assert proc.returncode == 0, proc.stderr
     assert "## Collectives (commbench)" in proc.stdout and "| torch-ddp | all_reduce |" in proc.stdout
+    assert "α µs per call in bursts" in proc.stdout
     proc = harness("results", out, "--kind", "commbench", "--csv", tmp_path / "cb.csv")
     assert proc.returncode == 0 and (tmp_path / "cb.csv").read_text().count("\n") == 1 + 2 * 2 * 2
     proc = harness(
@@ -344,6 +346,13 @@ def test_a_call_among_others_queued_back_to_back_is_priced_per_call_of_a_burst()
     assert call_time(bench, "all_gather", 1 << 20, burst=True) == pytest.approx(1e-3)  # above the bursts
     before_bursts = summarize_commbench(synthetic_record("all_gather", 2, sizes, [[[1e-3] * 5] * 3] * 2))
     assert call_time(before_bursts, "all_gather", 1 << 12, burst=True) == pytest.approx(1e-3)
+    record.update(summary=bench, backend_info={"label": "torch-ddp"})  # what report and results read
+    record["config"]["device"] = "cpu"
+    rows = commbench_rows([record])
+    assert list(rows["time_burst_s"].isna()) == [False, False, True]
+    assert rows["time_burst_s"].iloc[0] == pytest.approx(1e-4) and rows["alpha_burst_s"].iloc[
+        0
+    ] == pytest.approx(1e-4)
 
 
 @unit

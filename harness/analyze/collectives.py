@@ -124,7 +124,7 @@ def commbench_rows(records: list[dict]) -> pd.DataFrame:
             continue
         cfg = record["config"]
         for op, entry in summary["ops"].items():
-            fit = entry.get("fit") or {}
+            fit, burst_fit = entry.get("fit") or {}, entry.get("fit_burst") or {}
             for p in entry["points"]:
                 rows.append(
                     {
@@ -144,6 +144,9 @@ def commbench_rows(records: list[dict]) -> pd.DataFrame:
                         "busbw_Bps": p["busbw_Bps"],
                         "alpha_s": fit.get("alpha_s"),
                         "beta_busbw_Bps": fit.get("beta_busbw_Bps"),
+                        # per call of a burst (calls queued back to back), where sizes were timed so
+                        "time_burst_s": (p.get("time_burst_s") or {}).get("median"),
+                        "alpha_burst_s": burst_fit.get("alpha_s"),
                     }
                 )
     return pd.DataFrame(rows, columns=None if rows else ["run_id", *TABLE_KEYS, "time_s", "busbw_Bps"])
@@ -159,6 +162,8 @@ def commbench_aggregate(rows: pd.DataFrame) -> pd.DataFrame:
         runs=("run_id", "nunique"),
         alpha_s=("alpha_s", "median"),
         beta_busbw_Bps=("beta_busbw_Bps", "median"),
+        time_burst_s=("time_burst_s", "median"),
+        alpha_burst_s=("alpha_burst_s", "median"),
     )
     agg["algbw_Bps"] = agg["bytes"] / agg["time_s"]
     agg["busbw_Bps"] = [

@@ -488,7 +488,8 @@ def commbench_sections(records: list[dict], with_figures: bool) -> list[Section]
             "Each stack's own collective API, started by its launcher: per size, the median over calls of "
             "the slowest rank's time (from a barrier to the device idle); algbw = size / time and busbw = "
             "algbw x 2(n-1)/n (all_reduce), (n-1)/n (all_gather, reduce_scatter, all_to_all) or 1 "
-            "(broadcast), as nccl-tests defines them; α and β fitted to t = α + size·busfactor/β. "
+            "(broadcast), as nccl-tests defines them; α and β fitted to t = α + size·busfactor/β; α per call "
+            "in bursts: fitted to the time per call of 8 calls queued back to back (up to 1 MiB). "
             "Repeated records: the median of their medians."
         ],
     )
@@ -519,6 +520,7 @@ def commbench_sections(records: list[dict], with_figures: bool) -> list[Section]
                     label,
                     op,
                     num(value(last.alpha_s) and last.alpha_s * 1e6, "{:,.1f}"),
+                    num(value(last.alpha_burst_s) and last.alpha_burst_s * 1e6, "{:,.1f}"),
                     num(value(last.beta_busbw_Bps) and last.beta_busbw_Bps / 1e9, "{:.3g}"),
                     nbytes(last.bytes),
                     num(last.busbw_Bps / 1e9, "{:.3g}"),
@@ -526,7 +528,19 @@ def commbench_sections(records: list[dict], with_figures: bool) -> list[Section]
                 ]
             )
         sec.blocks.append(
-            Table(["stack", "op", "α µs", "β GB/s (bus)", "largest size", "busbw GB/s there", "runs"], rows)
+            Table(
+                [
+                    "stack",
+                    "op",
+                    "α µs",
+                    "α µs per call in bursts",
+                    "β GB/s (bus)",
+                    "largest size",
+                    "busbw GB/s there",
+                    "runs",
+                ],
+                rows,
+            )
         )
         if with_figures:
             sec.blocks.extend(busbw_figures(g))
