@@ -294,65 +294,83 @@ def tf_collectives(spans: list[dict], inputs: dict[str, tuple[int, str]], world:
     return out
 
 
-# struct tcp_info (linux/tcp.h): byte offsets of the u64 counters read here (Linux 4.19+); TCP_INFO_BYTES is
-# the struct's size up to tcpi_snd_wnd (5.4). tcpi_bytes_acked is not used: it waits for the peer's ACK,
-# which may come after the reading, so a reading between steps would move bytes from one step to the next.
+# struct tcp_info (linux/tcp.h): byte offsets of the counters read here (Linux 4.19+); TCP_INFO_BYTES is the
+# struct's size up to tcpi_snd_wnd (5.4). tcpi_bytes_acked is not used: it waits for the peer's ACK, which
+# may come after the reading, so a reading between steps would move bytes from one step to the next.
 TCP_INFO_BYTES = 232
-TCPI_BYTES_RECEIVED, TCPI_BYTES_SENT, TCPI_BYTES_RETRANS = 128, 200, 208
+TCPI_NOTSENT_BYTES = 144  # u32: written by the application, not yet handed to the network
+TCPI_BYTES_RECEIVED, TCPI_BYTES_SENT, TCPI_BYTES_RETRANS = 128, 200, 208  # u64
 
 
-def tcp_counters() -> dict[tuple, tuple[int, int]]:
-    """This process's connected TCP sockets, by (local port, peer port): the kernel's count of the payload
-    bytes they sent (retransmissions taken out) and received, no TCP/IP headers. Read from /proc/self/fd
-    and getsockopt(TCP_INFO) on a duplicate of each descriptor; {} where the platform has no such
-    interface."""
+def tcp_endpoints() -> dict[str, tuple[str, str]]:
+    """Every connected TCP socket of this network namespace by inode: (local, peer) as the kernel writes
+    them in /proc/net/tcp and tcp6 (hex address:port)."""
+    out = {}
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        try:
+            lines = open(table).read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 9 and not fields[2].endswith(":0000"):  # a listening socket has no peer port
+                out[fields[9]] = (fields[1], fields[2])
+    return out
+
+
+def tcp_counters() -> dict[tuple[str, str], tuple[int, int]]:
+    """This process's connected TCP sockets, by (local, peer) endpoint: the kernel's count of the payload
+    bytes written to them (sent, less retransmissions, plus not yet sent) and received, no TCP/IP headers.
+    getsockopt(TCP_INFO) is called on each descriptor through libc, so no Python socket object wraps (and
+    no default timeout changes) the framework's sockets; {} where the platform has no such interface."""
+    import ctypes
     import os
     import socket
     import struct
 
     if not hasattr(socket, "TCP_INFO") or not os.path.isdir("/proc/self/fd"):
         return {}
+    libc = ctypes.CDLL(None, use_errno=True)
+    endpoints = tcp_endpoints()
     counters = {}
     for fd in os.listdir("/proc/self/fd"):
         try:
-            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
-                continue
-            sock = socket.socket(fileno=os.dup(int(fd)))
-        except (OSError, ValueError):  # closed meanwhile, or not a socket Python can wrap
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # closed meanwhile
             continue
-        with sock:
-            if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):
-                continue
-            try:
-                peer = sock.getpeername()
-                info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, TCP_INFO_BYTES)
-            except OSError:  # a listening or unconnected socket
-                continue
-            if len(info) < TCPI_BYTES_RETRANS + 8:  # a kernel before 4.19
-                continue
-            (received,) = struct.unpack_from("Q", info, TCPI_BYTES_RECEIVED)
-            sent, retransmitted = struct.unpack_from("QQ", info, TCPI_BYTES_SENT)
-            counters[(sock.getsockname()[1], peer[1])] = (sent - retransmitted, received)
+        inode = link[len("socket:[") : -1] if link.startswith("socket:[") else None
+        if inode not in endpoints:
+            continue
+        info = ctypes.create_string_buffer(TCP_INFO_BYTES)
+        length = ctypes.c_uint32(TCP_INFO_BYTES)
+        if libc.getsockopt(int(fd), socket.IPPROTO_TCP, socket.TCP_INFO, info, ctypes.byref(length)):
+            continue
+        if length.value < TCPI_BYTES_RETRANS + 8:  # a kernel before 4.19
+            continue
+        (notsent,) = struct.unpack_from("I", info.raw, TCPI_NOTSENT_BYTES)
+        (received,) = struct.unpack_from("Q", info.raw, TCPI_BYTES_RECEIVED)
+        sent, retransmitted = struct.unpack_from("QQ", info.raw, TCPI_BYTES_SENT)
+        counters[endpoints[inode]] = (sent - retransmitted + notsent, received)
     return counters
 
 
 def wire_bytes(before: dict, after: dict) -> dict:
-    """Bytes this process's TCP connections sent and received between two tcp_counters() readings, over
-    the connections open at both that carried any; a connection opened or closed in between is not
-    counted and is named in `connections_changed`."""
-    common = [key for key in after if key in before]
-    moved = [key for key in common if after[key] != before[key]]
-    by_connection = [
-        {
-            "ports": list(k),
-            "sent_bytes": after[k][0] - before[k][0],
-            "received_bytes": after[k][1] - before[k][1],
-        }
-        for k in moved
-    ]
+    """Bytes this process's TCP connections carried between two tcp_counters() readings: over connections
+    open at both readings, the difference; over one opened in between, all it carried. A connection
+    whose both ends are this process's (a store's server and its client in one rank) is no traffic
+    between ranks and is left out. A connection closed in between took its bytes with it: counted in
+    `connections_closed`, so a reader knows the figure may be short."""
+    local = {key for key in after if (key[1], key[0]) in after}
+    moved = []
+    for key, (sent, received) in after.items():
+        was = before.get(key, (0, 0))
+        if key not in local and (sent, received) != was:
+            moved.append(
+                {"endpoints": list(key), "sent_bytes": sent - was[0], "received_bytes": received - was[1]}
+            )
     return {
-        "sent_bytes": sum(c["sent_bytes"] for c in by_connection),
-        "received_bytes": sum(c["received_bytes"] for c in by_connection),
-        "connections": by_connection,
-        "connections_changed": len(set(before) ^ set(after)),
+        "sent_bytes": sum(c["sent_bytes"] for c in moved),
+        "received_bytes": sum(c["received_bytes"] for c in moved),
+        "connections": moved,
+        "connections_closed": len(set(before) - set(after)),
     }

@@ -63,6 +63,11 @@ class Collectives(ABC):
         for buffers in buffer_sets:
             self.call(op, buffers)
 
+    def burst_results(self, op: str, buffer_sets: list) -> list[np.ndarray]:
+        """The outputs of the last burst's calls, each as `result` gives one (a stack whose outputs are not
+        its buffers keeps them from call_burst)."""
+        return [self.result(op, buffers) for buffers in buffer_sets]
+
     @abstractmethod
     def result(self, op: str, buffers) -> np.ndarray:
         """The output of the last call as a flat float64 numpy array."""
@@ -208,9 +213,13 @@ def run_collectives(comm: Collectives, cfg: RunConfig) -> dict:
             if spec.under_load:
                 with ComputeLoad():
                     point["times_under_load"] = timed_calls(comm, op, buffers, spec.iters)
-            if size <= BURST_MAX_BYTES:  # each call of a burst on buffers of its own
+            if size <= BURST_MAX_BYTES:  # each call of a burst on buffers of its own, checked first too
+                burst = [comm.prepare(op, elements, comm.rank + 1.0) for _ in range(BURST_CALLS)]
+                comm.call_burst(op, burst)
+                comm.synchronize()
+                for got in comm.burst_results(op, burst):
+                    check_output(op, got, elements, comm.world_size, spec.dtype)
                 burst = [comm.prepare(op, elements, 0.0) for _ in range(BURST_CALLS)]
-                comm.call_burst(op, burst)  # untimed: the extra buffers' first use
                 point["burst_times"] = timed_bursts(comm, op, burst, spec.iters)
                 if spec.under_load:
                     with ComputeLoad():

@@ -8,6 +8,7 @@ tests/test_ddp.py and tests/test_torch_family.py.
 from __future__ import annotations
 
 import json
+import os
 import socket
 
 import pytest
@@ -217,14 +218,15 @@ def test_a_rank_without_a_trace_is_left_out_and_an_unknown_overlap_is_not_zero()
 
 
 def test_tcp_counters_count_each_connections_payload_both_ways():
-    """A localhost connection inside this process, both ends: 100,000 bytes one way and 3,000 back are what
-    the kernel's counters of each end moved between two readings; sockets that moved nothing are left out."""
+    """A localhost connection inside this process: 100,000 bytes one way and 3,000 back are what the
+    kernel's counters of its two ends moved between two readings, read without touching the sockets'
+    blocking mode or leaving a descriptor open. Its ends are both this process's, so it is no traffic
+    between ranks: wire_bytes leaves it out."""
     with socket.create_server(("127.0.0.1", 0)) as server:
-        idle = socket.create_connection(server.getsockname())
-        idle_end, _ = server.accept()
         client = socket.create_connection(server.getsockname())
         accepted, _ = server.accept()
-        with idle, idle_end, client, accepted:
+        with client, accepted:
+            fds = len(os.listdir("/proc/self/fd"))
             before = tcp_counters()
             client.sendall(b"x" * 100_000)
             received = 0
@@ -232,10 +234,23 @@ def test_tcp_counters_count_each_connections_payload_both_ways():
                 received += len(accepted.recv(1 << 16))
             accepted.sendall(b"y" * 3_000)
             assert len(client.recv(3_000, socket.MSG_WAITALL)) == 3_000
-            moved = wire_bytes(before, tcp_counters())
-    ends = {(c["sent_bytes"], c["received_bytes"]) for c in moved["connections"]}
-    assert ends == {(100_000, 3_000), (3_000, 100_000)}
-    assert moved["sent_bytes"] == moved["received_bytes"] == 103_000 and moved["connections_changed"] == 0
+            after = tcp_counters()
+            assert len(os.listdir("/proc/self/fd")) == fds and client.gettimeout() is None
+            ends = [key for key in after if int(key[0].rsplit(":", 1)[1], 16) == client.getsockname()[1]]
+            (mine,) = ends
+            theirs = (mine[1], mine[0])
+    assert (after[mine][0] - before[mine][0], after[mine][1] - before[mine][1]) == (100_000, 3_000)
+    assert (after[theirs][0] - before[theirs][0], after[theirs][1] - before[theirs][1]) == (3_000, 100_000)
+    assert wire_bytes(before, after)["connections"] == []
+
+
+def test_wire_bytes_count_a_connection_opened_between_readings_whole_and_name_a_closed_one():
+    before = {("a", "p"): (1_000, 500), ("b", "q"): (7, 7), ("x", "y"): (0, 0), ("y", "x"): (0, 0)}
+    after = {("a", "p"): (5_000, 900), ("c", "r"): (300, 200), ("x", "y"): (50, 60), ("y", "x"): (60, 50)}
+    moved = wire_bytes(before, after)
+    assert moved["sent_bytes"] == 4_000 + 300 and moved["received_bytes"] == 400 + 200
+    assert [c["endpoints"] for c in moved["connections"]] == [["a", "p"], ["c", "r"]]
+    assert moved["connections_closed"] == 1
 
 
 def test_bytes_on_the_wire_stand_in_for_a_trace_without_ops_or_times():
@@ -244,7 +259,7 @@ def test_bytes_on_the_wire_stand_in_for_a_trace_without_ops_or_times():
     terms = [{"op": "all_reduce", "elements": 1000, "dtype_bytes": 4, "per_step": 1, "what": "gradients"}]
 
     def wired(rank, sent):
-        wire = {"sent_bytes": sent, "received_bytes": 0, "connections": [], "connections_changed": 0}
+        wire = {"sent_bytes": sent, "received_bytes": 0, "connections": [], "connections_closed": rank}
         return {
             "rank": rank,
             "comm_trace": {
@@ -261,6 +276,7 @@ def test_bytes_on_the_wire_stand_in_for_a_trace_without_ops_or_times():
     assert m["method"] == "kernel TCP counters" and m["ranks_traced"] == 2 and m["ops"] == {}
     assert m["wire_sent_bytes_per_step"] == {"0": 4_100, "1": 4_000}
     assert m["bytes_per_rank_per_step"] == 4_050 and m["vs_analytic"] == pytest.approx(4_050 / 4_000)
+    assert m["connections_closed"] == 1 and "1 connection(s) closed" in measured_comm_text(m)
     assert "bytes on the wire only" in measured_comm_text(m)
 
 

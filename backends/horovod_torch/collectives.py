@@ -36,12 +36,16 @@ class HorovodCollectives(Collectives):
         elif op == "reduce_scatter":
             self.output = hvd.reducescatter(buffers, op=hvd.Sum)
         elif op == "all_to_all":
-            output = hvd.alltoall(buffers)
-            self.output = output[0] if isinstance(output, tuple) else output  # (output, received splits)
+            self.output = self.unwrap(hvd.alltoall(buffers))
         else:
             raise ValueError(f"unknown collective {op}")
 
-    burst_mode = "async"
+    burst_mode = "async, fused"  # a cycle's tensors are negotiated once and fused (not broadcast, alltoall)
+
+    @staticmethod
+    def unwrap(output):
+        """alltoall returns (output, received splits)."""
+        return output[0] if isinstance(output, tuple) else output
 
     def call_burst(self, op, buffer_sets):
         """Every call submitted to the background thread (hvd.*_async), then each handle synchronised: the
@@ -53,8 +57,10 @@ class HorovodCollectives(Collectives):
             "reduce_scatter": lambda t: hvd.reducescatter_async(t, op=hvd.Sum),
             "all_to_all": hvd.alltoall_async,
         }[op]
-        for handle in [submit(buffers) for buffers in buffer_sets]:
-            hvd.synchronize(handle)
+        self.burst_outputs = [hvd.synchronize(handle) for handle in [submit(b) for b in buffer_sets]]
+
+    def burst_results(self, op, buffer_sets):
+        return [self.unwrap(output).double().cpu().numpy() for output in self.burst_outputs]
 
     def result(self, op, buffers):
         return self.output.double().cpu().numpy()

@@ -123,7 +123,7 @@ class FleetTrainer(Trainer):
         DataParallel's gloo all-reduce (a traced tiny step held 1,422 events, none of them communication).
         So on CPU the kernel's TCP counters of this rank's connections are read before and after the traced
         steps: the bytes gloo sent (nothing else talks during steps), with neither op nor time. On GPU NCCL
-        does not use these sockets, and the profiler's NCCL path is not built: no trace."""
+        does not use them inside a node, and the profiler's NCCL path is not built: no trace."""
         if self.cfg.device != "cpu":
             return {
                 "method": None,

@@ -180,8 +180,9 @@ def call_time(
     fit of the mean times at every size. None if the op (or that series) was not measured.
 
     `burst`: a call among others queued back to back, priced per call of commbench's bursts the same way
-    (median idle, the fit of the means under load) up to the largest size timed in bursts, and as a call
-    alone above it (or where the record has no bursts: records before them)."""
+    (idle: medians interpolated, the fit below the smallest size; under load: the fit of the means) up to
+    the largest size timed in bursts; as a call alone above it, and where fewer than two sizes were timed
+    in bursts (records from before bursts, or sizes that start above 1 MiB)."""
     entry = (summary.get("ops") or {}).get(op)
     if not entry or not size:
         return None
@@ -191,9 +192,10 @@ def call_time(
         key = "time_burst_under_load_s" if under_load else "time_burst_s"
         timed = [p for p in entry["points"] if key in p]
         if len(timed) >= 2 and size <= timed[-1]["bytes"]:
+            fit = entry["fit_burst_under_load" if under_load else "fit_burst"]
+            if under_load or size < timed[0]["bytes"]:
+                return fitted_time(fit, op, size, summary["world_size"])
             sizes = np.array([p["bytes"] for p in timed], float)
-            if under_load:
-                return fitted_time(entry["fit_burst_under_load"], op, size, summary["world_size"])
             times = np.array([p[key]["median"] for p in timed], float)
             return float(np.exp(np.interp(np.log(size), np.log(sizes), np.log(times))))
     fit = entry.get("fit_under_load" if under_load else "fit")

@@ -188,6 +188,8 @@ def wire_comm(wired: dict, traces: list[dict], world: int, terms: list[dict]) ->
         "untraced_reason": "; ".join(untraced) or None,
         "ops": {},
         "wire_sent_bytes_per_step": sent,
+        # connections that closed during the traced steps took their bytes with them: the figure may be short
+        "connections_closed": sum(t["wire"].get("connections_closed", 0) for t in wired.values()),
         "bytes_per_rank_per_step": per_rank,
         "vs_analytic": per_rank / analytic_bytes if analytic_bytes else None,
         "traced_step_time_s": float(np.median(traced_steps)) if traced_steps else None,

@@ -45,6 +45,11 @@ def measured_comm_text(m: dict | None) -> str:
         + (f" (the others: {m['untraced_reason']})" if m.get("untraced_reason") else "")
         + f"; traced steps {fmt(m.get('trace_cost'), '{:+.0%}')} vs measured: "
         + (ops or "bytes on the wire only, no op or time per collective")
+        + (
+            f" ({m['connections_closed']} connection(s) closed while traced: their bytes are missing)"
+            if m.get("connections_closed")
+            else ""
+        )
     )
 
 
