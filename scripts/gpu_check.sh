@@ -153,6 +153,23 @@ print(f"probe trace on GPU: {len(calls)} c10d call(s), {len(timed)} paired with 
 for c in timed[:3]:
     print(f"probe   {c['op']} {c['size_bytes']} B, {c['dtype']}: {c['time_s'] * 1e6:.1f} us, "
           f"other kernels during it {c['overlapped_s'] * 1e6:.1f} us")
+
+# commbench's bursts on NCCL (async_op=True, each handle waited, then a device sync), checked like commbench
+from types import SimpleNamespace
+from backends.commbench import check_output, timed_bursts
+from backends.torch_ddp.collectives import TorchCollectives
+
+bench = TorchCollectives.__new__(TorchCollectives)  # the process group is up already
+bench.comm, bench.device, bench.dtype, bench.world_size = dist, torch.device("cuda", 0), torch.float32, 1
+bench.cfg = SimpleNamespace(device="cuda")
+for op in ("all_reduce", "all_gather", "reduce_scatter"):
+    burst = [bench.prepare(op, 1 << 16, 1.0) for _ in range(8)]
+    bench.call_burst(op, burst)
+    bench.synchronize()
+    for got in bench.burst_results(op, burst):
+        check_output(op, got, 1 << 16, 1, "fp32")
+    times = timed_bursts(bench, op, [bench.prepare(op, 1 << 16, 0.0) for _ in range(8)], 5)
+    print(f"probe burst {op} 256 KiB on NCCL, outputs checked: {min(times) * 1e6:.1f} us per call (least of 5)")
 dist.destroy_process_group()
 PY
 
