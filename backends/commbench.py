@@ -130,16 +130,22 @@ def check_output(op: str, got: np.ndarray, elements: int, world: int, dtype: str
         )
 
 
-def timed_calls(comm: Collectives, op: str, buffers, iters: int) -> list[float]:
-    """Seconds of `iters` calls, each from a barrier to the device being idle again."""
+def timed(comm: Collectives, issue, iters: int, calls: int = 1) -> list[float]:
+    """Seconds per call of `iters` runs of `issue()` (which makes `calls` calls), each run from a barrier to
+    the device being idle again."""
     times = []
     for _ in range(iters):
         comm.barrier()
         t0 = time.perf_counter()
-        comm.call(op, buffers)
+        issue()
         comm.synchronize()
-        times.append(time.perf_counter() - t0)
+        times.append((time.perf_counter() - t0) / calls)
     return times
+
+
+def timed_calls(comm: Collectives, op: str, buffers, iters: int) -> list[float]:
+    """Seconds of `iters` calls, each alone."""
+    return timed(comm, lambda: comm.call(op, buffers), iters)
 
 
 class ComputeLoad:
@@ -174,16 +180,8 @@ class ComputeLoad:
 
 
 def timed_bursts(comm: Collectives, op: str, buffer_sets: list, repeats: int) -> list[float]:
-    """Seconds per call of `repeats` bursts, each from a barrier to the device being idle after its last
-    call, divided by its calls."""
-    times = []
-    for _ in range(repeats):
-        comm.barrier()
-        t0 = time.perf_counter()
-        comm.call_burst(op, buffer_sets)
-        comm.synchronize()
-        times.append((time.perf_counter() - t0) / len(buffer_sets))
-    return times
+    """Seconds per call of `repeats` bursts, each a call on every one of `buffer_sets`."""
+    return timed(comm, lambda: comm.call_burst(op, buffer_sets), repeats, len(buffer_sets))
 
 
 def run_collectives(comm: Collectives, cfg: RunConfig) -> dict:
