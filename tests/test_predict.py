@@ -494,7 +494,7 @@ def test_predictions_are_records_of_their_own_kind_tabled_apart(tmp_path, capsys
 # the step would be under-predicted by about as much, by the compute two Horovod processes take from each
 # other on 2 cores (1-rank step 68.4 ms, 2-rank isolated compute 79.5 ms), which no input measures. ZeRO-3
 # meets the bounds since its persistent gathers are priced as calls of commbench's bursts (seen -4.4 to
-# +4.2% and +0.4 to +6.5 points; as calls alone +5 to +24% and +7 to +17 points).
+# +5.2% and +0.4 to +6.5 points; as calls alone +5 to +24% and +7 to +17 points).
 # scripts/predict_validation.py gives the table.
 OWN_RUNS = {
     "torch-ddp": (["--backend", "torch-ddp"], "allreduce", True),
