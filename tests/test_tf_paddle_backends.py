@@ -74,6 +74,7 @@ def test_trains_like_torch_ddp_with_a_full_record(out, ddp_losses, backend, gpus
 
 # gloo's framing on top of the payload: a header per message it sends, a few buckets and chunks a step
 GLOO_FRAMING_BYTES_PER_STEP = 4096
+GLOO_FRAMING_BYTES_PER_CALL = 512  # a call on one tensor: its messages' headers (measured: 216 B)
 
 
 def assert_wire_bytes_are_the_gradients_once_per_step(rec: dict) -> None:
@@ -142,6 +143,15 @@ def test_paddle_sharding_stage_1_shards_the_optimizer_state(out, ddp_losses):
     assert_same_losses(rec["summary"]["losses"], ddp_losses, what, CROSS_FRAMEWORK_LOSS_ATOL)
     held = [r["model_state_bytes"]["optimizer"] for r in rec["ranks"]]
     assert sum(held) == 8 * N + OPTIMIZER_EXTRA["paddle-fleet"] and max(held) < 0.9 * sum(held)
+    # On the wire: each gradient reduced to its owner (gloo: a ring reduce-scatter, then the non-owner's
+    # half to the owner) and each updated tensor broadcast by it: 1.25 x 4N a rank on average, plus
+    # gloo's framing of one reduce and one broadcast per tensor; the record says why it is not 1.
+    m = rec["summary"]["comm_measured"]
+    calls = 2 * len(SPEC.parameter_shapes())
+    assert (
+        1.25 * 4 * N <= m["bytes_per_rank_per_step"] <= 1.25 * 4 * N + calls * GLOO_FRAMING_BYTES_PER_CALL
+    ), m
+    assert "gather to the root" in rec["summary"]["comm_volume_method"]
 
 
 # --------------------------------------------------------------------- launch commands (no process started)

@@ -100,9 +100,17 @@ class PaddleFleet(Backend):
             )
         else:
             terms.append(CommTerm("all_gather", n, dtype_bytes, 1, "updated parameters"))
-        return CommPattern(
-            tuple(terms), "" if stage == 1 else "stages 2/3: per-micro-batch reduction assumed"
-        )
+        if stage == 1 and cfg.device != "cuda":
+            # gloo's reduce (gloo/reduce.cc) is a ring reduce-scatter and then a gather of each rank's chunk
+            # to the root, so a rank also sends its reduced chunk of every tensor it does not own
+            note = (
+                "on CPU gloo's reduce is a ring reduce-scatter then a gather to the root: each rank also "
+                "sends its 1/n chunk of every gradient it does not own: 1 + 1/(2n) times this volume "
+                "(x1.25 at 2 ranks)"
+            )
+        else:
+            note = "" if stage == 1 else "stages 2/3: per-micro-batch reduction assumed"
+        return CommPattern(tuple(terms), note)
 
     def collective_ops(self, cfg):
         """Paddle's gloo process group (CPU) implements no reduce_scatter or all_to_all."""
