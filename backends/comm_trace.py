@@ -9,8 +9,12 @@ from them (harness.analyze.metrics) use the same bus factors as commbench.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
+import os
+import socket
+import struct
 
 # torch's c10d ops, as the profiler names them on the issuing thread -> (op, index of the input in Input Dims)
 C10D_OPS = {
@@ -323,11 +327,6 @@ def tcp_counters() -> dict[tuple[str, str], tuple[int, int]]:
     bytes written to them (sent, less retransmissions, plus not yet sent) and received, no TCP/IP headers.
     getsockopt(TCP_INFO) is called on each descriptor through libc, so no Python socket object wraps (and
     no default timeout changes) the framework's sockets; {} where the platform has no such interface."""
-    import ctypes
-    import os
-    import socket
-    import struct
-
     if not hasattr(socket, "TCP_INFO") or not os.path.isdir("/proc/self/fd"):
         return {}
     libc = ctypes.CDLL(None, use_errno=True)

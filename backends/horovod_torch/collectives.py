@@ -13,6 +13,7 @@ from backends.torch_ddp.collectives import DTYPES
 
 class HorovodCollectives(Collectives):
     framework = "torch"
+    burst_mode = "async, fused"  # a cycle's tensors are negotiated once and fused (not broadcast, alltoall)
 
     def __init__(self, cfg):
         super().__init__(cfg)
@@ -39,8 +40,6 @@ class HorovodCollectives(Collectives):
             self.output = self.unwrap(hvd.alltoall(buffers))
         else:
             raise ValueError(f"unknown collective {op}")
-
-    burst_mode = "async, fused"  # a cycle's tensors are negotiated once and fused (not broadcast, alltoall)
 
     @staticmethod
     def unwrap(output):

@@ -21,6 +21,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 class TorchCollectives(Collectives):
     framework = "torch"
+    burst_mode = "async"
 
     def __init__(self, cfg, comm=dist):
         super().__init__(cfg)
@@ -39,8 +40,6 @@ class TorchCollectives(Collectives):
         if op in ("all_reduce", "broadcast"):  # in place
             return (send, send)
         return (send, torch.empty(received, dtype=self.dtype, device=self.device))
-
-    burst_mode = "async"
 
     def call(self, op, buffers, async_op=False):
         send, receive = buffers

@@ -34,13 +34,25 @@ def fit_alpha_beta(sizes: list[int], times: list[float], op: str, world: int) ->
     }
 
 
-# A commbench point's raw series (per rank, per call) -> its statistics' key in the summary.
+# A commbench point's raw series (per rank, per call) -> its statistics' key in the summary -> its fit's key.
 SERIES = {
     "times": "time_s",
     "times_under_load": "time_under_load_s",
     "burst_times": "time_burst_s",
     "burst_times_under_load": "time_burst_under_load_s",
 }
+FITS = {
+    "time_s": "fit",
+    "time_under_load_s": "fit_under_load",
+    "time_burst_s": "fit_burst",
+    "time_burst_under_load_s": "fit_burst_under_load",
+}
+
+
+def average(key: str) -> str:
+    """The statistic a series is priced by. Under load a call either runs at once or waits for a time
+    slice: a mixture whose median flips between the two, where a step pays the mean; idle, the median."""
+    return "mean" if "under_load" in key else "median"
 
 
 def summarize_commbench(record: dict) -> dict:
@@ -70,26 +82,12 @@ def summarize_commbench(record: dict) -> dict:
                 entry[key] = {k: timed[k] for k in ("median", "mean", "p10", "p90", "n")}
         ops.setdefault(op, {"points": []})["points"].append(entry)
     for op, entry in ops.items():
-        points = entry["points"]
-        if len(points) >= 2:
-            sizes = [p["bytes"] for p in points]
-            entry["fit"] = fit_alpha_beta(sizes, [p["time_s"]["median"] for p in points], op, world)
-            if all("time_under_load_s" in p for p in points):
-                # Under load a call either runs at once or waits for a time slice: a mixture whose
-                # median flips between the two, where a step pays the mean; one fit over every size
-                # pools the 20-odd calls of each.
-                loaded = [p["time_under_load_s"]["mean"] for p in points]
-                entry["fit_under_load"] = fit_alpha_beta(sizes, loaded, op, world)
-            for key, fit_key in (
-                ("time_burst_s", "fit_burst"),
-                ("time_burst_under_load_s", "fit_burst_under_load"),
-            ):
-                timed = [p for p in points if key in p]
-                if len(timed) >= 2:
-                    average = "mean" if "under_load" in key else "median"
-                    entry[fit_key] = fit_alpha_beta(
-                        [p["bytes"] for p in timed], [p[key][average] for p in timed], op, world
-                    )
+        for key, fit_key in FITS.items():  # one fit over every size a series has, pooling their calls
+            timed = [p for p in entry["points"] if key in p]
+            if len(timed) >= 2:
+                entry[fit_key] = fit_alpha_beta(
+                    [p["bytes"] for p in timed], [p[key][average(key)] for p in timed], op, world
+                )
     return {
         "ops": ops,
         "world_size": world,
@@ -188,27 +186,26 @@ def call_time(
         return None
     if under_load and any("time_under_load_s" not in p for p in entry["points"]):
         return None
+    world = summary["world_size"]
     if burst:
         key = "time_burst_under_load_s" if under_load else "time_burst_s"
         timed = [p for p in entry["points"] if key in p]
         if len(timed) >= 2 and size <= timed[-1]["bytes"]:
-            fit = entry["fit_burst_under_load" if under_load else "fit_burst"]
-            if under_load or size < timed[0]["bytes"]:
-                return fitted_time(fit, op, size, summary["world_size"])
-            sizes = np.array([p["bytes"] for p in timed], float)
-            times = np.array([p[key]["median"] for p in timed], float)
-            return float(np.exp(np.interp(np.log(size), np.log(sizes), np.log(times))))
-    fit = entry.get("fit_under_load" if under_load else "fit")
-    sizes = np.array([p["bytes"] for p in entry["points"]], float)
-    if under_load:  # the fit where there is one (2+ sizes); else the one size's mean, at that size
-        times = np.array([p["time_under_load_s"]["mean"] for p in entry["points"]], float)
-    else:
-        times = np.array([p["time_s"]["median"] for p in entry["points"]], float)
-    if (not under_load or not fit) and sizes[0] <= size <= sizes[-1]:
+            return series_time(entry, key, op, size, world)
+    return series_time(entry, "time_under_load_s" if under_load else "time_s", op, size, world)
+
+
+def series_time(entry: dict, key: str, op: str, size: float, world: int) -> float | None:
+    """One series' price of a call of `size`: under load the fit of its means; idle its medians
+    interpolated log-log between the measured sizes, the fit outside them; without a fit (one size), that
+    size's figure, at that size only."""
+    points = [p for p in entry["points"] if key in p]
+    fit = entry.get(FITS[key])
+    if (average(key) == "median" or not fit) and points[0]["bytes"] <= size <= points[-1]["bytes"]:
+        sizes = np.array([p["bytes"] for p in points], float)
+        times = np.array([p[key][average(key)] for p in points], float)
         return float(np.exp(np.interp(np.log(size), np.log(sizes), np.log(times))))
-    if not fit:
-        return None
-    return fitted_time(fit, op, size, summary["world_size"])
+    return fitted_time(fit, op, size, world) if fit else None
 
 
 def fitted_time(fit: dict, op: str, size: float, world: int) -> float:
