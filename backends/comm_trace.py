@@ -13,8 +13,13 @@ import ctypes
 import json
 import math
 import os
+import re
 import socket
 import struct
+import sys
+import tempfile
+from contextlib import contextmanager
+from datetime import datetime
 
 # torch's c10d ops, as the profiler names them on the issuing thread -> (op, index of the input in Input Dims)
 C10D_OPS = {
@@ -296,6 +301,104 @@ def tf_collectives(spans: list[dict], inputs: dict[str, tuple[int, str]], world:
             )
         )
     return out
+
+
+# glog's line prefix (Paddle's C++ log): severity, MMDD, wall-clock time to the microsecond, thread id,
+# file:line], message
+GLOG_LINE = re.compile(r"^[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)\.(\d{6}) +(\d+) ([^:\]\s]+):\d+\] ?(.*)$")
+# Paddle's EagerReducer (paddle/fluid/distributed/collective/reducer.cc) at VLOG(3)
+REDUCER_GROUP = re.compile(r"The Group\[(\d+)\]:numel: (\d+) ;var number: (\d+)")
+REDUCER_VAR_TYPE = re.compile(r"^var\[.*\] 's type is (\w+)")
+REDUCER_START = re.compile(r"^group \[(\d+)\] start fused_allreduce")
+
+
+def glog_entries(text: str) -> list[tuple[int, str, str, str]]:
+    """The lines glog wrote, as (microseconds, thread, file, message), the time counted from the start of
+    a leap year in whole microseconds (exact differences); a message's continuation lines (text without
+    the prefix) are left out. MMDD carries no year: a log that runs past New Year's midnight goes on
+    counting from the year's last day."""
+    entries: list[tuple[int, str, str, str]] = []
+    year_offset = 0
+    for line in text.splitlines():
+        m = GLOG_LINE.match(line)
+        if not m:
+            continue
+        month, day, hour, minute, second, micro, thread, file, message = m.groups()
+        days = (datetime(2000, int(month), int(day)) - datetime(2000, 1, 1)).days
+        seconds = ((days * 24 + int(hour)) * 60 + int(minute)) * 60 + int(second)
+        t = seconds * 1_000_000 + int(micro) + year_offset
+        if entries and t < entries[-1][0] - 300 * 86400 * 1_000_000:
+            year_offset += 366 * 86400 * 1_000_000
+            t += 366 * 86400 * 1_000_000
+        entries.append((t, thread, file, message))
+    return entries
+
+
+def paddle_reducer_groups(text: str) -> dict:
+    """Paddle DataParallel's gradient groups as its reducer logs them when it is built (VLOG 3 of
+    reducer.cc): elements per group index, and the parameters' dtype (None if they differ)."""
+    entries = glog_entries(text)
+    groups = {int(m[1]): int(m[2]) for *_, msg in entries if (m := REDUCER_GROUP.search(msg))}
+    dtypes = {m[1] for *_, msg in entries if (m := REDUCER_VAR_TYPE.search(msg))}
+    return {"elements": groups, "dtype": dtypes.pop() if len(dtypes) == 1 else None}
+
+
+def paddle_reducer_collectives(text: str, groups: dict, world: int) -> list[dict]:
+    """The collectives of Paddle DataParallel's reducer log over the traced steps, one dict per call.
+
+    The reducer logs "group [k] start fused_allreduce" and then concatenates the group's gradients, scales
+    them by 1/n and all-reduces them. On CPU the gloo all-reduce runs on the calling thread
+    (ProcessGroupGloo::AllReduce runs its task before it returns), so the call ends before that thread logs
+    its next line: the next group's start, the gradient hook's return (accumulation_node.cc, logged at the
+    same level), or "Reducer is finished" after the last group, which follows the copy of the reduced
+    gradients back into their tensors. A call's time thus includes its concatenation and scaling (and the
+    last one's copy back): an upper bound by those copies. Nothing else runs on that thread meanwhile, so
+    no compute overlaps it (0). `groups`: paddle_reducer_groups of the reducer's construction."""
+    entries = glog_entries(text)
+    t0 = entries[0][0] if entries else 0
+    out = []
+    for i, (start, thread, _, message) in enumerate(entries):
+        m = REDUCER_START.search(message)
+        if not m:
+            continue
+        end = next((t for t, th, *_ in entries[i + 1 :] if th == thread), None)
+        out.append(
+            collective(
+                "all_reduce",
+                "paddle DataParallel fused_allreduce",
+                groups["elements"].get(int(m[1])),
+                groups["dtype"],
+                world,
+                (start - t0) / 1e6,
+                (end - start) / 1e6 if end is not None else None,
+                0.0 if end is not None else None,
+            )
+        )
+    return out
+
+
+@contextmanager
+def captured_stderr():
+    """This process's file descriptor 2 goes to a temporary file for the duration, so what C++ code logs
+    there (glog) can be read: yields a dict whose "text" is set on exit. The text is then written to the
+    real stderr too, so the rank's log keeps it."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    captured: dict = {"text": ""}
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield captured
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            data = sink.read()
+            unwritten = memoryview(data)
+            while unwritten:
+                unwritten = unwritten[os.write(2, unwritten) :]
+            captured["text"] = data.decode(errors="replace")
 
 
 # struct tcp_info (linux/tcp.h): byte offsets of the counters read here (Linux 4.19+); TCP_INFO_BYTES is the

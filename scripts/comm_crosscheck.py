@@ -31,6 +31,7 @@ STACKS = {  # label -> harness flags
     "deepspeed-zero3": ["--backend", "deepspeed", "--zero-stage", "3"],
     "horovod": ["--backend", "horovod"],
     "tf-mwms": ["--backend", "tf-mwms"],
+    "paddle-fleet": ["--backend", "paddle-fleet"],
 }
 
 

@@ -1,8 +1,8 @@
 """The collective trace: what each stack's own instrument says it sent, read back into one shape.
 
 Unit tier on hand-made traces in the instruments' formats (torch.profiler's Chrome trace with gloo work
-events, Horovod's timeline); the real runs' traces are checked against known gradient bytes in
-tests/test_ddp.py and tests/test_torch_family.py.
+events, Horovod's timeline, Paddle's reducer log); the real runs' traces are checked against known gradient
+bytes in tests/test_ddp.py, tests/test_torch_family.py and tests/test_tf_paddle_backends.py.
 """
 
 from __future__ import annotations
@@ -14,7 +14,11 @@ import socket
 import pytest
 
 from backends.comm_trace import (
+    captured_stderr,
+    glog_entries,
     horovod_collectives,
+    paddle_reducer_collectives,
+    paddle_reducer_groups,
     tcp_counters,
     tf_collectives,
     timeline_events,
@@ -202,6 +206,21 @@ def test_a_rank_whose_trace_lost_a_call_is_named_and_does_not_set_the_size():
     assert op["busbw_Bps"] == pytest.approx(4000 / 0.02)
 
 
+def test_a_trace_that_also_counted_the_wire_shows_both():
+    """Paddle's reducer log gives the calls and the TCP counters the bytes: each rank's wire figure per
+    step stands beside the traced volume, in the record and its line."""
+    wire = {"received_bytes": 0, "connections": [], "connections_closed": 0}
+    ranks = [
+        {"rank": r, **trace([call("all_reduce", 4000, 0.01)] * 2, steps=2, wire={**wire, "sent_bytes": b})}
+        for r, b in [(0, 8_300), (1, 8_100)]
+    ]
+    m = measured_comm(ranks, 2, [])
+    assert m["ops"]["all_reduce"]["size_bytes_per_step"] == 4000
+    assert m["wire_sent_bytes_per_step"] == {"0": 4_150, "1": 4_050}
+    assert "on the wire rank 0 4.1 KiB, rank 1 4.0 KiB" in measured_comm_text(m)
+    assert "wire_sent_bytes_per_step" not in measured_comm([trace([call("all_reduce", 4000, 0.01)])], 2, [])
+
+
 def test_a_rank_without_a_trace_is_left_out_and_an_unknown_overlap_is_not_zero():
     """Horovod's timeline is rank 0's only: rank 1's reason is kept, its missing data not counted as 0."""
     ranks = [
@@ -215,6 +234,65 @@ def test_a_rank_without_a_trace_is_left_out_and_an_unknown_overlap_is_not_zero()
         [{"comm_trace": {"method": None, "reason": "no trace for tensorflow"}}] * 2, 2, []
     )
     assert untraced == {"method": None, "reason": "no trace for tensorflow"}
+
+
+# Paddle's reducer as glog writes it at VLOG 3 (shortened from a real rank log): built with two groups, then
+# one step on thread 77 (thread 99 logs meanwhile; a message may run over several lines).
+PADDLE_REDUCER_BUILT = """\
+I1201 16:58:29.830410 77 reducer.cc:104] var[embedding_0.w_0] 's type is float32
+I1201 16:58:29.830461 77 reducer.cc:104] var[linear_0.w_0] 's type is float32
+I1201 16:58:29.830605 77 reducer.cc:592] The Group[0]:numel: 809728 ;var number: 51
+I1201 16:58:29.830610 77 reducer.cc:592] The Group[1]:numel: 262144 ;var number: 1
+"""
+PADDLE_REDUCER_STEP = """\
+I1201 23:59:59.990000 77 reducer.cc:783] Tensor[1] [embedding_1.w_0@GRAD] arrived and triggered DistHook
+I1201 23:59:59.990010 77 reducer.cc:956] Group[0] is ready
+I1201 23:59:59.990020 77 reducer.cc:1095] group [0] start fused_allreduce.
+I1201 23:59:59.991000 99 process_group_gloo.cc:748] GlooStore::set
+I1201 23:59:59.995020 77 accumulation_node.cc:200]
+==========================Finish_AD_API_Grad: GradNodeAccumulation==========================
+W1201 23:59:59.999000 77 reducer.cc:956] Group[1] is ready
+I1202 00:00:00.000000 77 reducer.cc:1095] group [1] start fused_allreduce.
+I1202 00:00:00.002500 77 reducer.cc:1086] In the batch, Reducer is finished.
+"""
+
+
+def test_paddle_reducer_log_times_each_fused_allreduce_to_its_threads_next_line():
+    """A group's call runs from its "start fused_allreduce" to the next line its own thread logs (another
+    thread's line does not end it; the last ends at "Reducer is finished"), past midnight too; its size is
+    the group's numel as the reducer logged it when built, its dtype the variables'."""
+    groups = paddle_reducer_groups(PADDLE_REDUCER_BUILT)
+    assert groups == {"elements": {0: 809728, 1: 262144}, "dtype": "float32"}
+    calls = paddle_reducer_collectives(PADDLE_REDUCER_STEP, groups, 2)
+    assert [(c["op"], c["elements"], c["size_bytes"], c["dtype"]) for c in calls] == [
+        ("all_reduce", 809728, 4 * 809728, "float32"),
+        ("all_reduce", 262144, 4 * 262144, "float32"),
+    ]
+    assert [c["start_s"] for c in calls] == pytest.approx([0.000020, 0.010000], abs=1e-9)
+    assert [c["time_s"] for c in calls] == pytest.approx([0.005000, 0.002500], abs=1e-9)
+    assert [c["overlapped_s"] for c in calls] == [0.0, 0.0] and {c["group_size"] for c in calls} == {2}
+    assert [e[2] for e in glog_entries(PADDLE_REDUCER_STEP)].count("accumulation_node.cc") == 1
+    half = "I1201 16:58:29.900000 77 reducer.cc:104] var[a] 's type is float16\n"
+    assert paddle_reducer_groups(PADDLE_REDUCER_BUILT + half)["dtype"] is None
+
+
+def test_a_call_the_trace_cut_off_has_no_time_and_a_log_past_new_year_counts_on():
+    cut = paddle_reducer_collectives(
+        "I1231 23:59:59.999000 5 reducer.cc:1095] group [0] start fused_allreduce.\n",
+        {"elements": {0: 10}, "dtype": "float32"},
+        2,
+    )
+    assert cut[0]["time_s"] is None and cut[0]["overlapped_s"] is None
+    entries = glog_entries("I1231 23:59:59.999000 5 a.cc:1] x\nI0101 00:00:00.001000 5 a.cc:2] y\n")
+    assert entries[1][0] - entries[0][0] == 2_000
+
+
+def test_captured_stderr_reads_what_c_code_writes_to_fd_2_and_hands_it_on(capfd):
+    with captured_stderr() as captured:
+        os.write(2, b"I1201 glog line\n")
+        assert captured["text"] == ""
+    assert captured["text"] == "I1201 glog line\n"
+    assert capfd.readouterr().err == "I1201 glog line\n"
 
 
 def test_tcp_counters_count_each_connections_payload_both_ways():

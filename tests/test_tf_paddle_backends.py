@@ -68,8 +68,8 @@ def test_trains_like_torch_ddp_with_a_full_record(out, ddp_losses, backend, gpus
         assert s["t_compute_s"] > 0 and s["comm_bytes_per_rank_per_step"] == 2 * (2 - 1) / 2 * N * 4
     framework = {"tf-mwms": "tensorflow", "paddle-fleet": "paddle"}[backend]
     assert rec["backend_info"]["framework"] == framework and rec["environment"]["versions"][framework]
-    if (backend, gpus) == ("paddle-fleet", 2):  # the trace is on by default: Paddle's is bytes on the wire
-        assert_wire_bytes_are_the_gradients_once_per_step(rec)
+    if (backend, gpus) == ("paddle-fleet", 2):  # the trace is on by default
+        assert_reducer_log_and_wire_count_the_gradients_once_per_step(rec)
 
 
 # gloo's framing on top of the payload: a header per message it sends, a few buckets and chunks a step
@@ -77,19 +77,29 @@ GLOO_FRAMING_BYTES_PER_STEP = 4096
 GLOO_FRAMING_BYTES_PER_CALL = 512  # a call on one tensor: its messages' headers (measured: 216 B)
 
 
-def assert_wire_bytes_are_the_gradients_once_per_step(rec: dict) -> None:
+def assert_wire_bytes_are_the_gradients_once_per_step(m: dict, wires: list[dict]) -> None:
     """Each of 2 ranks sends half its gradients in the all-reduce's reduce-scatter and half in its
     all-gather: 4N bytes a step (2(n-1)/n x S with S = 4N), plus gloo's framing, on its TCP connections;
     and what one rank sent is what the other received."""
-    m = rec["summary"]["comm_measured"]
-    assert m["method"] == "kernel TCP counters" and m["ranks_traced"] == 2 and m["ops"] == {}, m
     for rank, sent in m["wire_sent_bytes_per_step"].items():
         assert 4 * N <= sent <= 4 * N + GLOO_FRAMING_BYTES_PER_STEP, (rank, sent, 4 * N)
-    wires = [r["comm_trace"]["wire"] for r in rec["ranks"]]
     assert (
         wires[0]["sent_bytes"] == wires[1]["received_bytes"]
         and wires[1]["sent_bytes"] == wires[0]["received_bytes"]
     )
+
+
+def assert_reducer_log_and_wire_count_the_gradients_once_per_step(rec: dict) -> None:
+    """Paddle's reducer log: DataParallel's fused all-reduces of a step hold every fp32 gradient once
+    (S = 4N), each timed, on the thread that runs backward (no overlap); the wire agrees."""
+    m = rec["summary"]["comm_measured"]
+    assert m["method"].startswith("paddle reducer log") and m["ranks_traced"] == 2, m
+    assert m["ops"]["all_reduce"]["size_bytes_per_step"] == 4 * N and m["vs_analytic"] == 1.0, m
+    assert m["ops"]["all_reduce"]["ranks_agree"] and m["ops"]["all_reduce"]["overlap_fraction"] == 0.0
+    for r in rec["ranks"]:
+        calls = r["comm_trace"]["collectives"]
+        assert calls and all(c["time_s"] > 0 and c["dtype"] == "float32" for c in calls), calls
+    assert_wire_bytes_are_the_gradients_once_per_step(m, [r["comm_trace"]["wire"] for r in rec["ranks"]])
 
 
 # TF 2.21's profiler can kill a worker as it stops (a double free while it collects the trace; README): the
@@ -147,6 +157,7 @@ def test_paddle_sharding_stage_1_shards_the_optimizer_state(out, ddp_losses):
     # half to the owner) and each updated tensor broadcast by it: 1.25 x 4N a rank on average, plus
     # gloo's framing of one reduce and one broadcast per tensor; the record says why it is not 1.
     m = rec["summary"]["comm_measured"]
+    assert m["method"] == "kernel TCP counters" and m["ops"] == {}, m  # outside the reducer: no log
     calls = 2 * len(SPEC.parameter_shapes())
     assert (
         1.25 * 4 * N <= m["bytes_per_rank_per_step"] <= 1.25 * 4 * N + calls * GLOO_FRAMING_BYTES_PER_CALL

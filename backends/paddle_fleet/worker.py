@@ -9,13 +9,19 @@ from __future__ import annotations
 
 import math
 import os
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 import paddle
 import paddle.distributed as dist
 from paddle.distributed import fleet
 
-from backends.comm_trace import tcp_counters, wire_bytes
+from backends.comm_trace import (
+    captured_stderr,
+    paddle_reducer_collectives,
+    paddle_reducer_groups,
+    tcp_counters,
+    wire_bytes,
+)
 from backends.loop import Trainer, cpu_name
 from backends.paddle_fleet import PaddleOptions
 from core.config import RunConfig
@@ -23,10 +29,24 @@ from workloads.paddle_model import GPT, make_optimizer
 
 AMP_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 GROUP_SHARDED_LEVELS = {2: "os_g", 3: "p_g_os"}
+# Paddle's own verbose log (glog VLOG) of the C++ files that say when DataParallel's fused all-reduces run
+REDUCER_LOG = {"reducer": 3, "accumulation_node": 3}
 
 
 def tensor_bytes(t) -> int:
     return math.prod(t.shape) * t.element_size()
+
+
+@contextmanager
+def reducer_log():
+    """Turns on Paddle's VLOG 3 of its reducer and gradient-hook files and captures what they write to
+    stderr; off again (level 0, so their log sites keep following the setting) on exit."""
+    with captured_stderr() as captured:
+        paddle.base.core.set_vlog_level(REDUCER_LOG)
+        try:
+            yield captured
+        finally:
+            paddle.base.core.set_vlog_level(dict.fromkeys(REDUCER_LOG, 0))
 
 
 def use_rank_device(cfg: RunConfig) -> str:
@@ -83,7 +103,9 @@ class FleetTrainer(Trainer):
             # Paddle 3.3.1 wraps a 1-process model in NoPipelineParallel, which accepts only a PipelineLayer:
             # alone (world 1, the isolated counterfactual) the model runs unwrapped, with nothing to sync.
             if cfg.process_group_size > 1:
-                model = fleet.distributed_model(model)
+                with reducer_log() as construction:  # its gradient groups, for the collective trace
+                    model = fleet.distributed_model(model)
+                self.reducer_groups = paddle_reducer_groups(construction["text"])
             optimizer, scaler = (
                 fleet.distributed_optimizer(optimizer),
                 scaler and fleet.distributed_scaler(scaler),
@@ -119,11 +141,13 @@ class FleetTrainer(Trainer):
         return float(paddle.add_n(losses))
 
     def trace_collectives(self, run_steps) -> dict:
-        """Bytes on the wire, not a per-collective trace: paddle.profiler (CPU target) records no event for
-        DataParallel's gloo all-reduce (a traced tiny step held 1,422 events, none of them communication).
-        So on CPU the kernel's TCP counters of this rank's connections are read before and after the traced
-        steps: the bytes gloo sent (nothing else talks during steps), with neither op nor time. On GPU NCCL
-        does not use them inside a node, and the profiler's NCCL path is not built: no trace."""
+        """paddle.profiler (CPU target) records no event for DataParallel's gloo all-reduce (a traced tiny
+        step held 1,422 events, none of them communication). So on CPU Paddle's own reducer log (VLOG 3)
+        times each fused all-reduce (backends.comm_trace.paddle_reducer_collectives), and the kernel's TCP
+        counters of this rank's connections, read before and after the traced steps, give the bytes gloo
+        sent (nothing else talks during steps). Sharding stage 1 reduces and broadcasts outside the
+        reducer: bytes on the wire only, with neither op nor time. On GPU NCCL does not use those sockets
+        inside a node, and the profiler's NCCL path is not built: no trace."""
         if self.cfg.device != "cpu":
             return {
                 "method": None,
@@ -131,16 +155,25 @@ class FleetTrainer(Trainer):
                 "read yet",
             }
         before = tcp_counters()
-        step_times = run_steps()
+        with reducer_log() as log:
+            step_times = run_steps()
         wire = wire_bytes(before, tcp_counters())
+        trace = {"steps": len(step_times), "step_times": step_times, "wire": wire}
+        if not isinstance(self.model, paddle.DataParallel):
+            return {
+                **trace,
+                "method": "kernel TCP counters",
+                "collectives": None,
+                "reason": "paddle.profiler records no event for gloo collectives on CPU, and sharding "
+                "stage 1 reduces outside DataParallel's logged reducer: the bytes this rank's TCP "
+                "connections carried, not each collective",
+            }
         return {
-            "method": "kernel TCP counters",
-            "steps": len(step_times),
-            "step_times": step_times,
-            "collectives": None,
-            "wire": wire,
-            "reason": "paddle.profiler records no event for gloo collectives on CPU: the bytes this rank's "
-            "TCP connections carried, not each collective",
+            **trace,
+            "method": "paddle reducer log (VLOG 3) + kernel TCP counters",
+            "collectives": paddle_reducer_collectives(
+                log["text"], self.reducer_groups, self.cfg.process_group_size
+            ),
         }
 
     def synchronize(self) -> None:

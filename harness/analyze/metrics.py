@@ -158,7 +158,7 @@ def measured_comm(ranks: list[dict], world: int, terms: list[dict]) -> dict | No
     sent = sum(o["size_bytes_per_step"] * bus_factor(op, world) for op, o in ops.items())
     analytic_bytes = comm_bytes_per_rank(terms, world)
     traced_steps = slowest([t["step_times"] for t in traces if t.get("step_times")])
-    return {
+    out = {
         "method": traced[0]["method"],
         "steps": steps,
         "ranks_traced": len(traced),
@@ -168,6 +168,11 @@ def measured_comm(ranks: list[dict], world: int, terms: list[dict]) -> dict | No
         "vs_analytic": sent / analytic_bytes if analytic_bytes else None,
         "traced_step_time_s": float(np.median(traced_steps)) if traced_steps else None,
     }
+    if all(t.get("wire") for t in traced):  # a second, independent count of the same traffic
+        out["wire_sent_bytes_per_step"] = {
+            str(rank): t["wire"]["sent_bytes"] / t["steps"] for rank, t in traced_by_rank.items()
+        }
+    return out
 
 
 def wire_comm(wired: dict, traces: list[dict], world: int, terms: list[dict]) -> dict:

@@ -46,6 +46,12 @@ def measured_comm_text(m: dict | None) -> str:
         + f"; traced steps {fmt(m.get('trace_cost'), '{:+.0%}')} vs measured: "
         + (ops or "bytes on the wire only, no op or time per collective")
         + (
+            "; on the wire "
+            + ", ".join(f"rank {r} {fmt_bytes(b)}" for r, b in m["wire_sent_bytes_per_step"].items())
+            if ops and m.get("wire_sent_bytes_per_step")
+            else ""
+        )
+        + (
             f" ({m['connections_closed']} connection(s) closed while traced: their bytes are missing)"
             if m.get("connections_closed")
             else ""
