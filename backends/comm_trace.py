@@ -15,6 +15,7 @@ import math
 import os
 import re
 import socket
+import stat
 import struct
 import sys
 import tempfile
@@ -379,12 +380,25 @@ def paddle_reducer_collectives(text: str, groups: dict, world: int) -> list[dict
 
 @contextmanager
 def captured_stderr():
-    """This process's file descriptor 2 goes to a temporary file for the duration, so what C++ code logs
-    there (glog) can be read: yields a dict whose "text" is set on exit. The text is then written to the
-    real stderr too, so the rank's log keeps it."""
+    """What this process writes to file descriptor 2 for the duration (what C++ code logs there: glog), as
+    the "text" of the dict it yields, set on exit. Where fd 2 is a regular file (a worker's rank log), the
+    text is read back from that file, so the log keeps every line as it is written, even if the process
+    dies meanwhile. Otherwise fd 2 goes to a temporary file for the duration, and the text is then written
+    on to the real stderr too."""
     sys.stderr.flush()
-    saved = os.dup(2)
     captured: dict = {"text": ""}
+    log = "/proc/self/fd/2"
+    if stat.S_ISREG(os.fstat(2).st_mode) and os.path.exists(log):
+        start = os.fstat(2).st_size
+        try:
+            yield captured
+        finally:
+            sys.stderr.flush()
+            with open(log, "rb") as f:
+                f.seek(start)
+                captured["text"] = f.read().decode(errors="replace")
+        return
+    saved = os.dup(2)
     with tempfile.TemporaryFile() as sink:
         os.dup2(sink.fileno(), 2)
         try:

@@ -287,12 +287,37 @@ def test_a_call_the_trace_cut_off_has_no_time_and_a_log_past_new_year_counts_on(
     assert entries[1][0] - entries[0][0] == 2_000
 
 
-def test_captured_stderr_reads_what_c_code_writes_to_fd_2_and_hands_it_on(capfd):
+@pytest.fixture
+def fd2():
+    """Puts a given file descriptor on fd 2 (a worker's rank log, or a pipe), and the real one back."""
+    saved = os.dup(2)
+    yield lambda fd: os.dup2(fd, 2)
+    os.dup2(saved, 2)
+    os.close(saved)
+
+
+def test_captured_stderr_reads_what_c_code_wrote_back_from_a_rank_log_that_keeps_it(fd2, tmp_path):
+    log = tmp_path / "rank0.log"
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    fd2(fd)
+    os.write(2, b"before\n")
+    with captured_stderr() as captured:
+        os.write(2, b"I1201 glog line\n")
+        assert log.read_text() == "before\nI1201 glog line\n"  # in the log as it is written
+    os.close(fd)
+    assert captured["text"] == "I1201 glog line\n"
+
+
+def test_captured_stderr_of_a_pipe_reads_what_c_code_wrote_and_hands_it_on(fd2):
+    read_end, write_end = os.pipe()
+    os.set_blocking(read_end, False)  # a missing copy fails instead of waiting
+    fd2(write_end)
     with captured_stderr() as captured:
         os.write(2, b"I1201 glog line\n")
         assert captured["text"] == ""
+    os.close(write_end)
     assert captured["text"] == "I1201 glog line\n"
-    assert capfd.readouterr().err == "I1201 glog line\n"
+    assert os.read(read_end, 100) == b"I1201 glog line\n"
 
 
 def test_tcp_counters_count_each_connections_payload_both_ways():
