@@ -9,13 +9,19 @@ call so drift hits them alike:
 
 - back-to-back: a barrier, then the call (commbench's idle condition);
 - after B ms idle: a barrier, B ms of sleep, then the call;
-- after B ms compute: a barrier, B ms of matrix products on the rank's thread (as backward), then the call.
+- after B ms compute: a barrier, B ms of matrix products on the rank's thread (as backward), then the call;
+- after B ms spin: the same with a bare Python loop instead, which touches no memory (so not caches);
+- after B ms compute, then S ms idle (`--settle-ms`): how long the effect lasts.
+
+Beside each condition: the CPU time the rank's threads ran during the call (/proc/self/task/*/schedstat),
+to tell a slower CPU from more waiting.
 
 Each call is taken as the last rank to arrive saw it (the least time over ranks), as the cross-check does.
 `--skew-ms` makes rank 1 pause that much longer than rank 0, so rank 0 waits for it (a step's ranks
 arrive apart).
 
-    .venv/bin/python scripts/after_compute_probe.py --calls 80 --burst-ms 20,50 [--skew-ms 3]
+    .venv/bin/python scripts/after_compute_probe.py --calls 80 --burst-ms 20,50 [--skew-ms 3] \\
+        [--settle-ms 2,10]
 
 Run it on a quiet machine: it is a timing.
 """
@@ -26,6 +32,7 @@ import argparse
 import os
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -41,12 +48,31 @@ DDP_TINY_LAST_BUCKET = 807_680  # floats: torch-ddp's last bucket on the tiny wo
 
 
 def pause(kind: str, seconds: float, a: torch.Tensor) -> None:
+    """`kind`: none, idle, compute, spin, or compute+idle:<settle seconds>."""
+    kind, _, settle = kind.partition("+idle:")
     if kind == "idle":
         time.sleep(seconds)
-    elif kind == "compute":
+    elif kind in ("compute", "spin"):
         end = time.perf_counter() + seconds
         while time.perf_counter() < end:
-            a @ a
+            if kind == "compute":
+                a @ a
+    if settle:
+        time.sleep(float(settle))
+
+
+def cpu_seconds() -> float:
+    """CPU time this process's threads have run: this thread's from its CPU clock, the others' from the
+    kernel's schedstat (which for a running thread lags by up to a tick: this one has just computed)."""
+    total, me = time.thread_time(), str(threading.get_native_id())
+    for tid in os.listdir("/proc/self/task"):
+        if tid == me:
+            continue
+        try:
+            total += int(open(f"/proc/self/task/{tid}/schedstat").read().split()[0]) / 1e9
+        except OSError:  # the thread ended
+            continue
+    return total
 
 
 def worker(rank: int, port: int, conditions, elements: int, calls: int, skew_s: float, queue) -> None:
@@ -57,14 +83,16 @@ def worker(rank: int, port: int, conditions, elements: int, calls: int, skew_s: 
     for _ in range(10):  # warm-up: connections, buffers
         dist.all_reduce(buffer)
     times = {label: [] for label, _, _ in conditions}
+    cpu = {label: [] for label, _, _ in conditions}
     for _ in range(calls):
         for label, kind, seconds in conditions:
             dist.barrier()
             pause(kind, seconds + (skew_s if rank == 1 and kind != "none" else 0.0), a)
-            start = time.perf_counter()
+            cpu_start, start = cpu_seconds(), time.perf_counter()
             dist.all_reduce(buffer)
             times[label].append(time.perf_counter() - start)
-    queue.put((rank, times))
+            cpu[label].append(cpu_seconds() - cpu_start)
+    queue.put((rank, times, cpu))
     dist.destroy_process_group()
 
 
@@ -76,6 +104,7 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=80, help="timed calls per condition")
     parser.add_argument("--burst-ms", default="20,50", help="comma-separated idle/compute lengths")
     parser.add_argument("--skew-ms", type=float, default=0.0, help="rank 1 pauses this much longer")
+    parser.add_argument("--settle-ms", default="", help="comma-separated idle times after the compute")
     args = parser.parse_args()
     bursts = [float(ms) for ms in args.burst_ms.split(",")]
     conditions = [("back-to-back", "none", 0.0)]
@@ -83,6 +112,11 @@ def main() -> int:
         conditions += [
             (f"after {ms:g} ms idle", "idle", ms / 1e3),
             (f"after {ms:g} ms compute", "compute", ms / 1e3),
+            (f"after {ms:g} ms spin", "spin", ms / 1e3),
+        ]
+        conditions += [
+            (f"after {ms:g} ms compute+{settle}", f"compute+idle:{float(settle) / 1e3}", ms / 1e3)
+            for settle in filter(None, args.settle_ms.split(","))
         ]
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
@@ -96,7 +130,9 @@ def main() -> int:
     ]
     for p in procs:
         p.start()
-    by_rank = dict(queue.get() for _ in procs)
+    results = [queue.get() for _ in procs]
+    by_rank = {rank: times for rank, times, _ in results}
+    cpu_by_rank = {rank: cpu for rank, _, cpu in results}
     for p in procs:
         p.join()
     print(
@@ -109,7 +145,11 @@ def main() -> int:
         median = statistics.median(least)
         base = base or median
         p10, p90 = least[len(least) // 10], least[9 * len(least) // 10]
-        print(f"  {label:22s} median {median:6.2f}  p10 {p10:6.2f}  p90 {p90:6.2f}  ({median / base:.2f}x)")
+        cpu = statistics.median(c * 1e3 for r in cpu_by_rank.values() for c in r[label])
+        print(
+            f"  {label:28s} median {median:6.2f}  p10 {p10:6.2f}  p90 {p90:6.2f}  ({median / base:.2f}x)  "
+            f"CPU time a rank {cpu:5.2f}"
+        )
     return 0
 
 
