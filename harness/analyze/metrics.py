@@ -107,7 +107,8 @@ def measured_comm(ranks: list[dict], world: int, terms: list[dict]) -> dict | No
     compute ran alongside, and busbw = S x bus factor / time; and the bytes each rank sent per step (S x
     bus factor, summed), next to the analytic volume and per op beside the analytic size; the traced steps'
     median time (profiling slows them). Only ranks whose instrument wrote a trace count (Horovod's timeline
-    is rank 0's); with none, the reason. None without ranks.
+    is rank 0's); with none, the reason. None without ranks. Where the ranks also counted their bytes on
+    the wire (Paddle on CPU), those stand beside the trace; where that is all they have, wire_comm.
 
     Every collective here spans all ranks, so each rank issues the same calls; a rank whose trace holds
     fewer bytes of an op than another's lost events (TensorFlow's profiler can drop the last one). The op's
@@ -115,23 +116,20 @@ def measured_comm(ranks: list[dict], world: int, terms: list[dict]) -> dict | No
     if not ranks:
         return None
     traces = [r.get("comm_trace") or {} for r in ranks]
-    traced_by_rank = {
-        r.get("rank", i): t
-        for i, (r, t) in enumerate(zip(ranks, traces))
-        if t.get("method") and t.get("collectives") is not None
-    }
-    traced, traced_ids = list(traced_by_rank.values()), list(traced_by_rank)
-    if not traced:
-        wired = {
-            r.get("rank", i): t
-            for i, (r, t) in enumerate(zip(ranks, traces))
-            if t.get("method") and t.get("wire")
+
+    def ranks_with(has) -> dict:
+        return {
+            r.get("rank", i): t for i, (r, t) in enumerate(zip(ranks, traces)) if t.get("method") and has(t)
         }
+
+    traced_by_rank = ranks_with(lambda t: t.get("collectives") is not None)
+    if not traced_by_rank:
+        wired = ranks_with(lambda t: t.get("wire"))
         if wired:
             return wire_comm(wired, traces, world, terms)
         reasons = {t.get("reason") for t in traces} - {None}
         return {"method": None, "reason": "; ".join(sorted(reasons)) or "not traced"}
-    untraced = sorted({t["reason"] for t in traces if t.get("collectives") is None and t.get("reason")})
+    traced, traced_ids = list(traced_by_rank.values()), list(traced_by_rank)
     steps = traced[0]["steps"]
     ops: dict[str, dict] = {}
     for op in sorted({c["op"] for t in traced for c in t["collectives"]}):
@@ -157,47 +155,57 @@ def measured_comm(ranks: list[dict], world: int, terms: list[dict]) -> dict | No
         }
     sent = sum(o["size_bytes_per_step"] * bus_factor(op, world) for op, o in ops.items())
     analytic_bytes = comm_bytes_per_rank(terms, world)
-    traced_steps = slowest([t["step_times"] for t in traces if t.get("step_times")])
     out = {
-        "method": traced[0]["method"],
-        "steps": steps,
-        "ranks_traced": len(traced),
-        "untraced_reason": "; ".join(untraced) or None,
+        **trace_frame(traced_by_rank, traces, lambda t: t.get("collectives") is None),
         "ops": ops,
         "bytes_per_rank_per_step": sent,
         "vs_analytic": sent / analytic_bytes if analytic_bytes else None,
-        "traced_step_time_s": float(np.median(traced_steps)) if traced_steps else None,
     }
     if all(t.get("wire") for t in traced):  # a second, independent count of the same traffic
-        out["wire_sent_bytes_per_step"] = {
-            str(rank): t["wire"]["sent_bytes"] / t["steps"] for rank, t in traced_by_rank.items()
-        }
+        out.update(wire_figures(traced_by_rank))
     return out
+
+
+def trace_frame(by_rank: dict, traces: list[dict], untraced) -> dict:
+    """What measured_comm says of the trace itself: its method and steps, the ranks that count (and why
+    the others, those `untraced` picks, do not), and the traced steps' median time."""
+    first = next(iter(by_rank.values()))
+    traced_steps = slowest([t["step_times"] for t in traces if t.get("step_times")])
+    return {
+        "method": first["method"],
+        "steps": first["steps"],
+        "ranks_traced": len(by_rank),
+        "untraced_reason": "; ".join(sorted({t["reason"] for t in traces if untraced(t) and t.get("reason")}))
+        or None,
+        "traced_step_time_s": float(np.median(traced_steps)) if traced_steps else None,
+    }
+
+
+def wire_figures(by_rank: dict) -> dict:
+    """Each rank's bytes sent per step on its TCP connections, and how many connections closed while
+    traced (they took their bytes with them: the figures may be short)."""
+    return {
+        "wire_sent_bytes_per_step": {
+            str(rank): t["wire"]["sent_bytes"] / t["steps"] for rank, t in by_rank.items()
+        },
+        "connections_closed": sum(t["wire"].get("connections_closed", 0) for t in by_rank.values()),
+    }
 
 
 def wire_comm(wired: dict, traces: list[dict], world: int, terms: list[dict]) -> dict:
     """measured_comm from the bytes each rank's connections carried over the traced steps (a stack whose
-    own instrument records no collective: Paddle on CPU): the ranks' mean sent bytes per step beside the
-    analytic volume (a ring sends the same from every rank; a rooted op does not, so the mean), each
-    rank's own, and no per-op figure: neither op nor time is known."""
-    steps = next(iter(wired.values()))["steps"]
-    sent = {str(rank): t["wire"]["sent_bytes"] / t["steps"] for rank, t in wired.items()}
-    per_rank = float(np.mean(list(sent.values())))
+    own instrument records no collective: Paddle's sharding on CPU): the ranks' mean sent bytes per step
+    beside the analytic volume (a ring sends the same from every rank; a rooted op does not, so the mean),
+    each rank's own, and no per-op figure: neither op nor time is known."""
+    wire = wire_figures(wired)
+    per_rank = float(np.mean(list(wire["wire_sent_bytes_per_step"].values())))
     analytic_bytes = comm_bytes_per_rank(terms, world)
-    untraced = sorted({t["reason"] for t in traces if not t.get("wire") and t.get("reason")})
-    traced_steps = slowest([t["step_times"] for t in traces if t.get("step_times")])
     return {
-        "method": next(iter(wired.values()))["method"],
-        "steps": steps,
-        "ranks_traced": len(wired),
-        "untraced_reason": "; ".join(untraced) or None,
+        **trace_frame(wired, traces, lambda t: not t.get("wire")),
         "ops": {},
-        "wire_sent_bytes_per_step": sent,
-        # connections that closed during the traced steps took their bytes with them: the figure may be short
-        "connections_closed": sum(t["wire"].get("connections_closed", 0) for t in wired.values()),
+        **wire,
         "bytes_per_rank_per_step": per_rank,
         "vs_analytic": per_rank / analytic_bytes if analytic_bytes else None,
-        "traced_step_time_s": float(np.median(traced_steps)) if traced_steps else None,
     }
 
 
