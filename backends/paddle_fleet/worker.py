@@ -146,7 +146,8 @@ class FleetTrainer(Trainer):
         times each fused all-reduce (backends.comm_trace.paddle_reducer_collectives), and the kernel's TCP
         counters of this rank's connections, read before and after the traced steps, give the bytes gloo
         sent (nothing else talks during steps). Sharding stage 1 reduces and broadcasts outside the
-        reducer: bytes on the wire only, with neither op nor time. On GPU NCCL does not use those sockets
+        reducer, and a Paddle whose log reads otherwise gives no call of a known size: bytes on the wire
+        only, with neither op nor time. On GPU NCCL does not use those sockets
         inside a node, and the profiler's NCCL path is not built: no trace."""
         if self.cfg.device != "cpu":
             return {
@@ -159,21 +160,25 @@ class FleetTrainer(Trainer):
             step_times = run_steps()
         wire = wire_bytes(before, tcp_counters())
         trace = {"steps": len(step_times), "step_times": step_times, "wire": wire}
-        if not isinstance(self.model, paddle.DataParallel):
-            return {
-                **trace,
-                "method": "kernel TCP counters",
-                "collectives": None,
-                "reason": "paddle.profiler records no event for gloo collectives on CPU, and sharding "
-                "stage 1 reduces outside DataParallel's logged reducer: the bytes this rank's TCP "
-                "connections carried, not each collective",
-            }
+        calls = (
+            paddle_reducer_collectives(log["text"], self.reducer_groups, self.cfg.process_group_size)
+            if isinstance(self.model, paddle.DataParallel)
+            else []
+        )
+        if calls and all(c["size_bytes"] for c in calls):
+            method = "paddle reducer log (VLOG 3) + kernel TCP counters"
+            return {**trace, "method": method, "collectives": calls}
+        why = (
+            "sharding stage 1 reduces outside DataParallel's logged reducer"
+            if not isinstance(self.model, paddle.DataParallel)
+            else f"Paddle {paddle.__version__}'s reducer log held no fused all-reduce of a known group"
+        )
         return {
             **trace,
-            "method": "paddle reducer log (VLOG 3) + kernel TCP counters",
-            "collectives": paddle_reducer_collectives(
-                log["text"], self.reducer_groups, self.cfg.process_group_size
-            ),
+            "method": "kernel TCP counters",
+            "collectives": None,
+            "reason": f"paddle.profiler records no event for gloo collectives on CPU, and {why}: the bytes "
+            "this rank's TCP connections carried, not each collective",
         }
 
     def synchronize(self) -> None:
