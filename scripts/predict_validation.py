@@ -25,7 +25,7 @@ STACKS = {  # label -> (harness flags, commbench ops)
     "torch-ddp": (["--backend", "torch-ddp"], "allreduce"),
     "torch-fsdp": (["--backend", "torch-fsdp"], "allgather,reducescatter"),
     "deepspeed-zero1": (["--backend", "deepspeed", "--zero-stage", "1"], "allreduce,allgather"),
-    "deepspeed-zero3": (["--backend", "deepspeed", "--zero-stage", "3"], "allgather,reducescatter"),
+    "deepspeed-zero3": (["--backend", "deepspeed", "--zero-stage", "3"], "allreduce,allgather,reducescatter"),
     "horovod": (["--backend", "horovod"], "allreduce"),
     "tf-mwms": (["--backend", "tf-mwms"], "allreduce"),
     "paddle-fleet": (["--backend", "paddle-fleet"], "allreduce"),

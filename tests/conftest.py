@@ -67,3 +67,26 @@ def unit_tests_start_no_process(request, monkeypatch):
             )
 
         monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+
+
+def assert_traced_steps_follow_the_schedule(rec: dict, in_order: bool = True) -> None:
+    """Each traced step of every rank issued the collectives the prediction's schedule models for this
+    configuration (harness.predict.schedule): the same ops and sizes, in the same order where `in_order`
+    (FSDP2's prefetch interleaves its gathers otherwise), so the predicted communication is the stack's."""
+    from collections import Counter
+
+    from core.config import RunConfig
+    from harness.predict.schedule import schedule
+
+    messages, _ = schedule(RunConfig.from_dict(rec["config"]))
+    expected = [(m.op, m.size_bytes) for m in messages]
+    for r in rec["ranks"]:
+        trace = r["comm_trace"]
+        calls = [(c["op"], c["size_bytes"]) for c in trace["collectives"]]
+        assert len(calls) == len(expected) * trace["steps"], (r["rank"], calls, expected)
+        for step in range(trace["steps"]):
+            issued = calls[step * len(expected) : (step + 1) * len(expected)]
+            if in_order:
+                assert issued == expected, (r["rank"], step, issued, expected)
+            else:
+                assert Counter(issued) == Counter(expected), (r["rank"], step, issued, expected)

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import psutil
 import pytest
-from conftest import run_record, run_with_output
+from conftest import assert_traced_steps_follow_the_schedule, run_record, run_with_output
 
 pytestmark = pytest.mark.slow
 FAST = ["--steps", "6", "--warmup", "1", "--timeout", "180"]
@@ -58,6 +58,7 @@ def test_two_worker_record_has_every_field_and_loss_decreases(out):
         and set(m["ops"]) == {"all_reduce"}
     )
     assert m["ops"]["all_reduce"]["size_bytes_per_step"] == 4 * 1_071_872 and m["vs_analytic"] == 1.0
+    assert_traced_steps_follow_the_schedule(rec)  # the two buckets the prediction models, in their order
     s = rec["summary"]
     for key in (
         "throughput_tokens_per_s",

@@ -19,6 +19,8 @@ from conftest import harness, run_record
 from record_factory import TINY_PARAMS, make_record
 
 from backends import get_backend
+from backends.deepspeed_zero.comm import step_scalars
+from backends.torch_fsdp import gathered_numels
 from core.config import RunConfig
 from core.records import load_records
 from harness.analyze.metrics import bus_factor, comm_bytes_per_rank
@@ -79,6 +81,8 @@ def test_every_schedule_sends_the_stack_s_analytic_volume(backend, options, work
     messages, _ = schedule(cfg)
     sent = sum(m.size_bytes * bus_factor(m.op, 8) for m in messages)
     terms = [dataclasses.asdict(t) for t in get_backend(backend).comm_pattern(cfg).terms]
+    if backend == "deepspeed":  # and the optimizer's scalars, which the analytic volume leaves out
+        terms += [dataclasses.asdict(t) for t in step_scalars(options["zero_stage"], cfg.precision)]
     assert sent == pytest.approx(comm_bytes_per_rank(terms, 8), rel=1e-9)
 
 
@@ -114,13 +118,14 @@ def test_zero3_gathers_each_persistent_parameter_after_the_step_in_a_call_of_its
 @unit
 def test_zero3_s_persistent_gathers_cost_what_commbench_s_bursts_say():
     """Calls alone take 2 ms and calls of a burst 0.25 ms at every size: ZeRO-3's 51 gathers after the step
-    cost 51 x 0.25 ms, and its gathers and reduce-scatter issued alone 2 ms each."""
+    cost 51 x 0.25 ms, and its gathers, reduce-scatter and scalar all-reduces issued alone 2 ms each."""
     cfg = dataclasses.replace(
         cfg_for("deepspeed", world=2, precision="fp32", zero_stage=3), device="cpu", nodes=1, gpus_per_node=2
     )
     sizes = [1 << 8, 1 << 23]
     bench = commbench_record(
-        "deepspeed", {"all_gather": (sizes, [2e-3, 2e-3]), "reduce_scatter": (sizes, [2e-3, 2e-3])}
+        "deepspeed",
+        {op: (sizes, [2e-3, 2e-3]) for op in ("all_gather", "reduce_scatter", "all_reduce")},
     )
     profile = local_profile([bench], "deepspeed", cpus=2)
     messages, _ = schedule(cfg)
@@ -146,6 +151,38 @@ def test_paddle_groups_in_model_order_and_all_reduces_the_small_group_last():
     embedding = 2048 * 128 * 4
     assert [m.size_bytes for m in messages] == [TINY_PARAMS * 4 - embedding, embedding]
     assert messages[0].after == messages[1].after
+
+
+@unit
+def test_fsdp2_gathers_each_tensor_padded_to_n_equal_shards_of_its_torch_dim_0():
+    """FSDP2 chunks a tensor on dim 0 in PyTorch's layout (a Linear's out_features) and pads the chunks to
+    the first one's length: at N = 3 with d_model 88, pos_emb's 47 rows gather as 48, qkv's 264 output
+    rows need no padding (its 88 input features would have), LayerNorm's 88 gather as 90."""
+    spec = dataclasses.replace(resolve("tiny"), d_model=88, d_ff=352, n_heads=4, seq_len=47, n_layers=1)
+    cfg = dataclasses.replace(cfg_for("torch-fsdp", world=3), spec=spec)
+    numels = gathered_numels(cfg)
+    assert numels["pos_emb"] == 48 * 88 and numels["blocks.0.attn.qkv.weight"] == 88 * 264
+    assert numels["blocks.0.ln1.weight"] == 90 and numels["tok_emb"] == 2049 * 88
+    root = numels["tok_emb"] + numels["pos_emb"] + numels["ln_f.weight"] + numels["ln_f.bias"]
+    messages, _ = schedule(cfg)
+    assert messages[0].what == "root parameters" and messages[0].size_bytes == root * 2
+
+
+@unit
+@pytest.mark.parametrize(
+    "stage, precision, scalars",
+    [(0, "bf16", []), (1, "fp32", [4, 4]), (2, "bf16", [1, 4, 4]), (3, "bf16", [8, 8]), (3, "fp32", [8, 8])],
+)
+def test_zero_steps_all_reduce_their_norm_scalars_after_the_gradients(stage, precision, scalars):
+    """What the traces of DeepSpeed's steps show beside the gradients and parameters: two scalar norms
+    (fp32; fp64 at stage 3) and, in bf16 at stages 1-2, a 1-byte overflow flag, once a step (accumulation
+    3 here), after the last gradient reduction and before the optimizer step."""
+    cfg = cfg_for("deepspeed", world=8, accum=3, precision=precision, zero_stage=stage)
+    messages, _ = schedule(cfg)
+    small = [m for m in messages if m.size_bytes <= 8]
+    assert [m.size_bytes for m in small] == scalars and all(m.op == "all_reduce" for m in small)
+    gradients = [m for m in messages if m.what == "gradients"]
+    assert all(m.after >= max(g.after for g in gradients) and m.before is not None for m in small)
 
 
 @unit
@@ -395,7 +432,7 @@ def test_a_sharded_optimizer_step_shrinks_with_n():
     N = 4 is 0.08 + 0.02 / 4 = 0.085 s."""
     bench = commbench_record(
         "deepspeed",
-        {"all_gather": ([1024, 1 << 24], [1e-4, 1e-2]), "reduce_scatter": ([1024, 1 << 24], [1e-4, 1e-2])},
+        {op: ([1024, 1 << 24], [1e-4, 1e-2]) for op in ("all_gather", "reduce_scatter", "all_reduce")},
         4,
     )
     profile = local_profile([bench], "deepspeed", cpus=4)
@@ -502,7 +539,11 @@ OWN_RUNS = {
     "tf-mwms": (["--backend", "tf-mwms"], "allreduce", True),
     "paddle-fleet": (["--backend", "paddle-fleet"], "allreduce", True),
     "torch-fsdp": (["--backend", "torch-fsdp"], "allgather,reducescatter", True),
-    "deepspeed-zero3": (["--backend", "deepspeed", "--zero-stage", "3"], "allgather,reducescatter", True),
+    "deepspeed-zero3": (
+        ["--backend", "deepspeed", "--zero-stage", "3"],
+        "allreduce,allgather,reducescatter",  # its norm scalars are all-reduced
+        True,
+    ),
     "horovod": (["--backend", "horovod"], "allreduce", False),
 }
 # Every stack with DISTBENCH_PREDICT_ALL=1 (about 7 minutes); torch-ddp alone otherwise.

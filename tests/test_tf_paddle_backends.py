@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import run_record
+from conftest import assert_traced_steps_follow_the_schedule, run_record
 from test_equivalence import CROSS_FRAMEWORK_LOSS_ATOL, RECORD_SHAPE, STEPS, assert_same_losses, ddp_reference
 
 from backends import get_backend
@@ -100,6 +100,7 @@ def assert_reducer_log_and_wire_count_the_gradients_once_per_step(rec: dict) -> 
         calls = r["comm_trace"]["collectives"]
         assert calls and all(c["time_s"] > 0 and c["dtype"] == "float32" for c in calls), calls
     assert_wire_bytes_are_the_gradients_once_per_step(m, [r["comm_trace"]["wire"] for r in rec["ranks"]])
+    assert_traced_steps_follow_the_schedule(rec)  # the reducer's groups are the prediction's
 
 
 # TF 2.21's profiler can kill a worker as it stops (a double free while it collects the trace; README): the
@@ -133,6 +134,7 @@ def test_tf_mwms_trace_counts_every_gradient_byte_once_per_step(out):
     for r in rec["ranks"]:
         calls = r["comm_trace"]["collectives"]
         assert len(calls) == 2 and all(c["time_s"] > 0 and c["dtype"] == "float32" for c in calls)
+    assert_traced_steps_follow_the_schedule(rec)
 
 
 @pytest.mark.slow

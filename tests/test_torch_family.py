@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import run_record
+from conftest import assert_traced_steps_follow_the_schedule, run_record
 from test_equivalence import RECORD_SHAPE, STEPS, assert_same_losses, ddp_reference
 
 from backends import get_backend
@@ -253,6 +253,8 @@ def test_two_workers_train_the_same_model_as_ddp_with_a_full_record(label, ddp_r
         assert m["ops"]["all_reduce"]["size_bytes_per_step"] == 4 * n
     # ZeRO-3 on this shape: every tensor under the persistence threshold, gathered after each optimizer step
     assert m["vs_analytic"] == pytest.approx(1, abs=0.02)
+    if label != "horovod":  # Horovod's fusion depends on timing: it has no fixed schedule to hold to
+        assert_traced_steps_follow_the_schedule(rec, in_order=label != "torch-fsdp")
     if method == "isolated":  # t_compute from two world-1 launches of the same backend, side by side
         assert rec["comm"] == {"t_compute_method": "isolated"} and len(rec["isolated_ranks"]) == 2
         # two launches of the isolated workers, their steps joined (--isolated-repeats 2)
@@ -286,6 +288,8 @@ def test_fsdp_and_zero3_hold_half_of_ddp_model_state_on_two_ranks(label, ddp_sta
     # traced bytes = the analytic model: ZeRO-3's partitioned tensors gathered per micro-batch and its
     # persistent ones after the optimizer step; FSDP2's root once, blocks twice
     assert rec["summary"]["comm_measured"]["vs_analytic"] == pytest.approx(1, abs=0.02)
+    if label == "torch-fsdp":  # ZeRO-3 still broadcasts small objects in the early steps traced here
+        assert_traced_steps_follow_the_schedule(rec, in_order=False)  # bf16, every block partitioned
     # ZeRO-3 keeps its few parameters under 1e5 elements (biases, LayerNorms, pos_emb) whole: ~1% more
     assert rec["summary"]["model_state_bytes_per_rank"] / ddp_state == pytest.approx(0.5, abs=0.02)
 
@@ -304,6 +308,7 @@ def test_zero1_and_zero2_shard_the_optimizer_state_not_the_parameters(stage, out
     # Traced: bf16 gradients all-reduced for their owners (plus a few scalar overflow and norm checks),
     # the updated bf16 parameters all-gathered
     traced = rec["summary"]["comm_measured"]["ops"]
+    assert_traced_steps_follow_the_schedule(rec)  # bf16: the overflow flag besides the norm scalars
     assert traced["all_gather"]["size_bytes_per_step"] == 2 * p
     assert 2 * p <= traced["all_reduce"]["size_bytes_per_step"] <= 2 * p + 64
     # The analytic ZeRO-1 model keeps whole gradients: one half-gradient more than stage 1 holds.

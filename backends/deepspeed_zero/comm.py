@@ -66,6 +66,21 @@ def regathered_for_backward(numels: dict[str, int]) -> int:
     return sum(regathered_blocks(numels).values())
 
 
+def step_scalars(stage: int, precision: str) -> list[CommTerm]:
+    """The scalar all-reduces the ZeRO optimizer issues once a step, after the gradients' reduction, as the
+    collective trace shows them (tiny, 2 ranks, stages 0-3, fp32 and bf16, accumulation 1 and 2): stages 1
+    and 2 two fp32 scalars of the gradient norm (get_grad_norm_direct) and, under bf16, the 1-byte overflow
+    flag (has_overflow); stage 3 two fp64 scalars; stage 0 none. fp16 is taken to check overflow as bf16
+    does (not traced). Latency, not volume: the prediction's schedule sends them; the analytic volume
+    (zero_comm_pattern), which names the dtype gradients and parameters travel in, leaves them out."""
+    if stage in (1, 2):
+        terms = [CommTerm("all_reduce", 1, 1, 1, "overflow flag")] if precision != "fp32" else []
+        return terms + [CommTerm("all_reduce", 1, 4, 2, "gradient-norm scalars")]
+    if stage == 3:
+        return [CommTerm("all_reduce", 1, 8, 2, "gradient-norm scalars (fp64)")]
+    return []
+
+
 def zero_comm_pattern(cfg: RunConfig, stage: int, dtype_bytes: int) -> CommPattern:
     """The terms of a ZeRO `stage` run whose gradients and parameters travel in `dtype_bytes` elements."""
     n, accum = cfg.spec.n_params, cfg.grad_accum

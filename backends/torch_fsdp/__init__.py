@@ -5,11 +5,26 @@ MixedPrecisionPolicy: the sharded parameters, gradients and moments stay fp32, a
 the low precision when it all-gathers them, so the collectives move low-precision elements.
 """
 
+import math
 from dataclasses import dataclass
 
-from backends.base import Backend, CommPattern, CommTerm, Options, on_off, option, parameter_numels, torchrun
+from backends.base import Backend, CommPattern, CommTerm, Options, on_off, option, torchrun
+from core.config import RunConfig
 
 ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+EMBEDDINGS = ("tok_emb", "pos_emb")
+
+
+def gathered_numels(cfg: RunConfig) -> dict[str, int]:
+    """Elements each parameter's all-gather returns (and its reduce-scatter takes) under FSDP2, by neutral
+    name: FSDP2 cuts a parameter on dim 0 into world-size chunks padded to the first one's length, so dim
+    0 counts as rounded up to a multiple of N. Dim 0 in PyTorch's layout: a Linear's out_features (the
+    neutral spec stores the transpose, workloads/spec.py), an embedding's rows."""
+    world, out = cfg.world_size, {}
+    for name, shape in cfg.spec.parameter_shapes().items():
+        dim0 = shape[1] if len(shape) == 2 and name not in EMBEDDINGS else shape[0]
+        out[name] = math.prod(shape) // dim0 * (-(-dim0 // world) * world)
+    return out
 
 
 @dataclass(frozen=True)
@@ -54,19 +69,20 @@ class TorchFSDP(Backend):
         when resharded after forward, again for backward; the root's (embeddings, final LayerNorm) once,
         as FSDP2 never reshards the root after forward. Parameters are resharded after every backward, so
         each micro-batch gathers again. Gradients are reduce-scattered in reduce_dtype once per step
-        (gradient sync off on the earlier micro-batches)."""
+        (gradient sync off on the earlier micro-batches). Each tensor counts as FSDP2 pads its shards
+        (gathered_numels)."""
         opts = self.options(cfg)
         gather = ELEMENT_BYTES[cfg.precision]
-        numels = parameter_numels(cfg)
+        numels = gathered_numels(cfg)
         blocks = sum(n for name, n in numels.items() if name.startswith("blocks."))
-        root = cfg.spec.n_params - blocks
+        root = sum(numels.values()) - blocks
         block_gathers = 2 if opts.reshard_after_forward else 1
         return CommPattern(
             (
                 CommTerm("all_gather", root, gather, cfg.grad_accum, "root parameters (embeddings, ln_f)"),
                 CommTerm("all_gather", blocks, gather, block_gathers * cfg.grad_accum, "block parameters"),
                 CommTerm(
-                    "reduce_scatter", cfg.spec.n_params, 4 if opts.fp32_reduce else gather, 1, "gradients"
+                    "reduce_scatter", sum(numels.values()), 4 if opts.fp32_reduce else gather, 1, "gradients"
                 ),
             )
         )

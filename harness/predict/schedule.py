@@ -164,9 +164,15 @@ def deepspeed(cfg, steps, numels, stage, element_bytes):
     (all_gather_dp_groups: one all_gather_into_tensor per parameter group, allgather_bucket_size unused).
     Stage 3 (overlap_comm on) gathers each block's partitioned parameters ahead of its forward, one block
     ahead, and reduce-scatters gradients in reduce_bucket_size buckets as backward fills them."""
-    from backends.deepspeed_zero.comm import partitioned, regathered_blocks
+    from backends.deepspeed_zero.comm import partitioned, regathered_blocks, step_scalars
 
     n = sum(numels.values())
+    end = steps.last_backward(steps.last)
+    scalars = [  # after the gradients' reduction, before the update: nothing beside them
+        Message("all_reduce", t.dtype_bytes, end, steps.optimizer, t.what)
+        for t in step_scalars(stage, cfg.precision)
+        for _ in range(t.per_step)
+    ]
     messages = []
     if stage in (0, 1, 2):
         micros = range(cfg.grad_accum) if stage == 2 else [steps.last]
@@ -174,6 +180,7 @@ def deepspeed(cfg, steps, numels, stage, element_bytes):
             end = steps.last_backward(m)
             for size in zero_chunks(n, element_bytes):
                 messages.append(Message("all_reduce", size, end, end + 1, "gradients"))
+        messages += scalars
         if stage:  # one all_gather_into_tensor per parameter group (decay, no decay), not bucketed
             shapes = cfg.spec.parameter_shapes()
             decay = sum(numels[name] for name, shape in shapes.items() if OPTIMIZER.decays(shape))
@@ -202,6 +209,7 @@ def deepspeed(cfg, steps, numels, stage, element_bytes):
         end = steps.last_backward(m)
         for size in zero_chunks(n, element_bytes):
             messages.append(Message("reduce_scatter", size, end, end + 1, "gradients"))
+    messages += scalars
     # _post_step gathers the persistent parameters with all_gather(persistent_parameters), whose
     # _allgather_params_coalesced launches one async all_gather_into_tensor per parameter (51 calls a step
     # on tiny, as its comm trace shows) before waiting: a burst, each call priced as one of commbench's
@@ -284,10 +292,12 @@ def schedule(cfg: RunConfig) -> tuple[list[Message], str]:
             cfg, steps, numels
         ), "DDP buckets (25 MiB, first 1 MiB) in reverse order, overlapped with backward"
     if cfg.backend == "torch-fsdp":
+        from backends.torch_fsdp import gathered_numels
+
         return fsdp(
             cfg,
             steps,
-            numels,
+            gathered_numels(cfg),
             term_bytes(pattern, "all_gather"),
             term_bytes(pattern, "reduce_scatter"),
             opts["reshard_after_forward"],
