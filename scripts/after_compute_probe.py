@@ -13,15 +13,16 @@ call so drift hits them alike:
 - after B ms spin: the same with a bare Python loop instead, which touches no memory (so not caches);
 - after B ms compute, then S ms idle (`--settle-ms`): how long the effect lasts.
 
-Beside each condition: the CPU time the rank's threads ran during the call (/proc/self/task/*/schedstat),
-to tell a slower CPU from more waiting.
+With `--cpu-time`, beside each condition the CPU time the rank's threads ran during the call
+(/proc/self/task/*/schedstat), to tell a slower CPU from more waiting; reading it takes a little time
+between the pause and the call, so the conditions are not quite the same as without.
 
 Each call is taken as the last rank to arrive saw it (the least time over ranks), as the cross-check does.
 `--skew-ms` makes rank 1 pause that much longer than rank 0, so rank 0 waits for it (a step's ranks
 arrive apart).
 
     .venv/bin/python scripts/after_compute_probe.py --calls 80 --burst-ms 20,50 [--skew-ms 3] \\
-        [--settle-ms 2,10]
+        [--settle-ms 2,10] [--cpu-time]
 
 Run it on a quiet machine: it is a timing.
 """
@@ -75,7 +76,9 @@ def cpu_seconds() -> float:
     return total
 
 
-def worker(rank: int, port: int, conditions, elements: int, calls: int, skew_s: float, queue) -> None:
+def worker(
+    rank: int, port: int, conditions, elements: int, calls: int, skew_s: float, cpu_time: bool, queue
+) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
@@ -88,10 +91,12 @@ def worker(rank: int, port: int, conditions, elements: int, calls: int, skew_s: 
         for label, kind, seconds in conditions:
             dist.barrier()
             pause(kind, seconds + (skew_s if rank == 1 and kind != "none" else 0.0), a)
-            cpu_start, start = cpu_seconds(), time.perf_counter()
+            cpu_start = cpu_seconds() if cpu_time else 0.0
+            start = time.perf_counter()
             dist.all_reduce(buffer)
             times[label].append(time.perf_counter() - start)
-            cpu[label].append(cpu_seconds() - cpu_start)
+            if cpu_time:
+                cpu[label].append(cpu_seconds() - cpu_start)
     queue.put((rank, times, cpu))
     dist.destroy_process_group()
 
@@ -105,6 +110,7 @@ def main() -> int:
     parser.add_argument("--burst-ms", default="20,50", help="comma-separated idle/compute lengths")
     parser.add_argument("--skew-ms", type=float, default=0.0, help="rank 1 pauses this much longer")
     parser.add_argument("--settle-ms", default="", help="comma-separated idle times after the compute")
+    parser.add_argument("--cpu-time", action="store_true", help="also each call's CPU time (see above)")
     args = parser.parse_args()
     bursts = [float(ms) for ms in args.burst_ms.split(",")]
     conditions = [("back-to-back", "none", 0.0)]
@@ -115,7 +121,7 @@ def main() -> int:
             (f"after {ms:g} ms spin", "spin", ms / 1e3),
         ]
         conditions += [
-            (f"after {ms:g} ms compute+{settle}", f"compute+idle:{float(settle) / 1e3}", ms / 1e3)
+            (f"after {ms:g} ms compute, {settle} ms idle", f"compute+idle:{float(settle) / 1e3}", ms / 1e3)
             for settle in filter(None, args.settle_ms.split(","))
         ]
     ctx = mp.get_context("spawn")
@@ -124,7 +130,8 @@ def main() -> int:
     procs = [
         ctx.Process(
             target=worker,
-            args=(rank, port, conditions, args.elements, args.calls, args.skew_ms / 1e3, queue),
+            args=(rank, port, conditions, args.elements, args.calls)
+            + (args.skew_ms / 1e3, args.cpu_time, queue),
         )
         for rank in range(2)
     ]
@@ -145,10 +152,10 @@ def main() -> int:
         median = statistics.median(least)
         base = base or median
         p10, p90 = least[len(least) // 10], least[9 * len(least) // 10]
-        cpu = statistics.median(c * 1e3 for r in cpu_by_rank.values() for c in r[label])
+        cpu = [c * 1e3 for r in cpu_by_rank.values() for c in r[label]]
         print(
-            f"  {label:28s} median {median:6.2f}  p10 {p10:6.2f}  p90 {p90:6.2f}  ({median / base:.2f}x)  "
-            f"CPU time a rank {cpu:5.2f}"
+            f"  {label:32s} median {median:6.2f}  p10 {p10:6.2f}  p90 {p90:6.2f}  ({median / base:.2f}x)"
+            + (f"  CPU time a rank {statistics.median(cpu):5.2f}" if cpu else "")
         )
     return 0
 

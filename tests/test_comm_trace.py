@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 import os
 import socket
+from datetime import datetime
 
 import pytest
 
 from backends.comm_trace import (
     captured_stderr,
     glog_entries,
+    glog_levels,
     horovod_collectives,
     paddle_reducer_collectives,
     paddle_reducer_groups,
@@ -237,54 +239,77 @@ def test_a_rank_without_a_trace_is_left_out_and_an_unknown_overlap_is_not_zero()
 
 
 # Paddle's reducer as glog writes it at VLOG 3 (shortened from a real rank log): built with two groups, then
-# one step on thread 77 (thread 99 logs meanwhile; a message may run over several lines).
+# one step on thread 77 (glog pads the id); thread 99 logs meanwhile, and so does Paddle's API on thread 77
+# (a user's GLOG_v) inside the call; a message may run over several lines.
 PADDLE_REDUCER_BUILT = """\
-I1201 16:58:29.830410 77 reducer.cc:104] var[embedding_0.w_0] 's type is float32
-I1201 16:58:29.830461 77 reducer.cc:104] var[linear_0.w_0] 's type is float32
-I1201 16:58:29.830605 77 reducer.cc:592] The Group[0]:numel: 809728 ;var number: 51
-I1201 16:58:29.830610 77 reducer.cc:592] The Group[1]:numel: 262144 ;var number: 1
+I1201 16:58:29.830410    77 reducer.cc:104] var[embedding_0.w_0] 's type is float32
+I1201 16:58:29.830461    77 reducer.cc:104] var[linear_0.w_0] 's type is float32
+I1201 16:58:29.830605    77 reducer.cc:592] The Group[0]:numel: 809728 ;var number: 51
+I1201 16:58:29.830610    77 reducer.cc:592] The Group[1]:numel: 262144 ;var number: 1
 """
 PADDLE_REDUCER_STEP = """\
-I1201 23:59:59.990000 77 reducer.cc:783] Tensor[1] [embedding_1.w_0@GRAD] arrived and triggered DistHook
-I1201 23:59:59.990010 77 reducer.cc:956] Group[0] is ready
-I1201 23:59:59.990020 77 reducer.cc:1095] group [0] start fused_allreduce.
-I1201 23:59:59.991000 99 process_group_gloo.cc:748] GlooStore::set
-I1201 23:59:59.995020 77 accumulation_node.cc:200]
+I1201 23:59:59.990000    77 reducer.cc:783] Tensor[1] [embedding_1.w_0@GRAD] arrived and triggered DistHook
+I1201 23:59:59.990010    77 reducer.cc:956] Group[0] is ready
+I1201 23:59:59.990020    77 reducer.cc:1095] group [0] start fused_allreduce.
+I1201 23:59:59.990300    77 api.cc:109879] scale API kernel key: [CPU, NCHW, float32]
+I1201 23:59:59.991000    99 process_group_gloo.cc:748] GlooStore::set
+I1201 23:59:59.995020    77 accumulation_node.cc:200]
 ==========================Finish_AD_API_Grad: GradNodeAccumulation==========================
-W1201 23:59:59.999000 77 reducer.cc:956] Group[1] is ready
-I1202 00:00:00.000000 77 reducer.cc:1095] group [1] start fused_allreduce.
-I1202 00:00:00.002500 77 reducer.cc:1086] In the batch, Reducer is finished.
+W1201 23:59:59.999000    77 reducer.cc:956] Group[1] is ready
+I1202 00:00:00.000000    77 reducer.cc:1095] group [1] start fused_allreduce.
+I1202 00:00:00.002500    77 reducer.cc:1086] In the batch, Reducer is finished.
 """
+READ_AT = datetime(2026, 12, 2, 0, 0, 1)  # when the log is read: just after it was written
 
 
-def test_paddle_reducer_log_times_each_fused_allreduce_to_its_threads_next_line():
-    """A group's call runs from its "start fused_allreduce" to the next line its own thread logs (another
-    thread's line does not end it; the last ends at "Reducer is finished"), past midnight too; its size is
-    the group's numel as the reducer logged it when built, its dtype the variables'."""
+def test_paddle_reducer_log_times_each_fused_allreduce_to_its_threads_next_reducer_line():
+    """A group's call runs from its "start fused_allreduce" to the next line its own thread logs from the
+    reducer or the gradient hook (not another thread's, not Paddle's API inside the call; the last ends at
+    "Reducer is finished"), past midnight too; its size is the group's numel as the reducer logged it
+    when built, its dtype the variables'."""
     groups = paddle_reducer_groups(PADDLE_REDUCER_BUILT)
     assert groups == {"elements": {0: 809728, 1: 262144}, "dtype": "float32"}
-    calls = paddle_reducer_collectives(PADDLE_REDUCER_STEP, groups, 2)
+    calls = paddle_reducer_collectives(PADDLE_REDUCER_STEP, groups, 2, READ_AT)
     assert [(c["op"], c["elements"], c["size_bytes"], c["dtype"]) for c in calls] == [
         ("all_reduce", 809728, 4 * 809728, "float32"),
         ("all_reduce", 262144, 4 * 262144, "float32"),
     ]
     assert [c["start_s"] for c in calls] == pytest.approx([0.000020, 0.010000], abs=1e-9)
     assert [c["time_s"] for c in calls] == pytest.approx([0.005000, 0.002500], abs=1e-9)
-    assert [c["overlapped_s"] for c in calls] == [0.0, 0.0] and {c["group_size"] for c in calls} == {2}
-    assert [e[2] for e in glog_entries(PADDLE_REDUCER_STEP)].count("accumulation_node.cc") == 1
-    half = "I1201 16:58:29.900000 77 reducer.cc:104] var[a] 's type is float16\n"
+    assert [e[2] for e in glog_entries(PADDLE_REDUCER_STEP, READ_AT)].count("accumulation_node.cc") == 1
+    half = "I1201 16:58:29.900000    77 reducer.cc:104] var[a] 's type is float16\n"
     assert paddle_reducer_groups(PADDLE_REDUCER_BUILT + half)["dtype"] is None
 
 
-def test_a_call_the_trace_cut_off_has_no_time_and_a_log_past_new_year_counts_on():
+def test_a_call_the_trace_cut_off_has_no_time():
     cut = paddle_reducer_collectives(
         "I1231 23:59:59.999000 5 reducer.cc:1095] group [0] start fused_allreduce.\n",
         {"elements": {0: 10}, "dtype": "float32"},
         2,
     )
     assert cut[0]["time_s"] is None and cut[0]["overlapped_s"] is None
-    entries = glog_entries("I1231 23:59:59.999000 5 a.cc:1] x\nI0101 00:00:00.001000 5 a.cc:2] y\n")
+
+
+@pytest.mark.parametrize(
+    "first, second, read_at",
+    [
+        ("1231 23:59:59.999000", "0101 00:00:00.001000", datetime(2027, 1, 1, 0, 0, 5)),  # New Year
+        ("0228 23:59:59.999000", "0301 00:00:00.001000", datetime(2027, 3, 1, 0, 0, 5)),  # not a leap year
+        ("0228 23:59:59.999000", "0229 00:00:00.001000", datetime(2028, 2, 29, 0, 0, 5)),  # a leap year
+    ],
+)
+def test_glog_times_without_a_year_count_on_across_year_and_month_ends(first, second, read_at):
+    entries = glog_entries(f"I{first} 5 a.cc:1] x\nI{second} 5 a.cc:2] y\n", read_at)
     assert entries[1][0] - entries[0][0] == 2_000
+
+
+def test_the_reducer_log_leaves_each_file_at_the_level_the_environment_gave_it():
+    modules = ("reducer", "accumulation_node")
+    assert glog_levels(modules, {}) == {"reducer": 0, "accumulation_node": 0}
+    assert glog_levels(modules, {"GLOG_v": "4", "GLOG_vmodule": "reducer=1,api=6"}) == {
+        "reducer": 1,
+        "accumulation_node": 4,
+    }
 
 
 @pytest.fixture

@@ -91,11 +91,11 @@ def assert_wire_bytes_are_the_gradients_once_per_step(m: dict, wires: list[dict]
 
 def assert_reducer_log_and_wire_count_the_gradients_once_per_step(rec: dict) -> None:
     """Paddle's reducer log: DataParallel's fused all-reduces of a step hold every fp32 gradient once
-    (S = 4N), each timed, on the thread that runs backward (no overlap); the wire agrees."""
+    (S = 4N), each timed; the wire agrees."""
     m = rec["summary"]["comm_measured"]
     assert m["method"].startswith("paddle reducer log") and m["ranks_traced"] == 2, m
-    assert m["ops"]["all_reduce"]["size_bytes_per_step"] == 4 * N and m["vs_analytic"] == 1.0, m
-    assert m["ops"]["all_reduce"]["ranks_agree"] and m["ops"]["all_reduce"]["overlap_fraction"] == 0.0
+    assert m["ops"]["all_reduce"]["size_bytes_per_step"] == 4 * N, m
+    assert m["vs_analytic"] == pytest.approx(1.0) and m["ops"]["all_reduce"]["ranks_agree"]
     for r in rec["ranks"]:
         calls = r["comm_trace"]["collectives"]
         assert calls and all(c["time_s"] > 0 and c["dtype"] == "float32" for c in calls), calls

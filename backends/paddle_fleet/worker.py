@@ -17,6 +17,7 @@ from paddle.distributed import fleet
 
 from backends.comm_trace import (
     captured_stderr,
+    glog_levels,
     paddle_reducer_collectives,
     paddle_reducer_groups,
     tcp_counters,
@@ -40,13 +41,14 @@ def tensor_bytes(t) -> int:
 @contextmanager
 def reducer_log():
     """Turns on Paddle's VLOG 3 of its reducer and gradient-hook files and captures what they write to
-    stderr; off again (level 0, so their log sites keep following the setting) on exit."""
+    stderr; back to their levels from the environment on exit (glog_levels: Paddle's own vlog_guard
+    resets them to 0, which would hold them below a user's GLOG_v)."""
     with captured_stderr() as captured:
         paddle.base.core.set_vlog_level(REDUCER_LOG)
         try:
             yield captured
         finally:
-            paddle.base.core.set_vlog_level(dict.fromkeys(REDUCER_LOG, 0))
+            paddle.base.core.set_vlog_level(glog_levels(REDUCER_LOG, os.environ))
 
 
 def use_rank_device(cfg: RunConfig) -> str:
@@ -103,8 +105,9 @@ class FleetTrainer(Trainer):
             # Paddle 3.3.1 wraps a 1-process model in NoPipelineParallel, which accepts only a PipelineLayer:
             # alone (world 1, the isolated counterfactual) the model runs unwrapped, with nothing to sync.
             if cfg.process_group_size > 1:
-                with reducer_log() as construction:  # its gradient groups, for the collective trace
-                    model = fleet.distributed_model(model)
+                traced = cfg.trace_comm and cfg.trace_steps and cfg.device == "cpu"
+                with reducer_log() if traced else nullcontext({"text": ""}) as construction:
+                    model = fleet.distributed_model(model)  # its log names its gradient groups
                 self.reducer_groups = paddle_reducer_groups(construction["text"])
             optimizer, scaler = (
                 fleet.distributed_optimizer(optimizer),
