@@ -84,6 +84,27 @@ def test_zero3_regathers_blocks_whose_reuse_distance_is_too_long():
     assert regathered_for_backward(parameter_numels(cfg)) == 14 * 50_331_648
 
 
+def test_paddle_stage_1_on_cpu_also_gathers_each_reduced_chunk_to_its_owner():
+    """Each gradient reduced to its owner and each updated tensor broadcast back: a reduce-scatter's and an
+    all-gather's bytes, 2(N-1)/N x 4 x TINY; on CPU gloo's reduce also gathers each rank's reduced chunk to
+    the owner, (N-1)/N x 4 x TINY/N more on average: 1 + 1/(2N) times in all."""
+    for world in (2, 4):
+        ring = 2 * (world - 1) / world * 4 * TINY
+        assert volume("paddle-fleet", world=world, sharding_stage=1) == pytest.approx(
+            ring * (1 + 1 / (2 * world)), abs=4
+        )
+    gpu = RunConfig(
+        backend="paddle-fleet",
+        workload="tiny",
+        spec=PRESETS["tiny"],
+        world_size=4,
+        device="cuda",
+        backend_options={"sharding_stage": 1},
+    )
+    terms = dataclasses.asdict(get_backend("paddle-fleet").comm_pattern(gpu))["terms"]
+    assert comm_bytes_per_rank(terms, 4) == pytest.approx(2 * 3 / 4 * 4 * TINY)  # NCCL's reduce: no more
+
+
 def test_fsdp2_gathers_root_once_blocks_twice_per_micro_batch_and_reduces_once():
     per_micro = TINY_ROOT + 2 * TINY_BLOCKS  # root kept gathered for backward; blocks resharded after forward
     assert volume("torch-fsdp", accum=2) == pytest.approx(0.5 * 4 * (2 * per_micro + TINY))
