@@ -37,6 +37,64 @@ def span(name, ts, dur, tid, **args):
     return {"ph": "X", "name": name, "ts": ts, "dur": dur, "tid": tid, "pid": 1, "args": args}
 
 
+NCCL_ALL_REDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
+NCCL_ALL_GATHER = "ncclDevKernel_AllGather_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
+
+
+def gpu_kernel(name, ts, dur, stream, cat="kernel"):
+    """A device event as kineto writes it: on its stream's row, the stream in its args."""
+    return {
+        "ph": "X",
+        "cat": cat,
+        "name": name,
+        "pid": 0,
+        "tid": stream,
+        "ts": ts,
+        "dur": dur,
+        "args": {"stream": stream, "device": 0, "correlation": ts},
+    }
+
+
+def gpu_rank_trace() -> list[dict]:
+    """Rank 0 of 2 on a GPU: an all-reduce of 1,000 floats and an all-gather of a 300-element bf16 shard,
+    each an NCCL kernel on the communication stream (20); matrix products on two compute streams that
+    overlap each other (merged: 0..120) and one beside the gather (230..300); a copy, which is no compute."""
+    return [
+        {**span("c10d::allreduce_", 5, 3, 1, **{"Input Dims": [[[1000]], [], []]}), "cat": "cpu_op"},
+        {**span("c10d::_allgather_base_", 150, 3, 1, **{"Input Dims": [[600], [300]]}), "cat": "cpu_op"},
+        gpu_kernel("ampere_sgemm_128x64_nn", 0, 100, 7),
+        gpu_kernel("ampere_sgemm_64x64_nn", 40, 80, 8),
+        gpu_kernel(NCCL_ALL_REDUCE, 60, 100, 20),
+        gpu_kernel("Memcpy HtoD (Pageable -> Device)", 130, 20, 9, cat="gpu_memcpy"),
+        gpu_kernel(NCCL_ALL_GATHER, 200, 40, 20),
+        gpu_kernel("ampere_sgemm_128x64_nn", 230, 70, 7),
+    ]
+
+
+def test_torch_trace_on_gpu_times_each_call_by_its_nccl_kernel():
+    reduce, gather = torch_collectives(gpu_rank_trace(), world=2)
+    assert (reduce["op"], reduce["elements"], reduce["time_s"]) == ("all_reduce", 1000, pytest.approx(100e-6))
+    assert reduce["overlapped_s"] == pytest.approx(60e-6)  # the merged compute 0..120 over 60..160
+    assert (gather["op"], gather["elements"], gather["time_s"]) == ("all_gather", 600, pytest.approx(40e-6))
+    assert gather["overlapped_s"] == pytest.approx(10e-6)  # 230..240: the copy at 130..150 is no compute
+
+
+def test_gpu_overlap_is_holistic_trace_analysis_s(tmp_path):
+    """The share of communication time that compute kernels overlap, as measured_comm gives it from the
+    calls, is what Holistic Trace Analysis (Meta's HTA, get_comm_comp_overlap) computes from the same
+    kineto trace: the same kernels count as communication and as compute."""
+    from hta.trace_analysis import TraceAnalysis
+
+    events = gpu_rank_trace()
+    trace = {"distributedInfo": {"rank": 0, "world_size": 2}, "traceEvents": events, "schemaVersion": 1}
+    (tmp_path / "rank0.json").write_text(json.dumps(trace))
+    hta = TraceAnalysis(trace_dir=str(tmp_path)).get_comm_comp_overlap(visualize=False)
+    calls = torch_collectives(events, world=2)
+    ours = sum(c["overlapped_s"] for c in calls) / sum(c["time_s"] for c in calls)
+    assert ours == pytest.approx(0.5)
+    assert hta["comp_comm_overlap_pctg"].iloc[0] / 100 == pytest.approx(ours, abs=1e-4)
+
+
 def test_torch_trace_pairs_each_c10d_call_with_its_gloo_work_and_measures_overlap():
     """Rank 0 of 2: a DDP bucket all-reduce of 1,000 floats and an FSDP all-gather of a 300-element shard.
     The all-reduce's gloo work (main thread busy for 30 of its 100 us) is timed, not the enqueue."""
