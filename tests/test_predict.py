@@ -25,7 +25,7 @@ from core.config import RunConfig
 from core.records import load_records
 from harness.analyze.metrics import bus_factor, comm_bytes_per_rank
 from harness.cli import main
-from harness.predict.hardware import load_profile, local_profile
+from harness.predict.hardware import ProfileError, load_profile, local_profile
 from harness.predict.model import calibrate, expected_slowest, memory, predict_point, replay
 from harness.predict.schedule import Message, schedule
 from harness.predict.validate import predict_measured
@@ -424,6 +424,22 @@ def test_the_local_profile_takes_one_device_and_calls_its_measured_rank_counts_o
     assert profile.overlap_slowdown != [1.0, 1.0, 1.0] and profile.nodes(2) == 1
     cpu_only = local_profile([old_cpu], "torch-ddp", cpus=2)
     assert cpu_only.device == "cpu" and cpu_only.nodes(4) == 1
+
+
+@unit
+def test_a_commbench_record_without_an_op_the_step_issues_says_which_to_time():
+    """ZeRO-3's step all-reduces its norm scalars: a commbench of gathers and reduce-scatters alone cannot
+    price it, and the error names the op and the commbench that would."""
+    bench = commbench_record(
+        "deepspeed", {op: ([1024, 1 << 24], [1e-4, 1e-2]) for op in ("all_gather", "reduce_scatter")}
+    )
+    cfg = dataclasses.replace(
+        cfg_for("deepspeed", world=2, precision="fp32", zero_stage=3), device="cpu", nodes=1, gpus_per_node=2
+    )
+    profile = local_profile([bench], "deepspeed", cpus=2)
+    with pytest.raises(ProfileError, match="has no all_reduce.*--gpus 2 --ops allreduce"):
+        calib = calibrate([calibration_record(0.1, 0.02, "deepspeed-zero3")], cfg, profile)
+        predict_point(cfg, profile, calib, 1e6, None)
 
 
 @unit

@@ -120,7 +120,11 @@ class Profile:
             )
         t = call_time(summary, op, size_bytes, under_load=self.under_load, burst=burst)
         if t is None:
-            raise ProfileError(f"profile {self.name}: the commbench record at {world} ranks has no {op}")
+            raise ProfileError(
+                f"profile {self.name}: the commbench record at {world} ranks has no {op}, which this "
+                f"stack's step issues; run `harness commbench` of that stack with `--gpus {world} --ops "
+                f"{op.replace('_', '')}`"
+            )
         return t
 
     def hbm(self, corner: str) -> float | None:
