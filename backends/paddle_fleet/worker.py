@@ -105,7 +105,7 @@ class FleetTrainer(Trainer):
             # Paddle 3.3.1 wraps a 1-process model in NoPipelineParallel, which accepts only a PipelineLayer:
             # alone (world 1, the isolated counterfactual) the model runs unwrapped, with nothing to sync.
             if cfg.process_group_size > 1:
-                traced = cfg.trace_comm and cfg.trace_steps and cfg.device == "cpu"
+                traced = cfg.trace_comm and cfg.trace_steps and cfg.device == "cpu" and not self.stage
                 with reducer_log() if traced else nullcontext({"text": ""}) as construction:
                     model = fleet.distributed_model(model)  # its log names its gradient groups
                 self.reducer_groups = paddle_reducer_groups(construction["text"])
@@ -158,23 +158,24 @@ class FleetTrainer(Trainer):
                 "reason": "no trace for paddle-fleet on GPU: its NCCL kernels in paddle.profiler are not "
                 "read yet",
             }
+        data_parallel = isinstance(self.model, paddle.DataParallel)  # else sharding: no reducer to log
         before = tcp_counters()
-        with reducer_log() as log:
+        with reducer_log() if data_parallel else nullcontext({"text": ""}) as log:
             step_times = run_steps()
         wire = wire_bytes(before, tcp_counters())
         trace = {"steps": len(step_times), "step_times": step_times, "wire": wire}
         calls = (
             paddle_reducer_collectives(log["text"], self.reducer_groups, self.cfg.process_group_size)
-            if isinstance(self.model, paddle.DataParallel)
+            if data_parallel
             else []
         )
         if calls and all(c["size_bytes"] for c in calls):
             method = "paddle reducer log (VLOG 3) + kernel TCP counters"
             return {**trace, "method": method, "collectives": calls}
         why = (
-            "sharding stage 1 reduces outside DataParallel's logged reducer"
-            if not isinstance(self.model, paddle.DataParallel)
-            else f"Paddle {paddle.__version__}'s reducer log held no fused all-reduce of a known group"
+            f"Paddle {paddle.__version__}'s reducer log held no fused all-reduce of a known group"
+            if data_parallel
+            else "sharding stage 1 reduces outside DataParallel's logged reducer"
         )
         return {
             **trace,

@@ -167,9 +167,9 @@ def deepspeed(cfg, steps, numels, stage, element_bytes):
     from backends.deepspeed_zero.comm import partitioned, regathered_blocks, step_scalars
 
     n = sum(numels.values())
-    end = steps.last_backward(steps.last)
+    reduced = steps.last_backward(steps.last)
     scalars = [  # after the gradients' reduction, before the update: nothing beside them
-        Message("all_reduce", t.dtype_bytes, end, steps.optimizer, t.what)
+        Message("all_reduce", t.elements * t.dtype_bytes, reduced, steps.optimizer, t.what)
         for t in step_scalars(stage, cfg.precision)
         for _ in range(t.per_step)
     ]
