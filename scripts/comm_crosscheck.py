@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -40,6 +41,20 @@ def newest_record(out: Path, before: set) -> dict:
     return json.loads(path.read_text())
 
 
+def sizes_around(run: dict, asked: str) -> str:
+    """`asked`, or for "traced" MIN:MAX from the power of two at or below the run's smallest traced message
+    to the one at or above its largest: every traced call is priced between measured sizes."""
+    if asked != "traced":
+        return asked
+    traces = [(r.get("comm_trace") or {}).get("collectives") or [] for r in run["ranks"]]
+    sizes = [c["size_bytes"] for calls in traces for c in calls if c["size_bytes"]]
+    if not sizes:
+        return "1K:16M"
+    low = 1 << max(10, math.floor(math.log2(min(sizes))))
+    high = 1 << max(11, math.ceil(math.log2(max(sizes))))
+    return f"{low}:{high}"
+
+
 def harness(command: str, flags: list[str], out: Path) -> dict:
     before = set(out.glob("*.json")) if out.exists() else set()
     argv = [sys.executable, "-m", "harness", command, *flags, "--out", str(out)]
@@ -62,7 +77,12 @@ def main() -> int:
     parser.add_argument(
         "--iters", type=int, default=100, help="commbench's timed calls per op and size (its own default: 20)"
     )
-    parser.add_argument("--sizes", default="1K:16M", help="commbench's message sizes")
+    parser.add_argument(
+        "--sizes",
+        default="traced",
+        help="commbench's message sizes; default: the powers of two around the run's traced sizes, so every "
+        "traced call is priced between measured sizes and no time goes to sizes no call has",
+    )
     parser.add_argument("--out", type=Path, default=Path("crosscheck"))
     args = parser.parse_args()
     print(
@@ -93,7 +113,7 @@ def main() -> int:
             )  # only the ops the run issued: the others cost minutes and price nothing here
             bench = harness(
                 "commbench",
-                ["--backend", flags[1], "--gpus", str(args.gpus), "--sizes", args.sizes]
+                ["--backend", flags[1], "--gpus", str(args.gpus), "--sizes", sizes_around(run, args.sizes)]
                 + ["--iters", str(args.iters)]
                 + ["--ops", ",".join(traced)]
                 + (["--under-load"] if run["config"]["device"] == "cpu" else []),  # CPU only

@@ -461,3 +461,25 @@ def test_commbench_times_calls_under_load_when_asked(flags, expected):
     argv = ["commbench", "--backend", "torch-ddp", "--gpus", "2", "--device", "cpu", *flags]
     cfg = build_commbench_config(make_parser().parse_args(argv))
     assert cfg.commbench["under_load"] is expected
+
+
+@unit
+def test_the_cross_check_s_commbench_spans_the_powers_of_two_around_the_traced_sizes():
+    """scripts/comm_crosscheck.py times commbench only around what the run sent: DDP's two buckets on tiny
+    (3,230,720 and 1,048,576 B) between 1 MiB and 4 MiB, 5,000 B from 4 KiB, an 8-byte norm scalar from 1 KiB
+    (commbench's smallest); sizes asked for pass as they are."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "comm_crosscheck.py"
+    spec = importlib.util.spec_from_file_location("comm_crosscheck", path)
+    crosscheck = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(crosscheck)
+
+    def run(*sizes):
+        calls = [{"op": "all_reduce", "size_bytes": s} for s in sizes]
+        return {"ranks": [{"comm_trace": {"collectives": calls}}, {"comm_trace": None}]}
+
+    assert crosscheck.sizes_around(run(3_230_720, 1_048_576), "traced") == f"{1 << 20}:{1 << 22}"
+    assert crosscheck.sizes_around(run(8, 5000), "traced") == f"{1 << 10}:{1 << 13}"
+    assert crosscheck.sizes_around(run(5000, 3_230_720), "traced") == f"{1 << 12}:{1 << 22}"
+    assert crosscheck.sizes_around(run(3_230_720), "1K:64M") == "1K:64M"
