@@ -24,6 +24,9 @@ arrive apart).
     .venv/bin/python scripts/after_compute_probe.py --calls 80 --burst-ms 20,50 [--skew-ms 3] \\
         [--settle-ms 2,10] [--cpu-time]
 
+`scripts/busy_burst_controls.py` times the same pauses before a fixed loop on a core and before loopback TCP
+round trips, with no gloo: the controls.
+
 Run it on a quiet machine: it is a timing.
 """
 
