@@ -569,9 +569,9 @@ def test_predictions_are_records_of_their_own_kind_tabled_apart(tmp_path, capsys
 # after backward, and priced under load throughout its step was over-predicted by 22-38% (its strict xfail
 # until 2026-12-01); by condition, three rounds on a 2-core AMD EPYC VM gave +13.7%/+9.3 points,
 # -3.8%/-2.4 and +8.9%/+10.3: inside the bounds but for one exposed ratio 0.3 points over. ZeRO-3 meets
-# them since its persistent gathers are priced as calls of commbench's bursts (with every call priced
-# under load: -4.4 to +5.2% and +0.4 to +6.5 points; as calls alone +5 to +24% and +7 to +17 points; by
-# condition, one round: -4.3% and +6.3). scripts/predict_validation.py gives the table.
+# them since its persistent gathers are priced as calls of commbench's bursts (seen -4.4 to +5.2% and +0.4
+# to +6.5 points; as calls alone +5 to +24% and +7 to +17 points). scripts/predict_validation.py gives
+# the table.
 OWN_RUNS = {
     "torch-ddp": (["--backend", "torch-ddp"], "allreduce"),
     "deepspeed-zero1": (["--backend", "deepspeed", "--zero-stage", "1"], "allreduce,allgather"),
@@ -603,9 +603,8 @@ def test_a_communication_bound_cpu_run_is_predicted_only_with_its_collectives(ou
     """On tiny the communication is under a fifth of the step, so the bounds above would hold even if
     no collective were priced. Here (d_model 512, 2 blocks, 32 tokens a sequence, 2 sequences: 7.4M
     parameters, a 30 MB all-reduce) it is 35-40%: the compute alone is 26-39% short of the measured step,
-    and with commbench's all-reduce (timed beside a compute thread, and idle where the replay has nothing
-    beside it) the exposed ratio is within the issue's 10 points (seen +3.5, +2.7 with every call priced
-    under load). The step time is held to 25%, not 15%: seen +9% and +19%, the
+    and with commbench's all-reduce (timed beside a compute thread) the exposed ratio is within the
+    issue's 10 points (seen +3.5, +2.7). The step time is held to 25%, not 15%: seen +9% and +19%, the
     second from 1-rank runs 19% slower than the first's (the compute calibration, not the collectives)."""
     shape = ["--workload", "tiny", "--d-model", "512", "--heads", "8", "--layers", "2", "--seq-len", "32"]
     flags = ["--backend", "torch-ddp"]

@@ -198,8 +198,8 @@ def local_profile(commbench_records: list[dict], backend: str, cpus: int | None)
     skipped = [r["run_id"] for r in mine if device_of(r) != here]
     by_world = {r["config"]["world_size"]: summarize_commbench(r) for r in used}  # the latest per N
     device = here[0]
-    # A training step's collectives may run beside its compute, which on a CPU holds the same cores: where
-    # every record timed its calls under load too, those times price the calls that compute runs beside.
+    # A training step's collectives run beside its compute, which on a CPU holds the same cores: where
+    # every record timed its calls under load too, those times price the collectives.
     under_load = all(summary.get("under_load") for summary in by_world.values())
     timing = (
         "calls beside compute priced as timed beside a compute thread, the others idle"

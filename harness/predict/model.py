@@ -135,14 +135,13 @@ def replay(durations, messages: list[Message], comm_time) -> dict:
 def split_time(message: Message, t0: float, computing_until: float, comm_time) -> float:
     """A call's duration from t0 when compute runs beside it until `computing_until`: the share of its
     work done by then at the price beside compute, the rest at the price alone."""
-    alone = comm_time(message, False)
     if t0 >= computing_until:
-        return alone
+        return comm_time(message, False)
     beside = comm_time(message, True)
-    if t0 + beside <= computing_until or beside == alone:  # one price (a device's calls): as it is
+    if t0 + beside <= computing_until:
         return beside
     share = (computing_until - t0) / beside
-    return computing_until - t0 + (1 - share) * alone
+    return computing_until - t0 + (1 - share) * comm_time(message, False)
 
 
 def overlap(first: list[tuple[float, float]], second: list[tuple[float, float]]) -> float:
