@@ -190,12 +190,12 @@ def test_replay_overlaps_a_collective_with_compute_and_bills_only_the_wait():
     """Three 1 s segments; a 1.5 s collective ready after the first, needed by the third: it runs from 1
     to 2.5 beside the second segment, so the third starts at 2.5 and the step takes 3.5 s (0.5 s exposed,
     1 s overlapped)."""
-    result = replay([1.0, 1.0, 1.0], [Message("all_reduce", 1, 0, 2, "x")], lambda m, beside: 1.5)
+    result = replay([1.0, 1.0, 1.0], [Message("all_reduce", 1, 0, 2, "x")], lambda m: 1.5)
     assert result["step_s"] == pytest.approx(3.5)
     assert result["compute_s"] == pytest.approx(3.0)
     assert result["overlapped_s"] == pytest.approx(1.0)
     # A collective nothing waits for still ends the step: ready after the last segment, 0.5 s.
-    tail = replay([1.0, 1.0], [Message("all_gather", 1, 1, None, "after")], lambda m, beside: 0.5)
+    tail = replay([1.0, 1.0], [Message("all_gather", 1, 1, None, "after")], lambda m: 0.5)
     assert tail["step_s"] == pytest.approx(2.5)
 
 
@@ -388,30 +388,9 @@ def test_a_synchronised_step_waits_for_the_slowest_rank_s_variation():
 
 
 @unit
-def test_replay_prices_a_call_by_whether_compute_runs_beside_it():
-    """Three 1 s segments; a call costs 1.5 s beside compute (its price under load) and 0.5 s alone.
-    Ready after segment 0 and needed by none: compute runs to 3 s, so all of it is beside compute (ends
-    at 2.5). Needed by segment 2: compute beside it only until 2 s, two thirds of its work, and the last
-    third alone (1/3 x 0.5 s): it ends at 2 + 1/6 s, and segment 2 waits for it. Ready after the last
-    segment: alone, 0.5 s."""
-
-    def price(m, beside):
-        return 1.5 if beside else 0.5
-
-    free = replay([1.0, 1.0, 1.0], [Message("all_reduce", 1, 0, None, "x")], price)
-    assert free["step_s"] == pytest.approx(3.0) and free["comm_busy_s"] == pytest.approx(1.5)
-    waited = replay([1.0, 1.0, 1.0], [Message("all_reduce", 1, 0, 2, "x")], price)
-    assert waited["comm_busy_s"] == pytest.approx(1 + 0.5 / 3)
-    assert waited["step_s"] == pytest.approx(3 + 0.5 / 3)
-    last = replay([1.0, 1.0, 1.0], [Message("all_reduce", 1, 2, None, "x")], price)
-    assert last["step_s"] == pytest.approx(3.5)
-
-
-@unit
 def test_the_local_profile_prices_collectives_as_timed_beside_compute_when_measured_so():
     """On a CPU a step's collectives share the cores with its compute: when commbench timed the calls
-    under load too (4 ms each, against 1 ms idle), the local profile prices with those, and says so; a
-    call with nothing beside it keeps its idle time."""
+    under load too (4 ms each, against 1 ms idle), the local profile prices with those, and says so."""
     sizes, idle, loaded = [1024, 1 << 20], [1e-3, 1e-3], [4e-3, 4e-3]
     bench = commbench_record("tf-mwms", {"all_reduce": (sizes, idle)})
     assert not local_profile([bench], "tf-mwms", cpus=2).under_load
@@ -422,8 +401,6 @@ def test_the_local_profile_prices_collectives_as_timed_beside_compute_when_measu
     profile = local_profile([bench], "tf-mwms", cpus=2)
     assert profile.under_load and "beside a compute thread" in profile.description
     assert profile.collective_time("all_reduce", 1 << 19, 2, "nominal") == pytest.approx(4e-3, rel=1e-3)
-    alone = profile.collective_time("all_reduce", 1 << 19, 2, "nominal", beside_compute=False)
-    assert alone == pytest.approx(1e-3, rel=1e-3)
 
 
 @unit
@@ -562,37 +539,51 @@ def test_predictions_are_records_of_their_own_kind_tabled_apart(tmp_path, capsys
 
 
 # ------------------------------------------------------------------------------------------ integration tier
-# label -> (run flags, the ops its commbench needs).
-# A call that compute runs beside in the replay is priced as commbench timed it beside a compute thread (on
-# 2 cores a step's compute and calls share them: 2-3x the idle times below 8 MB, Horovod's 5-10x), one
-# with nothing beside it at its idle time: the cross-check's rule for traced calls. Horovod's calls run
-# after backward, and priced under load throughout its step was over-predicted by 22-38% (its strict xfail
-# until 2026-12-01); by condition, three rounds on a 2-core AMD EPYC VM gave +13.7%/+9.3 points,
-# -3.8%/-2.4 and +8.9%/+10.3: inside the bounds but for one exposed ratio 0.3 points over. ZeRO-3 meets
-# them since its persistent gathers are priced as calls of commbench's bursts (seen -4.4 to +5.2% and +0.4
-# to +6.5 points; as calls alone +5 to +24% and +7 to +17 points). scripts/predict_validation.py gives
-# the table.
+# label -> (run flags, the ops its commbench needs, whether the model meets the bounds on this 2-core CPU).
+# Collectives are priced as commbench timed them beside a compute thread (on 2 cores a step's calls share
+# them with compute: 2-3x the idle times below 8 MB). The one that misses: Horovod's step is over-predicted
+# by about a quarter. Its calls in a step cost their idle price (scripts/comm_crosscheck.py: traced /
+# idle 0.98-1.19 in three rounds), while beside commbench's compute thread they take 5-8x that; priced idle,
+# the step would be under-predicted by about as much, by the compute two Horovod processes take from each
+# other on 2 cores (1-rank step 68.4 ms, 2-rank isolated compute 79.5 ms), which no input measures. ZeRO-3
+# meets the bounds since its persistent gathers are priced as calls of commbench's bursts (seen -4.4 to
+# +5.2% and +0.4 to +6.5 points; as calls alone +5 to +24% and +7 to +17 points).
+# scripts/predict_validation.py gives the table.
 OWN_RUNS = {
-    "torch-ddp": (["--backend", "torch-ddp"], "allreduce"),
-    "deepspeed-zero1": (["--backend", "deepspeed", "--zero-stage", "1"], "allreduce,allgather"),
-    "tf-mwms": (["--backend", "tf-mwms"], "allreduce"),
-    "paddle-fleet": (["--backend", "paddle-fleet"], "allreduce"),
-    "torch-fsdp": (["--backend", "torch-fsdp"], "allgather,reducescatter"),
-    # its norm scalars are all-reduced
-    "deepspeed-zero3": (["--backend", "deepspeed", "--zero-stage", "3"], "allreduce,allgather,reducescatter"),
-    "horovod": (["--backend", "horovod"], "allreduce"),
+    "torch-ddp": (["--backend", "torch-ddp"], "allreduce", True),
+    "deepspeed-zero1": (["--backend", "deepspeed", "--zero-stage", "1"], "allreduce,allgather", True),
+    "tf-mwms": (["--backend", "tf-mwms"], "allreduce", True),
+    "paddle-fleet": (["--backend", "paddle-fleet"], "allreduce", True),
+    "torch-fsdp": (["--backend", "torch-fsdp"], "allgather,reducescatter", True),
+    "deepspeed-zero3": (
+        ["--backend", "deepspeed", "--zero-stage", "3"],
+        "allreduce,allgather,reducescatter",  # its norm scalars are all-reduced
+        True,
+    ),
+    "horovod": (["--backend", "horovod"], "allreduce", False),
 }
 # Every stack with DISTBENCH_PREDICT_ALL=1 (about 7 minutes); torch-ddp alone otherwise.
 OWN_RUN_LABELS = list(OWN_RUNS) if os.environ.get("DISTBENCH_PREDICT_ALL") == "1" else ["torch-ddp"]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("label", OWN_RUN_LABELS)
+@pytest.mark.parametrize(
+    "label",
+    [
+        pytest.param(
+            label,
+            marks=[]
+            if OWN_RUNS[label][2]
+            else [pytest.mark.xfail(strict=True, reason="Horovod's step is over-predicted by ~25%")],
+        )
+        for label in OWN_RUN_LABELS
+    ],
+)
 def test_a_two_rank_cpu_run_is_predicted_from_its_one_rank_runs_and_commbench(label, out):
     """The prediction issue's own-runs validation: a stack's 2-rank tiny run on this machine predicted
     from two launches of its 1-rank run and its commbench record, never from the run itself: step time
     within 15%, exposed communication ratio within 10 points."""
-    flags, ops = OWN_RUNS[label]
+    flags, ops, _ = OWN_RUNS[label]
     result = predicted_against_measured(out, [*flags, "--workload", "tiny"], flags[:2], ops)
     assert abs(result["step_time_error"]) <= 0.15, result
     assert abs(result["exposed_error_points"]) <= 10, result

@@ -57,8 +57,7 @@ class Profile:
     step_cv: list = field(default_factory=lambda: [0.005, 0.01, 0.02])
     sources: list = field(default_factory=list)
     commbench: dict = field(default_factory=dict)  # local: {world_size: commbench summary} of one stack
-    # local: collectives that compute runs beside priced by commbench's times beside a compute thread
-    under_load: bool = False
+    under_load: bool = False  # local: collectives priced by commbench's times beside a compute thread
     path: str | None = None
 
     def to_dict(self) -> dict:
@@ -99,37 +98,27 @@ class Profile:
         return base + min(ring, tree)
 
     def collective_time(
-        self,
-        op: str,
-        size_bytes: float,
-        world: int,
-        corner: str,
-        burst: bool = False,
-        beside_compute: bool = True,
+        self, op: str, size_bytes: float, world: int, corner: str, burst: bool = False
     ) -> float:
         """Seconds for one `op` of nccl-tests size `size_bytes` over `world` ranks; `burst`: one of calls
         queued back to back (measured profiles price it from commbench's bursts; the catalogue's α-β
-        already is nccl-tests' back-to-back figure). `beside_compute=False`: a call with no compute
-        beside it, which a measured profile timed under load prices at its idle time (a device's
-        collectives do not share a CPU's cores with compute, so elsewhere it changes nothing)."""
+        already is nccl-tests' back-to-back figure)."""
         if world == 1 or not size_bytes:
             return 0.0
         if self.commbench:
-            return self.measured_call(op, size_bytes, world, burst, loaded=beside_compute)
+            return self.measured_call(op, size_bytes, world, burst)
         return self.latency(op, world, corner) + size_bytes * bus_factor(op, world) / self.busbw(
             world, corner
         )
 
-    def measured_call(
-        self, op: str, size_bytes: float, world: int, burst: bool = False, loaded: bool = True
-    ) -> float:
+    def measured_call(self, op: str, size_bytes: float, world: int, burst: bool = False) -> float:
         summary = self.commbench.get(world)
         if summary is None:
             raise ProfileError(
                 f"profile {self.name}: no commbench record at {world} ranks (have: "
                 f"{', '.join(map(str, sorted(self.commbench)))}); run `harness commbench --gpus {world}`"
             )
-        t = call_time(summary, op, size_bytes, under_load=self.under_load and loaded, burst=burst)
+        t = call_time(summary, op, size_bytes, under_load=self.under_load, burst=burst)
         if t is None:
             raise ProfileError(
                 f"profile {self.name}: the commbench record at {world} ranks has no {op}, which this "
@@ -201,11 +190,7 @@ def local_profile(commbench_records: list[dict], backend: str, cpus: int | None)
     # A training step's collectives run beside its compute, which on a CPU holds the same cores: where
     # every record timed its calls under load too, those times price the collectives.
     under_load = all(summary.get("under_load") for summary in by_world.values())
-    timing = (
-        "calls beside compute priced as timed beside a compute thread, the others idle"
-        if under_load
-        else "calls timed on idle cores"
-    )
+    timing = "calls timed beside a compute thread" if under_load else "calls timed on idle cores"
     if skipped:
         timing += f"; not used, of another device: {', '.join(skipped)}"
     return Profile(

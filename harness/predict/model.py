@@ -82,12 +82,7 @@ def local_parameters(cfg: RunConfig, sharding: str) -> float:
 
 def replay(durations, messages: list[Message], comm_time) -> dict:
     """Compute segments in order on one stream, collectives in the order they become ready on another (one
-    at a time, as NCCL serialises a communicator's calls). A segment waits for the messages it needs.
-
-    `comm_time(message, beside_compute)` prices a call with compute running beside it or not; a call
-    that compute outlasts for part of its time does that share of its work at the first price and the
-    rest at the second. Compute runs beside a call from its start until the segments still to come
-    before the one that needs it have run (waits for other calls there are not foreseen)."""
+    at a time, as NCCL serialises a communicator's calls). A segment waits for the messages it needs."""
     n = len(durations)
     start, end = np.zeros(n), np.zeros(n)
     done = [None] * len(messages)
@@ -106,9 +101,7 @@ def replay(durations, messages: list[Message], comm_time) -> dict:
             scheduled += 1
         for i in sorted(batch, key=lambda i: (ready(messages[i]), i)):
             t0 = max(comm_free, ready(messages[i]))
-            needed_by = messages[i].before if messages[i].before is not None else n
-            computing_until = clock + float(np.sum(durations[upto + 1 : needed_by]))
-            comm_free = t0 + split_time(messages[i], t0, computing_until, comm_time)
+            comm_free = t0 + comm_time(messages[i])
             done[i] = comm_free
             intervals.append((t0, comm_free))
 
@@ -130,18 +123,6 @@ def replay(durations, messages: list[Message], comm_time) -> dict:
         "comm_busy_s": sum(b - a for a, b in intervals),
         "overlapped_s": overlapped,
     }
-
-
-def split_time(message: Message, t0: float, computing_until: float, comm_time) -> float:
-    """A call's duration from t0 when compute runs beside it until `computing_until`: the share of its
-    work done by then at the price beside compute, the rest at the price alone."""
-    if t0 >= computing_until:
-        return comm_time(message, False)
-    beside = comm_time(message, True)
-    if t0 + beside <= computing_until:
-        return beside
-    share = (computing_until - t0) / beside
-    return computing_until - t0 + (1 - share) * comm_time(message, False)
 
 
 def overlap(first: list[tuple[float, float]], second: list[tuple[float, float]]) -> float:
@@ -268,9 +249,7 @@ def predict_point(cfg: RunConfig, profile: Profile, calib: Calibration, tokens: 
         result = replay(
             durations,
             messages,
-            lambda m, beside, c=corner: profile.collective_time(
-                m.op, m.size_bytes, cfg.world_size, c, m.burst, beside_compute=beside
-            ),
+            lambda m, c=corner: profile.collective_time(m.op, m.size_bytes, cfg.world_size, c, m.burst),
         )
         cv = calib.step_cv if calib.step_cv is not None else pick(profile.step_cv, corner, False)
         straggler = cv * result["compute_s"] * expected_slowest(cfg.world_size)
