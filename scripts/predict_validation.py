@@ -46,7 +46,7 @@ def harness(*argv: str) -> None:
 
 def measure(label: str, out: Path) -> None:
     flags, ops = STACKS[label]
-    for gpus in ("1", "1", "2"):  # two launches of the 1-rank run: calibration takes their median
+    for gpus in ("1", "2", "1"):  # 1-rank runs either side of the 2-rank one (calibration: their median)
         harness("run", *flags, *RUN, "--gpus", gpus, "--out", str(out))
     backend_flags = flags[:2]  # commbench takes the backend only
     sizes = ["--sizes", "1K:64M", "--device", "cpu", "--under-load"]  # as calls run beside compute

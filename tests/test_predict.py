@@ -608,7 +608,7 @@ def test_a_communication_bound_cpu_run_is_predicted_only_with_its_collectives(ou
 
 def predicted_against_measured(out, run_flags, backend_flags, ops) -> dict:
     run = [*run_flags, "--threads-per-worker", "1", "--no-trace-comm", "--steps", "15", "--device", "cpu"]
-    for gpus in (1, 1, 2):
+    for gpus in (1, 2, 1):  # 1-rank runs either side of the 2-rank one: drift reaches both
         run_record(out, *run, "--gpus", gpus)
     sizes = ["--sizes", "1K:64M", "--device", "cpu", "--under-load"]
     proc = harness("commbench", *backend_flags, "--gpus", 2, "--ops", ops, *sizes, "--out", out)
