@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness.analyze.collectives import matched_comm, predicted_comm  # noqa: E402
+from harness.analyze.collectives import matched_comm, predicted_comm, traced_ranks  # noqa: E402
 
 STACKS = {  # label -> harness flags
     "torch-ddp": ["--backend", "torch-ddp"],
@@ -46,8 +46,7 @@ def sizes_around(run: dict, asked: str) -> str:
     to the one at or above its largest: every traced call is priced between measured sizes."""
     if asked != "traced":
         return asked
-    traces = [(r.get("comm_trace") or {}).get("collectives") or [] for r in run["ranks"]]
-    sizes = [c["size_bytes"] for calls in traces for c in calls if c["size_bytes"]]
+    sizes = [c["size_bytes"] for t in traced_ranks(run) for c in t["collectives"] if c["size_bytes"]]
     if not sizes:
         return "1K:16M"
     low = 1 << max(10, math.floor(math.log2(min(sizes))))
