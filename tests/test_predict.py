@@ -541,8 +541,8 @@ def test_predictions_are_records_of_their_own_kind_tabled_apart(tmp_path, capsys
 # ------------------------------------------------------------------------------------ own runs, as recorded
 # The prediction issue's own-runs validation: each stack's 2-rank tiny CPU run predicted from its 1-rank
 # runs and its commbench record (never from a 2-rank run), against the median of five 2-rank launches.
-# The launches are records in tests/data/predict/<case>, made by scripts/predict_validation.py on the 2-core
-# AMD EPYC VM CI runs on, so the check reads the same records on every machine. Live, one launch was held
+# The launches are records in tests/data/predict/<case>, made by scripts/predict_validation.py on a 2-core
+# AMD EPYC VM, so the check reads the same records on every machine. Live, one launch was held
 # to the bounds; on that VM identical launches differ by more than them (six of the communication-bound
 # case measured exposed ratios from 0.06 to 0.49, while their predictions, from the 1-rank runs and
 # commbench beside each, ranged 0.31-0.44), and three of those six missed.
