@@ -618,3 +618,26 @@ def test_a_run_is_predicted_end_to_end_from_records_made_here(out):
     assert sorted(result["calibrated_from"]) == sorted(ones) and result["commbench"] == [bench], result
     assert abs(result["step_time_error"]) <= 0.40, result
     assert result["exposed_comm_ratio"]["predicted"] > 0.15, result  # commbench's price is in it (seen 0.31+)
+
+
+@unit
+def test_calibration_without_optimizer_times_counts_the_optimizer_once_and_takes_one_shape():
+    """A GPU record made before 1-rank runs timed their optimizer: its step already holds the optimizer, so
+    N = 1 gives the step back (no HBM-modelled optimizer on top); a run of another shape is not mixed in."""
+    record = make_record("torch-ddp", gpus=1, step_time=0.05, run_id="old-1")
+    record["config"]["device"] = "cuda"
+    for rank in record["ranks"]:
+        rank["device"] = "NVIDIA H100 80GB HBM3"
+    other = make_record(
+        "torch-ddp", gpus=1, step_time=0.4, workload="small", run_id="small-1", state_total=1e9
+    )
+    other["config"]["device"] = "cuda"
+    other["environment"]["start_time"] = "2025-01-01T00:00:00+00:00"  # older: tiny is the newest shape
+    for rank in other["ranks"]:
+        rank["device"] = "NVIDIA H100 80GB HBM3"
+    one = dataclasses.replace(cfg_for("torch-ddp", world=1, precision="fp32"), nodes=1, gpus_per_node=1)
+    calib = calibrate([record, other], one, load_profile("h100-sxm"))
+    assert [s["run_id"] for s in calib.sources if "step_time_s" in s] == ["old-1"]
+    assert any("small-1: not used (another shape" in note for note in calib.notes)
+    nominal = predict_point(one, load_profile("h100-sxm"), calib, 1e6, None)["corners"]["nominal"]
+    assert nominal["step_time_s"] == pytest.approx(0.05)
