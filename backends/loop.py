@@ -41,6 +41,9 @@ class Trainer(ABC):
         self.rank = rank_from_env()
         self.world_size = cfg.process_group_size
         self.device_name = "cpu"
+        # The rank's index among its node's ranks, where the stack picks its device by it (cuda:<local
+        # rank> inside the launcher's mask); recorded, so a rank on the wrong device shows.
+        self.local_rank: int | None = None
         self.optimizer_times: list[float] = []  # seconds per optimizer step, in the optimizer-timed steps
         self.time_optimizer = False  # set by run_training for its optimizer-timed steps only
 
@@ -296,6 +299,7 @@ def run_training(trainer: Trainer, cfg: RunConfig, weights_path: Path | None = N
         "rank": trainer.rank,
         "host": socket.gethostname(),
         "device": trainer.device_name,
+        "local_rank": trainer.local_rank,
         "pid": os.getpid(),
         "status": "ok",
         "step_times": step_times,

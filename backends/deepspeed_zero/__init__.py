@@ -70,7 +70,7 @@ def ds_config(cfg) -> dict:
     (deepspeed/runtime/constants.py GRADIENT_CLIPPING_DEFAULT), at every ZeRO stage; a gradient norm over 1
     then scales the step's gradients down, which AdamW's scale invariance hides for a step or two only.
     With bf16/fp16 DeepSpeed keeps low-precision parameters and gradients plus fp32 master weights; fp16
-    uses its dynamic loss scaling."""
+    uses its dynamic loss scaling. The engine's throughput timer is off (see below)."""
     opts = DeepSpeedOptions.from_dict(cfg.backend_options)
     zero = {"stage": opts.zero_stage, **(stage3_settings() if opts.zero_stage == 3 else {})}
     config = {
@@ -78,6 +78,11 @@ def ds_config(cfg) -> dict:
         "gradient_accumulation_steps": cfg.grad_accum,
         "gradient_clipping": 0.0,
         "zero_optimization": zero,
+        # DeepSpeed's throughput timer is on and synchronized by default: from the engine's third step it
+        # calls accelerator.synchronize() in engine.forward and engine.step (deepspeed/utils/timer.py
+        # ThroughputTimer), two device syncs per micro-step inside the timed region that no other stack
+        # has. The harness times every stack itself, so the engine's own timer is off.
+        "timers": {"throughput": {"enabled": False, "synchronized": False}},
     }
     if cfg.precision in ("bf16", "fp16"):
         config[cfg.precision] = {"enabled": True}

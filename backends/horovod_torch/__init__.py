@@ -29,6 +29,14 @@ class HorovodOptions(Options):
     )
 
 
+def local_rank(environ) -> str:
+    """The local rank horovodrun gave this worker (HOROVOD_LOCAL_RANK), which picks its GPU (cuda:<local
+    rank> inside the mask). It wins over a LOCAL_RANK inherited from the harness's own environment (a
+    torchrun, Slurm or Kubernetes parent), which horovodrun passes on to every worker unchanged and which
+    would put every rank of this node on that one GPU."""
+    return environ.get("HOROVOD_LOCAL_RANK", "0")
+
+
 class Horovod(Backend):
     """t_compute: Horovod has no switch that turns the all-reduce off (its gradient hooks submit every
     all-reduce during backward; skip_synchronize() only skips waiting for them), so the isolated

@@ -13,7 +13,7 @@ import horovod.torch as hvd
 import torch
 
 from backends.comm_trace import horovod_collectives, timeline_events
-from backends.horovod_torch import HorovodOptions
+from backends.horovod_torch import HorovodOptions, local_rank
 from backends.torch_common import TorchTrainer
 from workloads.torch_model import make_optimizer
 
@@ -36,7 +36,7 @@ def init_adamw_state(optimizer) -> None:
 
 class HorovodTrainer(TorchTrainer):
     def __init__(self, cfg):
-        os.environ.setdefault("LOCAL_RANK", os.environ.get("HOROVOD_LOCAL_RANK", "0"))  # picks the GPU
+        os.environ["LOCAL_RANK"] = local_rank(os.environ)  # picks the GPU (TorchTrainer reads it)
         super().__init__(cfg)
         hvd.init()
         model = self.build_model()

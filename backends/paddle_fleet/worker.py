@@ -51,6 +51,17 @@ def reducer_log():
             paddle.base.core.set_vlog_level(glog_levels(REDUCER_LOG, os.environ))
 
 
+def clear_gradients(optimizer, stage: int) -> None:
+    """Release the step's gradients before the next one accumulates. group_sharded_parallel (stages 2
+    and 3) replaces the optimizer's clear_grad with its own `_opt_clear(self)`, which takes no argument
+    and clears the sharded gradient buffers itself (GroupShardedStage2/3._redefine_opt_clear); Paddle's
+    own optimizers take set_to_zero, and False frees the gradients instead of zero-filling them."""
+    if stage >= 2:
+        optimizer.clear_grad()
+    else:
+        optimizer.clear_grad(set_to_zero=False)
+
+
 def use_rank_device(cfg: RunConfig) -> str:
     """Make this rank's device Paddle's current one and return its name: the GPU the launcher selected
     for it (FLAGS_selected_gpus, the device contract), or the CPU."""
@@ -88,7 +99,7 @@ class FleetTrainer(Trainer):
         model = GPT(cfg.spec, cfg.activation_checkpointing).load_spec_weights(cfg.seed)
         optimizer = make_optimizer(model)
         self.amp_dtype = AMP_DTYPES.get(cfg.precision)
-        self.amp_level = options.get("amp_level", "O1") if self.amp_dtype else None
+        self.amp_level = options.amp_level if self.amp_dtype else None
         if self.amp_level == "O2":  # bf16/fp16 parameters and gradients, fp32 master weights in the optimizer
             model, optimizer = paddle.amp.decorate(
                 models=model, optimizers=optimizer, level="O2", dtype=self.amp_dtype, master_weight=True
@@ -123,7 +134,7 @@ class FleetTrainer(Trainer):
         return paddle.amp.auto_cast(enable=True, level=self.amp_level, dtype=self.amp_dtype)
 
     def step(self, batches, sync_grads=True):
-        self.optimizer.clear_grad(set_to_zero=False)
+        clear_gradients(self.optimizer, self.stage)
         losses = []
         for i, (x, y) in enumerate(batches):
             sync_now = sync_grads and i == len(batches) - 1
