@@ -2,17 +2,115 @@
 
 TensorFlow has no launcher: the harness starts every worker itself, each with a TF_CONFIG naming all
 workers of the job (every node's) and its own index, and with its rank in DISTBENCH_RANK.
+
+What the framework is told, decided here from the RunConfig (framework-free, so it is checked without a
+GPU) and recorded in the run's settings: the all-reduce implementation (`communication`) and what its
+attention costs (`attention_memory`).
 """
 
 import json
-import sys
 from dataclasses import dataclass
 
-from backends.base import CUDA_MASK, WORKER_SCRIPT, Backend, LaunchPlan, Options, gradient_allreduce, option
+from backends.base import (
+    CUDA_MASK,
+    WORKER_SCRIPT,
+    Backend,
+    LaunchPlan,
+    Options,
+    gradient_allreduce,
+    option,
+    worker_python,
+)
 from core.config import InvalidConfig
 from core.process import Process, free_port
 
 COLLECTIVES = ("auto", "ring", "nccl")
+# The C++ collective TensorFlow runs for an all-reduce, by the implementation MWMS is given, on a GPU: TF's
+# CollectiveParamResolverLocal::AssignCollectiveType picks NcclReduce only for the "nccl" communication
+# hint (or ConfigProto's collective_nccl, which MWMS sets only for NCCL and only outside eager), and
+# RingReduce otherwise. All-gathers are RingGather whatever the hint (TF has no NCCL all-gather kernel).
+GPU_ALL_REDUCE = {"AUTO": "RingReduce", "RING": "RingReduce", "NCCL": "NcclReduce"}
+
+
+def communication(cfg) -> str:
+    """The tf.distribute.experimental.CommunicationImplementation (its name) this run hands MWMS.
+
+    On a GPU `auto` means NCCL: TensorFlow's own AUTO is no automatic choice there, it is the ring
+    all-reduce (GPU_ALL_REDUCE), which reaches the other workers through gRPC and host memory, while every
+    other stack of the suite all-reduces with NCCL; a GPU comparison would then measure TF's fallback
+    transport, not its strategy. On CPU `auto` stays TensorFlow's AUTO, which is the ring there (NCCL has
+    no CPU kernel)."""
+    requested = TFOptions.from_dict(cfg.backend_options).collective
+    if requested == "auto":
+        return "NCCL" if cfg.device == "cuda" else "AUTO"
+    return requested.upper()
+
+
+def all_reduce_kernel(cfg) -> str:
+    """The collective TensorFlow's runtime resolves this run's all-reduce to (see GPU_ALL_REDUCE)."""
+    return GPU_ALL_REDUCE[communication(cfg)] if cfg.device == "cuda" else "RingReduce"
+
+
+def communication_settings(cfg) -> dict:
+    """The record's account of the collectives: asked for, handed to MWMS, and what TF's runtime runs."""
+    requested = TFOptions.from_dict(cfg.backend_options).collective
+    implementation, kernel = communication(cfg), all_reduce_kernel(cfg)
+    overridden = requested == "auto" and implementation != "AUTO"
+    return {
+        "requested": requested,
+        "implementation": implementation,
+        "all_reduce": kernel,
+        "all_gather": "RingGather",
+        "summary": (
+            f"communication: {implementation} (--collective {requested} on {cfg.device}): all-reduce "
+            f"{kernel}, all-gather RingGather"
+            + ("; TF's own AUTO would all-reduce with RingReduce" if overridden else "")
+        ),
+    }
+
+
+def variant(cfg) -> str:
+    """The label's suffix: the implementation that runs, unless it is CPU's default (AUTO, the ring), so a
+    GPU run asked for `auto` is labelled as the NCCL run it is."""
+    implementation = communication(cfg)
+    return "" if implementation == "AUTO" else f"-{implementation.lower()}"
+
+
+def size(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
+
+
+def attention_memory(cfg) -> dict:
+    """What the model's attention materialises, analytic (from the spec, never measured).
+
+    workloads/tf_model.py calls keras.ops.dot_product_attention, whose TensorFlow backend (Keras 3.15,
+    keras/src/backend/tensorflow/nn.py) has no flash path: flash_attention=True raises, and it computes
+    the (B, H, T, T) logits with einsum, in float32 at every precision (result_type(q.dtype, "float32")),
+    then mask and softmax in float32. XLA does not rescue it under --xla: XLA's cuDNN fused-attention
+    rewriter was removed (openxla/xla#22225), so it compiles the same materialised tensors. The torch and
+    Paddle models call scaled_dot_product_attention, which on a GPU can run a flash kernel that never holds
+    them, so at long sequences this memory is TF's, not the model's.
+    Softmax's gradient reads the softmax output (tensorflow/python/ops/nn_grad.py), so every layer's is
+    held from forward to backward: a lower bound on what attention holds, the logits and mask aside."""
+    b, h, t = cfg.micro_batch, cfg.spec.n_heads, cfg.spec.seq_len
+    per_layer = b * h * t * t * 4
+    held_layers = 1 if cfg.activation_checkpointing else cfg.spec.n_layers
+    held = held_layers * per_layer
+    return {
+        "implementation": "materialised (B,H,T,T) logits",
+        "flash": False,
+        "shape": [b, h, t, t],
+        "dtype": "float32",
+        "bytes_per_layer": per_layer,
+        "layers_held_for_backward": held_layers,
+        "bytes_held_for_backward": held,
+        "basis": "analytic",
+        "summary": (
+            f"attention: materialised (B,H,T,T) fp32 logits, {b}x{h}x{t}x{t}x4 B = {size(per_layer)} per "
+            f"layer; softmax outputs held for backward: {held_layers} layer(s) = {size(held)} "
+            "(analytic, a lower bound; no flash attention in Keras's TF backend)"
+        ),
+    }
 
 
 def local_ports(first: int, n: int) -> list[int]:
@@ -52,7 +150,7 @@ class TFOptions(Options):
     xla: bool = option(False, "--xla", help="compile forward + backward with XLA (jit_compile)")
 
 
-class TFMultiWorkerMirrored(Backend):
+class TFMultiWorkerMirrored(Backend[TFOptions]):
     name = "tf-mwms"
     framework = "tensorflow"
     launcher = "TF_CONFIG per worker process"
@@ -67,14 +165,19 @@ class TFMultiWorkerMirrored(Backend):
                 f"tf-mwms on {cfg.nodes} nodes needs the host of every node (--hosts or --hostfile; "
                 f"got {','.join(cfg.hosts) or 'none'}): each worker's TF_CONFIG lists all workers"
             )
+        if cfg.device != "cuda" and self.options(cfg).collective == "nccl":
+            raise InvalidConfig(
+                f"tf-mwms --collective nccl needs --device cuda (NCCL all-reduces GPU memory; on "
+                f"{cfg.device} TensorFlow would quietly run its ring instead); use --collective auto or ring"
+            )
 
     def label(self, cfg):
-        opts = self.options(cfg)
-        return (
-            self.name
-            + ("" if opts.collective == "auto" else f"-{opts.collective}")
-            + ("-xla" if opts.xla else "")
-        )
+        return self.name + variant(cfg) + ("-xla" if self.options(cfg).xla else "")
+
+    def settings(self, cfg):
+        """What MWMS is handed and what it resolves it to (communication), and what the attention costs in
+        memory (attention_memory; analytic): the two ways TF differs from the other stacks on a GPU."""
+        return {"communication": communication_settings(cfg), "attention": attention_memory(cfg)}
 
     def comm_pattern(self, cfg):
         """Gradients of the fp32 variables (also under a mixed policy), accumulated in local buffers and
@@ -82,8 +185,7 @@ class TFMultiWorkerMirrored(Backend):
         return gradient_allreduce(cfg, 4)
 
     def commbench_label(self, cfg):
-        collective = self.options(cfg).collective
-        return self.name + ("" if collective == "auto" else f"-{collective}")
+        return self.name + variant(cfg)
 
     def collective_ops(self, cfg):
         """The replica context's all_reduce and all_gather: TensorFlow's distribute API offers a training
@@ -109,5 +211,5 @@ class TFMultiWorkerMirrored(Backend):
                 "DISTBENCH_RANK": str(index),
                 CUDA_MASK: devices[i] if devices else "",
             }
-            processes.append(Process([sys.executable, str(WORKER_SCRIPT), str(run_dir)], env))
+            processes.append(Process([worker_python(cfg), str(WORKER_SCRIPT), str(run_dir)], env))
         return LaunchPlan(processes)

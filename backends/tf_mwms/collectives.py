@@ -1,7 +1,8 @@
 """TensorFlow's collectives for `harness commbench`: the replica context's all_reduce (SUM) and all_gather
-under MultiWorkerMirroredStrategy, one replica per worker, with the run's communication implementation
-(--tf-collective) and timeout, as training uses them. TensorFlow's distribute API offers no reduce-scatter,
-broadcast or all-to-all to a training loop, so commbench measures only these two for tf-mwms."""
+under MultiWorkerMirroredStrategy, one replica per worker, with the communication implementation training
+uses (backends.tf_mwms.communication: --collective, where `auto` on a GPU is NCCL) and the run's timeout.
+TensorFlow's distribute API offers no reduce-scatter, broadcast or all-to-all to a training loop, so
+commbench measures only these two for tf-mwms."""
 
 from __future__ import annotations
 
@@ -10,8 +11,7 @@ import tensorflow as tf
 
 from backends.commbench import Collectives, message_elements
 from backends.loop import cpu_name
-from backends.tf_mwms import TFOptions
-from backends.tf_mwms.worker import COLLECTIVES, sync_worker_devices
+from backends.tf_mwms.worker import communication_options, sync_worker_devices
 
 DTYPES = {"fp32": tf.float32, "bf16": tf.bfloat16}
 
@@ -23,11 +23,9 @@ class TFCollectives(Collectives):
         super().__init__(cfg)
         tf.config.threading.set_intra_op_parallelism_threads(cfg.threads_per_worker)
         tf.config.threading.set_inter_op_parallelism_threads(1)
-        options = tf.distribute.experimental.CommunicationOptions(
-            implementation=COLLECTIVES[TFOptions.from_dict(cfg.backend_options).collective],
-            timeout_seconds=cfg.collective_timeout,
+        self.strategy = tf.distribute.MultiWorkerMirroredStrategy(
+            communication_options=communication_options(cfg)
         )
-        self.strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
         gpus = tf.config.list_physical_devices("GPU")
         details = tf.config.experimental.get_device_details(gpus[0]) if gpus else {}
         self.device_name = details.get("device_name", "GPU") if gpus else cpu_name()

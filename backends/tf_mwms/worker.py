@@ -24,7 +24,7 @@ from tensorflow.python.eager import context as tf_context  # noqa: E402
 
 from backends.comm_trace import TF_OPS, tf_collectives  # noqa: E402
 from backends.loop import Trainer, cpu_name  # noqa: E402
-from backends.tf_mwms import TFOptions  # noqa: E402
+from backends.tf_mwms import TFOptions, communication  # noqa: E402
 from core.config import RunConfig  # noqa: E402
 from workloads.tf_model import GPT, make_optimizer  # noqa: E402
 
@@ -40,11 +40,15 @@ PROFILER_OPTIONS = tf.profiler.experimental.ProfilerOptions(
 PROFILER_GRACE_S = 0.1
 
 POLICIES = {"bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
-COLLECTIVES = {
-    "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
-    "ring": tf.distribute.experimental.CommunicationImplementation.RING,
-    "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
-}
+
+
+def communication_options(cfg: RunConfig):
+    """MWMS's communication options: the implementation the adapter chose for this device (on a GPU, `auto`
+    is NCCL: backends.tf_mwms.communication says why) and the run's collective timeout."""
+    return tf.distribute.experimental.CommunicationOptions(
+        implementation=tf.distribute.experimental.CommunicationImplementation[communication(cfg)],
+        timeout_seconds=cfg.collective_timeout,
+    )
 
 
 def sync_worker_devices(strategy) -> None:
@@ -71,10 +75,9 @@ class MWMSTrainer(Trainer):
         if cfg.precision in POLICIES:  # fp32 variables, bf16/fp16 compute; the loss is computed in fp32
             keras.mixed_precision.set_global_policy(POLICIES[cfg.precision])
         opts = TFOptions.from_dict(cfg.backend_options)
-        options = tf.distribute.experimental.CommunicationOptions(
-            implementation=COLLECTIVES[opts.collective], timeout_seconds=cfg.collective_timeout
+        self.strategy = tf.distribute.MultiWorkerMirroredStrategy(
+            communication_options=communication_options(cfg)
         )
-        self.strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
         if len(self.strategy.extended.worker_devices) != 1:
             raise RuntimeError(f"expected one device per worker, got {self.strategy.extended.worker_devices}")
         gpus = tf.config.list_physical_devices("GPU")

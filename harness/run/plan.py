@@ -4,6 +4,7 @@ it writes nothing (the adapters' launch() is pure), so it works on a login node 
 from __future__ import annotations
 
 import dataclasses
+import json
 import shlex
 from pathlib import Path
 
@@ -46,6 +47,16 @@ def print_launch(plan: LaunchPlan, indent: str = "    ") -> None:
         print(f"{indent}env {env} \\\n{indent}  {shlex.join(proc.argv)}")
 
 
+def print_settings(settings: dict) -> None:
+    """The framework configuration the run will record (Backend.settings): an entry with a `summary` line
+    (what it costs, e.g. tf-mwms's materialised attention) shows that line, any other its JSON."""
+    if settings:
+        print("settings (recorded as backend_info.settings):")
+    for key, value in settings.items():
+        summary = value.get("summary") if isinstance(value, dict) else None
+        print(f"  {summary}" if summary else f"  {key}: {json.dumps(value, sort_keys=True)}")
+
+
 def cmd_plan(args) -> int:
     world = requested_world(args)
     base = build_config(args, args.backend, world, check_devices=False, node_rank=0)
@@ -70,6 +81,7 @@ def cmd_plan(args) -> int:
         print(f"(a one-node run picks a free port per run; {port} is shown)")
     if not ok:
         print(f"note: {backend.name} is unavailable on this machine: {reason}")
+    print_settings(backend.settings(base))
     print(
         f"run dir: {run_dir} (shared by all nodes); "
         f"node 0 writes {Path(args.out).resolve() / (run_id + '.json')}"
