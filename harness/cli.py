@@ -26,6 +26,7 @@ COMMANDS = {
     "compare": "harness.analyze.compare",
     "baseline": "harness.analyze.baseline",
     "history": "harness.analyze.history",
+    "trace": "harness.analyze.trace",
     "plan": "harness.run.plan",
     "slurm": "harness.run.schedulers",
     "k8s": "harness.run.schedulers",
