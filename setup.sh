@@ -4,6 +4,9 @@
 # succeeds and `harness list` shows horovod as unavailable with the reason.
 set -euo pipefail
 cd "$(dirname "$0")"
+# With arguments (--stack torch|tf|paddle, --gpu): each stack in its own venv under .venvs/, for GPU machines
+# where one venv cannot hold every stack's CUDA wheels (scripts/setup_stacks.sh). Without: everything below.
+[ $# -eq 0 ] || exec bash scripts/setup_stacks.sh "$@"
 PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip

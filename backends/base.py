@@ -13,20 +13,38 @@ needs (hostfiles) come back in the plan for the runner to write, so `harness pla
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import math
 import os
 import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Generic, TypeVar
 
+from backends import interpreter
 from core.config import COLLECTIVE_OPS, RunConfig
+from core.precision import Numerics, autocast_numerics
 from core.process import REPO_ROOT, Process, process_settings
 from workloads.spec import PRESETS
 
 WORKER_SCRIPT = REPO_ROOT / "backends" / "worker.py"
 CUDA_MASK = "CUDA_VISIBLE_DEVICES"
+# The network interface NCCL and Gloo open their sockets on. On a node with several (an Ethernet for
+# management, InfiniBand or a fast Ethernet for the job, a container bridge) each library picks one by its
+# own rules, and ranks that pick interfaces the others cannot reach hang in their first collective. Set in the
+# user's environment, they reach every worker of every launcher (worker_env), Slurm job and Kubernetes pod.
+NETWORK_SETTINGS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+
+
+def network_settings(environ=os.environ) -> dict[str, str]:
+    """The network-interface settings (NETWORK_SETTINGS) set in `environ`."""
+    return {k: environ[k] for k in NETWORK_SETTINGS if environ.get(k)}
+
+
+def worker_python(cfg: RunConfig) -> str:
+    """The interpreter this run's launcher and workers run under (backends.interpreter): the backend's own
+    environment where one is configured, else the harness's (a record written before the choice existed)."""
+    return cfg.python or sys.executable
 
 
 # ------------------------------------------------------------------------------------------- typed options
@@ -84,7 +102,7 @@ class Options:
         }
 
     @classmethod
-    def from_args(cls, args) -> Options:
+    def from_args(cls: type[OptionsT], args) -> OptionsT:
         values = {}
         for f in dataclasses.fields(cls):
             value = getattr(args, f.metadata["flag"].lstrip("-").replace("-", "_"), None)
@@ -93,13 +111,18 @@ class Options:
         return cls(**values)
 
     @classmethod
-    def from_dict(cls, d: dict | None) -> Options:
+    def from_dict(cls: type[OptionsT], d: dict | None) -> OptionsT:
         """From RunConfig.backend_options; a key missing (an older record) takes its default."""
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in (d or {}).items() if k in known})
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+# An adapter's own Options class: from_dict/from_args and Backend.options() return it, so its fields are
+# checked where they are read.
+OptionsT = TypeVar("OptionsT", bound=Options)
 
 
 # ------------------------------------------------------------------------------------------- the adapter
@@ -115,7 +138,7 @@ class CommTerm:
     op: str
     elements: int
     dtype_bytes: int
-    per_step: float
+    per_step: int
     what: str
 
 
@@ -150,7 +173,7 @@ class LaunchPlan:
     leftovers: list[str] = field(default_factory=list)
 
 
-class Backend(ABC):
+class Backend(ABC, Generic[OptionsT]):
     """An adapter: how one distributed-training stack is launched and what it does to the model state."""
 
     name: str = ""
@@ -167,7 +190,9 @@ class Backend(ABC):
     # whether its worker times the optimizer step on its own (Trainer.timed_optimizer_step): where it cannot,
     # a process with no peer runs no optimizer-timed steps
     times_optimizer: bool = True
-    Options: type[Options] = Options
+    # Every adapter names its options class, the base Options when it has none (a subclass of
+    # Backend[ThatClass], so that options() is typed as it).
+    Options: type[OptionsT]
 
     @property
     def requires(self) -> tuple[str, ...]:
@@ -193,12 +218,27 @@ class Backend(ABC):
         """The collectives (core.config.COLLECTIVE_OPS' names) this stack's own API offers on cfg's device."""
         return COLLECTIVE_OPS
 
-    def availability(self) -> tuple[bool, str]:
-        """(usable here, reason if not), decided without importing the framework."""
-        missing = [m for m in self.requires if importlib.util.find_spec(m) is None]
-        return (False, f"not installed: {', '.join(missing)}") if missing else (True, "")
+    def availability(self, python: str | None = None) -> tuple[bool, str]:
+        """(usable here, reason if not), decided without importing the framework, by the interpreter the
+        workers run under: `python` (a run's RunConfig.python), else the one configured for this backend
+        (backends.interpreter). Another interpreter is asked in a subprocess, once per process."""
+        try:
+            where = interpreter.facts(
+                python or interpreter.configured(self.name, self.framework)[0], self.requires
+            )
+        except interpreter.InterpreterError as exc:
+            return False, str(exc)
+        return self.available_in(where)
 
-    def options(self, cfg: RunConfig) -> Options:
+    def available_in(self, where: interpreter.Interpreter) -> tuple[bool, str]:
+        """(usable, reason if not) in the interpreter described by `where`."""
+        missing = [m for m in self.requires if where.modules.get(m) is None]
+        if not missing:
+            return True, ""
+        inside = "" if where.this_one else f" (in {where.executable})"
+        return False, f"not installed: {', '.join(missing)}{inside}"
+
+    def options(self, cfg: RunConfig) -> OptionsT:
         """This run's options, typed, with the defaults filled in."""
         return self.Options.from_dict(cfg.backend_options)
 
@@ -224,7 +264,12 @@ class Backend(ABC):
     def precision_scheme(self, cfg: RunConfig) -> str:
         return self.mixed_precision
 
-    def compute_methods_for(self, options: Options) -> tuple[str, ...]:
+    def numerics(self, cfg: RunConfig) -> Numerics:
+        """What runs in which dtype in this configuration (core.precision), which the worker checks against
+        what it observes and records. The default is torch.autocast's (DDP, Horovod)."""
+        return autocast_numerics(cfg)
+
+    def compute_methods_for(self, options: OptionsT) -> tuple[str, ...]:
         """The compute-only methods a configuration supports, preferred first. An option can rule one
         out: a sharded optimizer that synchronises inside its step has no sync-off switch (no_sync)."""
         return self.compute_methods
@@ -253,12 +298,14 @@ class Backend(ABC):
         isolated-counterfactual config (cfg.isolated_index set) is always a single local process."""
 
     def worker_env(self, cfg: RunConfig) -> dict[str, str]:
-        """Environment every worker process gets: import path, unbuffered output, and the process
-        settings every backend shares (see core.process.process_settings)."""
+        """Environment every worker process gets: import path, unbuffered output, the process settings
+        every backend shares (see core.process.process_settings), and the user's network-interface settings
+        (NETWORK_SETTINGS; inherited anyway on this node, stated so that a plan shows them)."""
         return {
             "PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
             "PYTHONUNBUFFERED": "1",
             **process_settings(cfg.threads_per_worker),
+            **network_settings(),
         }
 
 
@@ -275,7 +322,7 @@ def torchrun(backend: Backend, cfg: RunConfig, run_dir: Path, port: int, devices
         (1, 0, "127.0.0.1") if cfg.isolated_index is not None else (cfg.nodes, cfg.node_rank, cfg.master_addr)
     )
     argv = [
-        sys.executable,
+        worker_python(cfg),
         "-m",
         "torch.distributed.run",
         f"--nproc-per-node={cfg.local_procs}",

@@ -12,9 +12,11 @@ import os
 import platform
 import socket
 import statistics
+import sys
 import threading
 import time
 from abc import ABC, abstractmethod
+from typing import Any
 
 import numpy as np
 
@@ -42,6 +44,8 @@ class Collectives(ABC):
 
     def __init__(self, cfg: RunConfig):
         self.cfg = cfg
+        if cfg.commbench is None:
+            raise ValueError("a commbench worker needs a commbench configuration (RunConfig.commbench)")
         self.spec = CommbenchSpec.from_dict(cfg.commbench)
         self.rank = rank_from_env()
         self.world_size = cfg.world_size
@@ -207,7 +211,11 @@ def run_collectives(comm: Collectives, cfg: RunConfig) -> dict:
             for _ in range(spec.warmup):
                 comm.call(op, buffers)
             comm.synchronize()
-            point = {"op": op, "bytes": size, "times": timed_calls(comm, op, buffers, spec.iters)}
+            point: dict[str, Any] = {
+                "op": op,
+                "bytes": size,
+                "times": timed_calls(comm, op, buffers, spec.iters),
+            }
             if spec.under_load:
                 with ComputeLoad():
                     point["times_under_load"] = timed_calls(comm, op, buffers, spec.iters)
@@ -240,6 +248,7 @@ def run_collectives(comm: Collectives, cfg: RunConfig) -> dict:
         "collectives": points,
         "burst": {"calls": BURST_CALLS, "mode": comm.burst_mode},
         "versions": {"python": platform.python_version(), **comm.versions()},
+        "interpreter": sys.executable,  # the environment this rank ran in (RunConfig.python)
         "threads": cfg.threads_per_worker,
         "process_settings": seen_process_settings(),
     }

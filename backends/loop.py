@@ -263,7 +263,7 @@ def run_training(trainer: Trainer, cfg: RunConfig, weights_path: Path | None = N
     model_state = trainer.model_state_bytes()  # after a full step, so gradients and moments exist
     model_state["total"] = sum(model_state.values())
     weights = trainer.final_weights() if weights_path else None  # collective for sharded models: all ranks
-    if weights is not None and trainer.rank == 0:
+    if weights is not None and weights_path is not None and trainer.rank == 0:
         np.savez(weights_path, **weights)
 
     first = cfg.warmup + cfg.steps
@@ -316,6 +316,7 @@ def run_training(trainer: Trainer, cfg: RunConfig, weights_path: Path | None = N
         "model_state_bytes": model_state,
         "minor_faults_per_step": minor_faults_per_step,
         "versions": {"python": platform.python_version(), **trainer.versions()},
+        "interpreter": sys.executable,  # the environment this rank ran in (RunConfig.python)
         "threads": cfg.threads_per_worker,
         "process_settings": seen_process_settings(),
     }

@@ -33,6 +33,11 @@ class RunConfig:
     world_size: int  # ranks = devices (or CPU workers), over all nodes (the CLI's --gpus)
     device: str  # resolved: "cuda" or "cpu"
     precision: str = "fp32"
+    tf32: bool = False
+    """Let fp32 matmuls and convolutions run as TF32 (--tf32; fp32 runs only), in every framework alike,
+    where the GPU has it. Off, fp32 is IEEE fp32 in every framework (core.precision): off by default because
+    the frameworks' own defaults differ (PyTorch off, TensorFlow and Paddle on), which would compare other
+    maths under one flag."""
     micro_batch: int = 8  # sequences per rank per micro-step
     grad_accum: int = 1
     steps: int = 20  # measured steps
@@ -50,6 +55,10 @@ class RunConfig:
     timeout_s: float = 900.0
     collective_timeout_s: float | None = None  # a collective's wait for a missing peer; None: timeout_s
     backend_options: dict = field(default_factory=dict)
+    # The interpreter the launcher and the workers run under: the backend's own environment where its
+    # stack's pinned wheels cannot share one with the others (backends.interpreter says how it is chosen).
+    # None: the harness's own (records written before it was recorded).
+    python: str | None = None
     # Multi-node: this harness invocation starts the launcher of node `node_rank` of `nodes`, each with
     # gpus / nodes workers; ranks meet at master_addr (port chosen by the harness or given).
     nodes: int = 1

@@ -102,7 +102,7 @@ def test_an_option_of_another_backend_is_a_usage_error(argv, owner, tmp_path, mo
 
 def test_a_sweep_takes_the_options_of_every_backend_it_sweeps(monkeypatch):
     for name in ("torch-ddp", "deepspeed"):  # plannable whatever is installed here
-        monkeypatch.setattr(type(get_backend(name)), "availability", lambda self: (True, ""))
+        monkeypatch.setattr(type(get_backend(name)), "availability", lambda self, python=None: (True, ""))
     args = make_parser().parse_args(
         "sweep --backends torch-ddp,deepspeed --zero-stage 1 --gpus 1 --repeats 1 --device cpu".split()
     )

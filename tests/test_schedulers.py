@@ -86,6 +86,7 @@ def test_sbatch_script_runs_one_harness_per_node_and_node_0_writes_the_record(tm
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
         "SLURM_JOB_NODELIST": "node[0-1]",
         "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_CPUS_PER_NODE": "1(x2)",  # as sbatch sets it: each node's harness gets that one CPU
     }
     job = subprocess.run(
         ["bash", str(tmp_path / "job.sbatch")], env=env, capture_output=True, text=True, timeout=300
@@ -117,7 +118,10 @@ def test_sbatch_script_for_a_sweep_on_one_node():
     assert proc.returncode == 0, proc.stderr
     bash_syntax_ok(proc.stdout)
     assert "#SBATCH --gpus-per-node=8" in proc.stdout and "#SBATCH --time=04:00:00" in proc.stdout
-    assert "srun --nodes=1 --ntasks=1 .venv/bin/harness sweep --gpus 1,2,4,8 --repeats 3" in proc.stdout
+    assert (
+        'srun --nodes=1 --ntasks=1 --cpus-per-task="$DISTBENCH_CPUS" .venv/bin/harness sweep --gpus 1,2,4,8 '
+        "--repeats 3" in proc.stdout
+    )
 
 
 @pytest.mark.parametrize(
@@ -180,7 +184,10 @@ def test_kubeflow_manifest_has_the_required_fields_of_its_kind(backend):
         if container_name:
             assert c["name"] == container_name
         assert {"name": "results", "persistentVolumeClaim": {"claimName": "shared-results"}} in pod["volumes"]
-        assert c["volumeMounts"] == [{"name": "results", "mountPath": "/results"}]
+        assert c["volumeMounts"] == [
+            {"name": "results", "mountPath": "/results"},
+            {"name": "dshm", "mountPath": "/dev/shm"},  # memory-backed: tests/test_cluster_settings.py
+        ]
         if rtype != "Launcher":
             assert c["resources"]["limits"]["nvidia.com/gpu"] == 8
         bash_syntax_ok(c["command"][2])

@@ -21,7 +21,7 @@ class Unavailable(TorchDDP):
 
     name = "unavailable-x"
 
-    def availability(self):
+    def availability(self, python=None):
         return False, "not installed: nothing"
 
 

@@ -8,12 +8,21 @@ Horovod is built from source by scripts/install_horovod.sh; when that fails, set
 <venv>/distbench/horovod-unavailable, and the backend reports it instead of failing at launch.
 """
 
-import importlib.util
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from backends.base import WORKER_SCRIPT, Backend, LaunchPlan, Options, device_mask, gradient_allreduce, option
+from backends.base import (
+    WORKER_SCRIPT,
+    Backend,
+    LaunchPlan,
+    Options,
+    device_mask,
+    gradient_allreduce,
+    option,
+    worker_python,
+)
+from core.precision import autocast_numerics
 from core.process import Process
 
 COMPRESSIONS = ("none", "fp16")
@@ -37,7 +46,7 @@ def local_rank(environ) -> str:
     return environ.get("HOROVOD_LOCAL_RANK", "0")
 
 
-class Horovod(Backend):
+class Horovod(Backend[HorovodOptions]):
     """t_compute: Horovod has no switch that turns the all-reduce off (its gradient hooks submit every
     all-reduce during backward; skip_synchronize() only skips waiting for them), so the isolated
     counterfactual. Node 0's horovodrun starts every node's workers."""
@@ -48,26 +57,29 @@ class Horovod(Backend):
     starts_remote_ranks = True
     Options = HorovodOptions
 
-    def availability(self):
-        ok, reason = super().availability()
+    def available_in(self, where):
+        """Installed with its PyTorch extension and horovodrun, in the interpreter `where` describes, and
+        not marked as a failed build by setup.sh in that interpreter's environment."""
+        ok, reason = super().available_in(where)
         if not ok:
             return ok, reason
-        marker = Path(sys.prefix) / "distbench" / "horovod-unavailable"
+        marker = Path(where.prefix) / "distbench" / "horovod-unavailable"
         if marker.exists():
             lines = marker.read_text(errors="replace").strip().splitlines()
             return False, "build failed: " + (
                 lines[-1] if lines else "see the install log next to " + str(marker)
             )
-        package = Path(importlib.util.find_spec("horovod").origin).parent
+        package = Path(where.modules["horovod"]).parent
         if not list((package / "torch").glob("mpi_lib_v2*.so")):
             return False, f"horovod is installed without its PyTorch extension ({package / 'torch'})"
-        if not self.horovodrun().exists():
-            return False, f"{self.horovodrun()} not found"
+        if not self.horovodrun(where.executable).exists():
+            return False, f"{self.horovodrun(where.executable)} not found"
         return True, ""
 
     @staticmethod
-    def horovodrun() -> Path:
-        return Path(sys.executable).parent / "horovodrun"
+    def horovodrun(python: str | None = None) -> Path:
+        """horovodrun beside the workers' interpreter (None: the harness's)."""
+        return Path(python or sys.executable).parent / "horovodrun"
 
     def label(self, cfg):
         return self.name + ("-fp16comp" if self.options(cfg).compression == "fp16" else "")
@@ -76,6 +88,13 @@ class Horovod(Backend):
         """Gradients are fp32 (autocast keeps fp32 parameters), unless compressed to fp16 for the wire;
         all-reduced once per step (backward_passes_per_step = the accumulation steps)."""
         return gradient_allreduce(cfg, 2 if self.options(cfg).compression == "fp16" else 4)
+
+    def numerics(self, cfg):
+        """torch.autocast as DDP; --hvd-compression fp16 casts the fp32 gradients to fp16 for the
+        all-reduce (Horovod's Compression.fp16), which the definition does not do."""
+        if self.options(cfg).compression == "fp16":
+            return autocast_numerics(cfg, grad_reduce="fp16", why={"grad_reduce": "--hvd-compression fp16"})
+        return autocast_numerics(cfg)
 
     def worker_env(self, cfg):
         """HOROVOD_TIMELINE=DYNAMIC lets the worker start and stop Horovod's timeline around the traced
@@ -98,7 +117,7 @@ class Horovod(Backend):
         n = cfg.local_procs
         hosts = ",".join(f"{h}:{n}" for h in cfg.hosts) if multi else f"localhost:{n}"
         argv = [
-            str(self.horovodrun()),
+            str(self.horovodrun(worker_python(cfg))),
             "-np",
             str(n * (cfg.nodes if multi else 1)),
             "-H",
@@ -106,7 +125,7 @@ class Horovod(Backend):
             "--gloo",
             "--gloo-timeout-seconds",
             str(int(cfg.collective_timeout)),
-            sys.executable,
+            worker_python(cfg),
             str(WORKER_SCRIPT),
             str(run_dir),
         ]

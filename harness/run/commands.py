@@ -11,7 +11,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from backends import all_backends, backend_names, get_backend
+from backends import all_backends, backend_names, get_backend, interpreter
 from core.config import RunConfig
 from harness.analyze.summary import print_summary
 from harness.run.launch import stop_on_sigterm
@@ -26,7 +26,7 @@ from workloads.spec import PRESETS
 def cmd_run(args) -> int:
     cfg = build_config(args, args.backend, requested_world(args))
     backend = get_backend(cfg.backend)
-    ok, reason = backend.availability()
+    ok, reason = backend.availability(cfg.python)
     if not ok:
         print(f"harness: error: backend {backend.name} is unavailable here: {reason}", file=sys.stderr)
         return EXIT_USAGE
@@ -64,14 +64,29 @@ def cmd_run(args) -> int:
 
 
 def cmd_list(args) -> int:
+    """Each backend with the interpreter its workers run under (where that choice came from in the table,
+    the paths under it) and, asked of that interpreter, whether the stack is installed there and its
+    versions."""
     console = Console(width=120)
     table = Table(title="backends")
-    for col in ("backend", "framework", "launcher", "available"):
+    for col in ("backend", "framework", "launcher", "python", "available"):
         table.add_column(col)
+    pythons: dict[str, str] = {}
     for b in all_backends():
-        ok, reason = b.availability()
-        table.add_row(b.name, b.framework, b.launcher, "yes" if ok else f"no: {reason}")
+        try:
+            python, source = interpreter.configured(b.name, b.framework)
+        except interpreter.InterpreterError as exc:
+            table.add_row(b.name, b.framework, b.launcher, interpreter.env_var(b.name), f"no: {exc}")
+            continue
+        pythons[source] = python
+        ok, reason = b.availability(python)
+        if ok:
+            versions = interpreter.facts(python, b.requires, versions=True).versions
+            known = ", ".join(f"{m} {v}" for m, v in versions.items() if v)
+            reason = f" ({known})" if known else ""
+        table.add_row(b.name, b.framework, b.launcher, source, f"yes{reason}" if ok else f"no: {reason}")
     console.print(table)
+    print("interpreters: " + "; ".join(f"{source} = {python}" for source, python in pythons.items()))
     table = Table(title="workloads")
     for col in ("workload", "parameters", "layers", "d_model", "heads", "seq_len", "vocab", "FLOPs/token"):
         table.add_column(col, justify="right")

@@ -23,7 +23,14 @@ from harness.analyze.summary import fmt_bytes
 from harness.run.devices import resolve_device
 from harness.run.launch import stop_on_sigterm
 from harness.run.nodes import add_node_arguments, check_run_id, node_layout, requested_world
-from harness.run.options import DEFAULT_OUT, check_out_dir, fault_spec, os_error_line
+from harness.run.options import (
+    DEFAULT_OUT,
+    add_python_argument,
+    check_out_dir,
+    fault_spec,
+    os_error_line,
+    worker_python,
+)
 from harness.run.runner import execute, record_line, run_node
 from harness.run_args import foreign_flags
 from harness.usage import EXIT_FAILED, EXIT_OK, UsageError, choice, int_at_least, positive, seconds
@@ -124,6 +131,7 @@ def build_commbench_config(args) -> RunConfig:
         timeout_s=args.timeout,
         collective_timeout_s=args.collective_timeout,
         backend_options=backend.Options.from_args(args).to_dict(),
+        python=worker_python(args, backend.name, [backend.name]),
         fault=args.inject_fault,
         commbench=spec.to_dict(),
         **layout,
@@ -188,7 +196,7 @@ def print_commbench(record: dict, stream=None) -> None:
 def cmd_commbench(args) -> int:
     cfg = build_commbench_config(args)
     backend = get_backend(cfg.backend)
-    ok, reason = backend.availability()
+    ok, reason = backend.availability(cfg.python)
     if not ok:
         raise UsageError(f"backend {backend.name} is unavailable here: {reason}")
     check_run_id(args.run_id, cfg, args.out)
@@ -199,10 +207,13 @@ def cmd_commbench(args) -> int:
         print(f"node {cfg.node_rank}: launcher exit codes {node['returncodes']}; node 0 writes the record")
         done = not node["timed_out"] and all(rc == 0 for rc in node["returncodes"])
         return EXIT_OK if done else EXIT_FAILED
+    bench = cfg.commbench
+    if bench is None:  # build_commbench_config always sets it
+        raise ValueError("a commbench run configuration without its commbench settings")
     print(
         f"commbench: {backend.name} on {cfg.world_size} {cfg.device} ranks, "
-        f"{len(cfg.commbench['ops'])} op(s) x {len(cfg.commbench['sizes'])} size(s) x "
-        f"{cfg.commbench['iters']} calls" + (", idle and under load" if cfg.commbench["under_load"] else ""),
+        f"{len(bench['ops'])} op(s) x {len(bench['sizes'])} size(s) x "
+        f"{bench['iters']} calls" + (", idle and under load" if bench["under_load"] else ""),
         flush=True,
     )
     try:
@@ -260,5 +271,6 @@ def register(subparsers) -> None:
     )
     for backend in map(get_backend, backend_names()):
         backend.Options.add_arguments(p, backend.name)
+    add_python_argument(p)
     add_node_arguments(p)
     p.set_defaults(func=cmd_commbench)

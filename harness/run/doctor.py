@@ -1,8 +1,9 @@
 """`harness doctor`: the checks an experienced engineer runs before a big job, each shown with the command
 it ran, what it expected and what it got; exit 1 if any fails.
 
-Frameworks are imported each in its own subprocess (two in one process can crash, and the harness imports
-none); the collective check is a real 2-process all_reduce through torchrun, over gloo, and NCCL when GPUs
+Frameworks are imported each in its own subprocess, with the interpreter its backend's workers run under
+(backends.interpreter; two frameworks in one process can crash, and the harness imports none); the
+collective check is a real 2-process all_reduce through torchrun, over gloo, and NCCL when GPUs
 are visible. For a multi-node plan, run it on every node with the same --hosts/--master.
 """
 
@@ -21,7 +22,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from backends import all_backends, backend_names, get_backend
+import psutil
+
+from backends import all_backends, backend_names, get_backend, interpreter
+from backends.base import NETWORK_SETTINGS, network_settings
 from backends.deepspeed_zero import extensions_dir
 from core.process import REPO_ROOT, free_port
 from core.records import DEFAULT_OUT
@@ -70,16 +74,22 @@ def last_line(text: str) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- checks
-def import_check(module: str, required: bool) -> Check:
+def framework_name(module: str, python: str | None) -> str:
+    """The check's name: the module, and the interpreter where it is not the harness's own."""
+    return f"framework {module}" + ("" if interpreter.is_this_one(python) else f" ({python})")
+
+
+def import_check(module: str, required: bool, python: str | None = None) -> Check:
+    """Import `module` with `python` (None: the harness's interpreter), the one its backend's workers use."""
     code = f'import {module} as m; print("version", getattr(m, "__version__", "unknown"))'
-    rc, out = run([sys.executable, "-c", code], IMPORT_TIMEOUT_S)
+    rc, out = run([python or sys.executable, "-c", code], IMPORT_TIMEOUT_S)
     version = next((line.split(" ", 1)[1] for line in out.splitlines() if line.startswith("version ")), None)
     ok = rc == 0 and version is not None
     return Check(
-        f"framework {module}",
-        f"python -c {shlex.quote(code)}",
+        framework_name(module, python),
+        f"{'python' if interpreter.is_this_one(python) else python} -c {shlex.quote(code)}",
         "imports and prints its version",
-        version if ok else f"exit {rc}: {last_line(out)}",
+        version if ok and version is not None else f"exit {rc}: {last_line(out)}",
         "ok" if ok else ("FAIL" if required else "warn"),
     )
 
@@ -101,10 +111,10 @@ def device_check(device: str, per_node: int) -> Check:
     )
 
 
-def collective_check(backend: str, n: int = 2) -> Check:
+def collective_check(backend: str, n: int = 2, python: str | None = None) -> Check:
     port = free_port()
     argv = [
-        sys.executable,
+        python or sys.executable,
         "-m",
         "torch.distributed.run",
         f"--nproc-per-node={n}",
@@ -123,7 +133,7 @@ def collective_check(backend: str, n: int = 2) -> Check:
     )
     return Check(
         f"collective ({backend})",
-        shlex.join(["python", *argv[1:]]).replace(str(REPO_ROOT) + "/", ""),
+        shlex.join([argv[0] if python else "python", *argv[1:]]).replace(str(REPO_ROOT) + "/", ""),
         f"every rank gets the sum {n * (n + 1) // 2}",
         got if ok else f"exit {rc}: {got}",
         "ok" if ok else "FAIL",
@@ -164,7 +174,7 @@ def port_check(port: int | None) -> Check:
 def reachable(host: str, port: int = 22) -> tuple[bool, str]:
     """Resolvable, and answering TCP (an accepted or refused connection both prove the host is up)."""
     try:
-        addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][4][0]
+        addr = str(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][4][0])  # an IPv4/IPv6 address
     except socket.gaierror as exc:
         return False, f"cannot resolve: {exc.strerror}"
     try:
@@ -253,6 +263,51 @@ def extensions_lock_check(root: Path | None, required: bool, now: float) -> Chec
     )
 
 
+IFF_LOOPBACK = 0x8  # in /sys/class/net/<interface>/flags
+NET_DIR = Path("/sys/class/net")
+
+
+def ipv4_interfaces(net_dir: Path = NET_DIR, addrs: dict | None = None) -> dict[str, list[str]]:
+    """This node's network interfaces that NCCL or Gloo could open sockets on: an IPv4 address
+    (psutil.net_if_addrs), not the loopback and not down (/sys/class/net/<interface>/flags, operstate)."""
+    addrs = psutil.net_if_addrs() if addrs is None else addrs
+    found = {}
+    for name, entries in sorted(addrs.items()):
+        ipv4 = [a.address for a in entries if a.family == socket.AF_INET]
+        try:
+            loopback = int((net_dir / name / "flags").read_text(), 16) & IFF_LOOPBACK
+            down = (net_dir / name / "operstate").read_text().strip() == "down"
+        except (OSError, ValueError):  # not listed there (another namespace's view): judged by its name
+            loopback, down = name == "lo", False
+        if ipv4 and not loopback and not down:
+            found[name] = ipv4
+    return found
+
+
+def interface_check(interfaces: dict[str, list[str]], environ) -> Check | None:
+    """On a multi-homed node (two or more interfaces in `interfaces`), NCCL and Gloo each pick the interface
+    their sockets use by their own rules unless NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME say which: ranks
+    that end up on one the other nodes cannot reach (or a slow management network) hang or crawl. None on a
+    node with one interface: there is nothing to choose."""
+    if len(interfaces) < 2:
+        return None
+    listed = ", ".join(f"{name} {'/'.join(ips)}" for name, ips in interfaces.items())
+    chosen = network_settings(environ)
+    got = f"{len(interfaces)} interfaces with IPv4 ({listed}); " + (
+        ", ".join(f"{k}={v}" for k, v in chosen.items())
+        if chosen
+        else f"neither {' nor '.join(NETWORK_SETTINGS)} is set: NCCL and Gloo may each pick one the other "
+        "nodes cannot reach; export both with the job network's interface (e.g. NCCL_SOCKET_IFNAME=ib0)"
+    )
+    return Check(
+        "network interfaces",
+        "psutil.net_if_addrs(); /sys/class/net/*/{flags,operstate}",
+        f"{' or '.join(NETWORK_SETTINGS)} set on a node with several interfaces",
+        got,
+        "ok" if chosen else "warn",
+    )
+
+
 # ------------------------------------------------------------------------------------------------ command
 def selected(text: str | None) -> tuple[list, bool]:
     """The backends to check, and whether the user named them (then a missing framework fails)."""
@@ -271,22 +326,37 @@ def cmd_doctor(args) -> int:
     per_node = world // layout["nodes"]
     device = ("cuda" if visible_gpus() else "cpu") if args.device == "auto" else args.device
 
-    modules = list(dict.fromkeys(m for b in backends for m in b.requires))
-    required = {m for b in backends if named for m in b.requires}
+    pythons, checks = {}, []
+    for b in backends:  # each backend's workers' interpreter: its imports are checked there
+        try:
+            pythons[b.name] = interpreter.configured(b.name, b.framework)[0]
+        except interpreter.InterpreterError as exc:
+            var = interpreter.env_var(b.name)
+            checks.append(Check(f"python of {b.name}", f"test -x ${var}", "an interpreter", str(exc), "FAIL"))
+    modules = list(
+        dict.fromkeys((m, pythons[b.name]) for b in backends if b.name in pythons for m in b.requires)
+    )
+    required = {(m, pythons[b.name]) for b in backends if named and b.name in pythons for m in b.requires}
     with ThreadPoolExecutor(max_workers=len(modules) or 1) as pool:  # one subprocess per framework, at once
-        checks = list(pool.map(lambda m: import_check(m, m in required), modules))
+        checks += list(pool.map(lambda mp: import_check(mp[0], mp in required, mp[1]), modules))
     checks.append(device_check(device, per_node))
     if any(b.name == "deepspeed" for b in backends):
-        checks.append(extensions_lock_check(extensions_dir(), named, time.time()))
-    if any(c.name == "framework torch" and c.status == "ok" for c in checks):
-        checks.append(collective_check("gloo"))
+        checks.append(extensions_lock_check(extensions_dir(pythons.get("deepspeed")), named, time.time()))
+    torch_python = next(
+        (pythons[b.name] for b in backends if b.framework == "torch" and b.name in pythons), None
+    )
+    torch_python = None if interpreter.is_this_one(torch_python) else torch_python
+    if any(c.name == framework_name("torch", torch_python) and c.status == "ok" for c in checks):
+        checks.append(collective_check("gloo", python=torch_python))
         if device == "cuda" and len(visible_gpus()) >= 2:
-            checks.append(collective_check("nccl"))
+            checks.append(collective_check("nccl", python=torch_python))
     else:
         checks.append(
             Check("collective (gloo)", "-", "torch importable", "skipped: torch is not importable", "warn")
         )
     checks.append(port_check(layout["master_port"]))
+    if interfaces := interface_check(ipv4_interfaces(), os.environ):
+        checks.append(interfaces)
     hosts = layout["hosts"] or ([layout["master_addr"]] if layout["nodes"] > 1 else [])
     checks += hosts_check(hosts)
     checks.append(data_check(args.data, args.workload, world, args.micro_batch, args.grad_accum))

@@ -146,6 +146,8 @@ def start_reaper() -> subprocess.Popen:
 
 
 def tell_reaper(reaper: subprocess.Popen, line: str, last: bool = False) -> None:
+    if reaper.stdin is None:
+        raise ValueError("the reaper was started without a pipe on its stdin (start_reaper opens one)")
     try:
         reaper.stdin.write(line + "\n")
         reaper.stdin.flush()

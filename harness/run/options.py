@@ -10,7 +10,7 @@ import errno
 import tempfile
 from pathlib import Path
 
-from backends import all_backends, backend_names, get_backend
+from backends import all_backends, backend_names, get_backend, interpreter
 from core.config import COMPUTE_METHODS, DEVICES, FAULT_KINDS, PRECISIONS, InvalidConfig, RunConfig
 from core.process import available_cpus
 from harness.run.devices import resolve_device
@@ -59,6 +59,40 @@ def os_error_line(exc: OSError, out: Path) -> str:
     return f"harness: error: {what}" + (f": {exc.filename}" if exc.filename else "")
 
 
+def add_python_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--python",
+        action="append",
+        metavar="[BACKEND=]PATH",
+        help="the interpreter the launcher and workers run under, e.g. a venv of the backend's own stack; "
+        "BACKEND=PATH names one backend (a sweep of several); default: $DISTBENCH_PYTHON_<BACKEND>, else "
+        ".venvs/<stack>/bin/python (./setup.sh --stack), else the harness's own",
+    )
+
+
+def worker_python(args, backend: str, in_use: list[str], check: bool = True) -> str:
+    """The interpreter `backend`'s workers run under: --python (BACKEND=PATH before a bare PATH), else what
+    backends.interpreter.configured finds. `check` False (a plan or job file for another machine): a path
+    given is taken as it is, unchecked here."""
+    named: dict[str, str] = {}
+    for item in getattr(args, "python", None) or []:
+        name, sep, path = item.partition("=")
+        key = name if sep and "/" not in name else ""
+        if key and key not in in_use:
+            raise UsageError(f"--python {item}: backend '{key}' is not run here; valid: {', '.join(in_use)}")
+        if key in named:
+            what = f"for backend {key}" if key else "without a backend (name it: --python BACKEND=PATH)"
+            raise UsageError(f"--python {item}: a second interpreter {what}")
+        named[key] = path if key else item
+    given = named.get(backend) or named.get("")
+    try:
+        if given:
+            return interpreter.usable(given, "--python") if check else given
+        return interpreter.configured(backend, get_backend(backend).framework)[0]
+    except interpreter.InterpreterError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     """Options shared by `run` and `sweep` (everything that defines the work and how it is measured)."""
     p.add_argument(
@@ -81,6 +115,12 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
             help=f"override the preset's {OVERRIDES[flag]}",
         )
     p.add_argument("--precision", default="fp32", help=f"{', '.join(PRECISIONS)}")
+    p.add_argument(
+        "--tf32",
+        action="store_true",
+        help="fp32 runs: let fp32 matmuls and convolutions run as TF32 in every framework (default: IEEE "
+        "fp32 everywhere, whatever each framework's own default)",
+    )
     p.add_argument("--device", default="auto", help=f"{', '.join(DEVICES)} (auto: cuda if a GPU is visible)")
     p.add_argument("--micro-batch", type=positive, help="sequences per rank per micro-step (default 8)")
     p.add_argument(
@@ -136,6 +176,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     testing.add_argument(
         "--dump-weights", action="store_true", help="rank 0 saves its final weights in the log dir"
     )
+    add_python_argument(p)
     for backend in all_backends():
         backend.Options.add_arguments(p, backend.name)
     add_node_arguments(p)
@@ -158,6 +199,11 @@ def build_config(
     options = backend.Options.from_args(args)
     spec = spec_from_args(args)
     choice(args.precision, PRECISIONS, "precision")
+    if getattr(args, "tf32", False) and args.precision != "fp32":
+        raise UsageError(
+            f"--tf32 applies to --precision fp32 only: a {args.precision} run computes its matmuls in "
+            f"{args.precision} and keeps what it computes in fp32 IEEE; drop --tf32 or use --precision fp32"
+        )
     choice(args.device, DEVICES, "device")
     choice(args.compute_method, COMPUTE_METHODS, "compute method")
     micro = micro_batch_for(args, n)
@@ -202,6 +248,7 @@ def build_config(
         world_size=n,
         device=device,
         precision=args.precision,
+        tf32=bool(getattr(args, "tf32", False)),
         micro_batch=micro,
         grad_accum=args.grad_accum,
         steps=args.steps,
@@ -221,6 +268,7 @@ def build_config(
         **layout,
         launcher_only=launcher_only,
         backend_options=options.to_dict(),
+        python=worker_python(args, backend.name, backends_in_use or [backend.name], check_devices),
         fault=args.inject_fault,
         step_delay_s=args.step_delay,
         dump_weights=args.dump_weights,

@@ -65,7 +65,7 @@ def cmd_plan(args) -> int:
     check_run_id(run_id, base, args.out)
     run_dir = (Path(args.out) / "logs" / run_id).resolve()
     port = base.master_port or DEFAULT_MASTER_PORT
-    ok, reason = backend.availability()
+    ok, reason = backend.availability(base.python)
     print(
         f"plan: {backend.label(base)} · {base.workload} · {base.nodes} node(s) x {base.gpus_per_node} "
         f"rank(s) = {base.world_size} ranks on {base.device} · master {base.master_addr}:{port} · "

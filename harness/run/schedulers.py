@@ -10,15 +10,18 @@ volume on Kubernetes); node 0's harness writes the run record there.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shlex
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from backends import get_backend
+from backends.base import network_settings
 from core.process import REPO_ROOT
 from harness.run import commands, sweep
 from harness.run.nodes import LAYOUT_FLAGS, requested_world
@@ -40,6 +43,11 @@ KUBEFLOW_V1 = "kubeflow.org/v1"
 MPI_API = "kubeflow.org/v2beta1"
 REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
 RESULTS_MOUNT = "/results"
+# A container's /dev/shm is 64 MiB unless a volume replaces it; NCCL's shared-memory transport between the
+# ranks of a pod (and DeepSpeed's and PyTorch's shared-memory buffers) need far more, and fail or fall back
+# to slower paths without it. A memory-backed emptyDir is tmpfs, counted against the pod's memory.
+SHM_VOLUME: dict[str, Any] = {"name": "dshm", "emptyDir": {"medium": "Memory"}}
+SHM_MOUNT = {"name": "dshm", "mountPath": "/dev/shm"}
 
 
 def command_parser() -> Parser:
@@ -175,6 +183,25 @@ def fit_time_limit(args, run_args, harness_args: list[str]) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------------- Slurm
+# The least of the CPUs the job holds on each of its nodes, at job time.
+JOB_CPUS = (
+    'export DISTBENCH_CPUS=$(tr , "\\n" <<<"$SLURM_JOB_CPUS_PER_NODE" | sed "s/(.*//" | sort -n | head -n 1)'
+)
+
+
+def network_exports(environ=None) -> list[str]:
+    """The network-interface settings (backends.base.NETWORK_SETTINGS) set where the job file is written,
+    as lines that export them in the job unless the job's own environment (sbatch passes the submitting
+    shell's) already sets them."""
+    settings = network_settings(os.environ if environ is None else environ)
+    if not settings:
+        return []
+    return [
+        "# The network interface NCCL and Gloo use, as set where this file was written",
+        *(f"export {k}=${{{k}:-{shlex.quote(v)}}}" for k, v in settings.items()),
+    ]
+
+
 def sbatch_script(args, harness_args: list[str]) -> str:
     """One task per node; each runs the harness for its node (SLURM_NODEID) with the allocation's hosts, the
     first host as master on a port derived from the job id (two jobs sharing a node do not collide)."""
@@ -196,6 +223,8 @@ def sbatch_script(args, harness_args: list[str]) -> str:
         for k in ("partition", "account", "cpus_per_task")
         if getattr(args, k)
     ]
+    if not args.cpus_per_task:  # whole nodes: every CPU of each node for its harness and its ranks
+        head.append("#SBATCH --exclusive")
     lines = [
         "#!/bin/bash",
         f"# distbench {args.command} on {args.nodes} node(s), written by `harness slurm`. "
@@ -203,12 +232,17 @@ def sbatch_script(args, harness_args: list[str]) -> str:
         *head,
         "set -euo pipefail",
         f"cd {shlex.quote(str(args.workdir))}",
+        *network_exports(),
+        "# Each node's one task (its harness, which shares the CPUs out among its ranks) gets every CPU the",
+        "# job holds on the node: srun gives a task one CPU unless told, and since Slurm 22.05 it no longer",
+        "# inherits sbatch's --cpus-per-task. The least over the nodes (SLURM_JOB_CPUS_PER_NODE: 64(x2),32).",
+        f"export DISTBENCH_CPUS={args.cpus_per_task}" if args.cpus_per_task else JOB_CPUS,
     ]
     if args.command == "sweep":
         lines += [
             "# A sweep runs its launches one after another on this node; resubmit with --resume added to",
             "# finish one that was cut short (runs recorded ok are not run again).",
-            f"srun --nodes=1 --ntasks=1 {shlex.join(harness)}",
+            f'srun --nodes=1 --ntasks=1 --cpus-per-task="$DISTBENCH_CPUS" {shlex.join(harness)}',
         ]
         return "\n".join(lines) + "\n"
     node_cmd = (
@@ -223,7 +257,8 @@ def sbatch_script(args, harness_args: list[str]) -> str:
         ":$((20000 + SLURM_JOB_ID % 20000))",
         'export DISTBENCH_RUN_ID="slurm-$SLURM_JOB_ID"',
         "# Node 0's harness writes the run record once every node's ranks have written theirs.",
-        f"srun --nodes={args.nodes} --ntasks-per-node=1 --kill-on-bad-exit=0 bash -c {shlex.quote(node_cmd)}",
+        f'srun --nodes={args.nodes} --ntasks-per-node=1 --cpus-per-task="$DISTBENCH_CPUS" '
+        f"--kill-on-bad-exit=0 bash -c {shlex.quote(node_cmd)}",
     ]
     return "\n".join(lines) + "\n"
 
@@ -247,13 +282,13 @@ def container(
     env: list | None = None,
     ports: list | None = None,
 ) -> dict:
-    c = {
+    c: dict[str, Any] = {
         "name": name,
         "image": image,
         "imagePullPolicy": "IfNotPresent",
         "workingDir": workdir,
         "command": ["bash", "-c", command],
-        "volumeMounts": [{"name": "results", "mountPath": RESULTS_MOUNT}],
+        "volumeMounts": [{"name": "results", "mountPath": RESULTS_MOUNT}, dict(SHM_MOUNT)],
     }
     if gpus:
         c["resources"] = {"limits": {"nvidia.com/gpu": gpus}}
@@ -271,7 +306,10 @@ def replica(replicas: int, c: dict, pvc: str) -> dict:
         "template": {
             "spec": {
                 "containers": [c],
-                "volumes": [{"name": "results", "persistentVolumeClaim": {"claimName": pvc}}],
+                "volumes": [
+                    {"name": "results", "persistentVolumeClaim": {"claimName": pvc}},
+                    {**SHM_VOLUME, "emptyDir": dict(SHM_VOLUME["emptyDir"])},
+                ],
             }
         },
     }
@@ -324,10 +362,13 @@ def manifest(
     namespace: str = "default",
     workdir: str = "/distbench",
     gpus: bool = True,
+    network: dict[str, str] | None = None,
 ) -> dict:
     """The Kubeflow job that runs `harness run --backend BACKEND HARNESS_ARGS` on `nodes` pods of
     `per_node` ranks. Each pod's command finds its node rank in what the operator sets, removes the
-    operator's rank variables (our launchers set their own), and runs the harness for its node."""
+    operator's rank variables (our launchers set their own), and runs the harness for its node. Every pod
+    gets a memory-backed /dev/shm (SHM_VOLUME) and, in its environment, `network` (the NCCL/Gloo
+    interface settings given where the manifest is written)."""
     kind = JOB_KINDS[backend]
     run = shlex.join(
         [
@@ -353,6 +394,7 @@ def manifest(
         "labels": {"app": "distbench", "distbench/backend": backend},
     }
     policy = {"backoffLimit": 0, "cleanPodPolicy": "None"}
+    spec: dict[str, Any]  # the job's spec: its replicas, by the operator's names
     if kind == "PyTorchJob":  # RANK: 0 for the master pod, 1.. for the workers
         cmd = (
             f'NODE_RANK=$RANK; unset RANK WORLD_SIZE; exec {run} --node-rank "$NODE_RANK" '
@@ -416,6 +458,10 @@ def manifest(
                 ),
             },
         }
+    replicas = [r for key, rs in spec.items() if key.endswith("ReplicaSpecs") for r in rs.values()]
+    for c in (c for r in replicas for c in r["template"]["spec"]["containers"]):
+        if network:
+            c["env"] = [*c.get("env", []), *({"name": k, "value": v} for k, v in network.items())]
     return {
         "apiVersion": MPI_API if kind == "MPIJob" else KUBEFLOW_V1,
         "kind": kind,
@@ -448,6 +494,7 @@ def cmd_k8s(args) -> int:
         args.namespace,
         args.workdir,
         gpus=run_args.device != "cpu",
+        network=network_settings(),
     )
     write_output(
         args.output,

@@ -24,7 +24,7 @@ from core.process import available_cpus
 from core.records import config_key, load_records
 from harness.run.launch import stop_on_sigterm, stopped
 from harness.run.nodes import read_hosts
-from harness.run.options import add_run_arguments, build_config, check_out_dir, os_error_line
+from harness.run.options import add_run_arguments, build_config, check_out_dir, os_error_line, worker_python
 from harness.run.progress import RunDisplay, make_progress
 from harness.run.runner import execute, record_line
 from harness.usage import EXIT_FAILED, EXIT_OK, UsageError, choice, positive
@@ -101,7 +101,7 @@ def plan(args) -> tuple[list[PlannedRun], dict[str, str]]:
     names = selected_backends(args.backends)
     for name in names:
         backend = get_backend(name)
-        ok, reason = backend.availability()
+        ok, reason = backend.availability(worker_python(args, name, names))
         if not ok:
             skipped[name] = reason
             continue
@@ -178,12 +178,12 @@ def cmd_sweep(args) -> int:
     start, records = time.monotonic(), []
     live = sys.stdout.isatty() and not args.quiet
     bars = make_progress(sys.stdout) if live else None
-    overall = bars.add_task("sweep", total=len(runs), status="") if live else None
+    overall = bars.add_task("sweep", total=len(runs), status="") if bars is not None else None
     with bars or contextlib.nullcontext():
         for k, run in enumerate(runs, 1):
-            if reason := stopped():  # the run it stopped has its record; start no other
+            if why := stopped():  # the run it stopped has its record; start no other
                 print(
-                    f"sweep {sweep_id}: stopped by {reason}; {len(runs) - k + 1} run(s) not started "
+                    f"sweep {sweep_id}: stopped by {why}; {len(runs) - k + 1} run(s) not started "
                     "(--resume runs them)",
                     flush=True,
                 )
@@ -219,7 +219,7 @@ def cmd_sweep(args) -> int:
                 write_tensorboard([record], args.tensorboard)
             now = time.monotonic()
             line = progress_line(k, len(runs), run, record, now - t0, now - start, args.repeats)
-            if live:
+            if bars is not None and overall is not None:
                 bars.update(overall, completed=k, status=f"ETA {clock((now - start) / k * (len(runs) - k))}")
                 bars.console.print(line)
             else:
