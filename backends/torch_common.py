@@ -12,10 +12,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from backends import get_backend
 from backends.comm_trace import torch_collectives
 from backends.loop import Trainer, cpu_name
 from core.config import RunConfig
-from workloads.torch_model import GPT
+from core.precision import checked, dtype_name, master_weights, tf32_switches
+from workloads.torch_model import GPT, Block
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -24,6 +26,30 @@ def tensor_bytes(t) -> int:
     """Bytes this rank holds for a tensor; a DTensor (FSDP2) counts only its local shard."""
     local = t.to_local() if hasattr(t, "to_local") else t
     return local.numel() * local.element_size()
+
+
+def torch_switch(name: str) -> tuple[object, str]:
+    """The object and attribute of a switch named as core.precision names it
+    ("torch.backends.cuda.matmul.fp32_precision"): a name torch does not have fails here, loudly."""
+    *path, attr = name.split(".")
+    obj = torch
+    for part in path[1:]:
+        obj = getattr(obj, part)
+    return obj, attr
+
+
+def apply_tf32_rule(cfg: RunConfig) -> dict[str, str]:
+    """Set torch's TF32 switches as core.precision decides for this run (on a CPU too, where they change
+    nothing), and return them as torch reads them back."""
+    for name, value in tf32_switches("torch", cfg).items():
+        setattr(*torch_switch(name), value)
+    return {name: getattr(*torch_switch(name)) for name in tf32_switches("torch", cfg)}
+
+
+def joined(dtypes) -> str | None:
+    """A set of dtypes as one fact ("fp32", or "bf16/fp32" when a stack mixes them); None if empty."""
+    names = sorted({dtype_name(d) for d in dtypes})
+    return "/".join(names) or None
 
 
 def rank_device(cfg: RunConfig, local_rank: int) -> tuple[torch.device, str]:
@@ -49,7 +75,11 @@ class TorchTrainer(Trainer):
         self.device, self.device_name = rank_device(cfg, self.local_rank)
         self.amp_dtype = AMP_DTYPES.get(cfg.precision)
         self.scaler = torch.amp.GradScaler(self.device.type) if cfg.precision == "fp16" else None
-        self.model = self.optimizer = None
+        # Set by each stack's __init__: the model as the stack wraps it, and the optimizer it steps.
+        self.model: torch.nn.Module
+        self.optimizer: torch.optim.Optimizer
+        self.tf32_settings = apply_tf32_rule(cfg)
+        self.seen: dict[str, str] = {}  # dtypes the first forward showed (watch_numerics)
 
     def init_process_group(self) -> None:
         """NCCL on GPU, gloo on CPU; with the run's collective timeout, so a dead or hung peer ends the
@@ -62,7 +92,58 @@ class TorchTrainer(Trainer):
 
     def build_model(self) -> GPT:
         model = GPT(self.cfg.spec, self.cfg.activation_checkpointing).load_spec_weights(self.cfg.seed)
+        self.watch_numerics(model)
         return model.to(self.device)
+
+    def watch_numerics(self, model: GPT) -> None:
+        """Hooks that note, in the first forward only (each removes itself), the dtypes forward really uses:
+        the first block's first MLP weight as the matmul holds it and that matmul's output, and the
+        block's output (the residual stream). Registered before any wrapper, which keeps them: FSDP2
+        swaps in the gathered parameter before the module runs, DeepSpeed casts the module in place."""
+        block = model.blocks[0]
+        assert isinstance(block, Block)  # a ModuleList's items are typed as any Module
+        fc = block.mlp.fc
+
+        def on_fc(module, args, output):
+            self.seen.update(forward_params=dtype_name(module.weight.dtype), compute=dtype_name(output.dtype))
+            handles[0].remove()
+
+        def on_block(module, args, output):
+            self.seen["activations"] = dtype_name(output.dtype)
+            handles[1].remove()
+
+        handles = [fc.register_forward_hook(on_fc), block.register_forward_hook(on_block)]
+
+    def reduced_gradient_dtype(self) -> str | None:
+        """The dtype gradients are reduced in: DDP's buckets and Horovod's all-reduces take the .grad
+        tensors as they are. None where nothing is reduced (one rank)."""
+        if self.world_size == 1:
+            return None
+        return joined(p.grad.dtype for p in self.unwrapped().parameters() if p.grad is not None)
+
+    def updated_weights_dtype(self) -> str | None:
+        """The dtype of the tensors the optimizer updates."""
+        return joined(p.dtype for group in self.optimizer.param_groups for p in group["params"])
+
+    def optimizer_state_dtype(self) -> str | None:
+        return joined(
+            v.dtype for s in self.optimizer.state.values() for k, v in s.items() if k.startswith("exp_avg")
+        )
+
+    def loss_scaling(self) -> str | None:
+        return "dynamic" if self.scaler else "none"
+
+    def observed_numerics(self) -> dict:
+        """What this worker saw of its numerics, for core.precision.checked (None: not observable)."""
+        updated = self.updated_weights_dtype()
+        return {
+            **self.seen,
+            "grad_reduce": self.reduced_gradient_dtype(),
+            "master_weights": updated and master_weights(self.cfg.precision, updated),
+            "optimizer_state": self.optimizer_state_dtype(),
+            "loss_scaling": self.loss_scaling(),
+            "tf32": self.cublas_tf32(self.tf32_settings["torch.backends.cuda.matmul.fp32_precision"]),
+        }
 
     def autocast(self):
         return torch.autocast(self.device.type, dtype=self.amp_dtype) if self.amp_dtype else nullcontext()
@@ -132,27 +213,32 @@ class TorchTrainer(Trainer):
         }
 
     def math_mode(self) -> dict:
-        """Whether cuBLAS runs this worker's fp32 matmuls in TF32, as torch left it (not changed here).
-
-        Read from torch.backends.cuda.matmul.fp32_precision (torch >= 2.9; "tf32" also after
-        set_float32_matmul_precision("high"/"medium"), allow_tf32 = True or TORCH_ALLOW_TF32_CUBLAS_OVERRIDE),
-        else the legacy allow_tf32, which torch 2.9+ refuses to read once the new API set the flag.
-        TF32 needs compute capability 8.0+, and NVIDIA_TF32_OVERRIDE=0 turns it off in cuBLAS itself."""
-        if self.device.type != "cuda":
-            return {"tf32": None}
-        matmul = torch.backends.cuda.matmul
-        precision = getattr(matmul, "fp32_precision", None)
-        if precision in ("tf32", "ieee", "bf16", "none"):
-            setting = f"torch.backends.cuda.matmul.fp32_precision={precision}"
-            switch = precision == "tf32"
-        else:
-            switch = bool(matmul.allow_tf32)
-            setting = f"torch.backends.cuda.matmul.allow_tf32={switch}"
-        capable = torch.cuda.get_device_capability(self.device) >= (8, 0)
-        return {
-            "tf32": switch and capable and os.environ.get("NVIDIA_TF32_OVERRIDE") != "0",
-            "tf32_setting": setting,
+        """Whether cuBLAS runs this worker's fp32 matmuls in TF32, under the rule this worker applied
+        (apply_tf32_rule: IEEE unless an fp32 run asked for --tf32), read back from torch's switches
+        (the legacy matmul / cudnn allow_tf32 flags and the cuda.matmul / cudnn.conv / cudnn.rnn
+        fp32_precision ones, set alike: core.precision.TF32_SWITCHES). TF32 needs
+        compute capability 8.0+, and NVIDIA_TF32_OVERRIDE=0 turns it off in cuBLAS itself; on a CPU it does
+        not apply (None). With the numerics the adapter states, checked against what this worker saw."""
+        settings = {name: getattr(*torch_switch(name)) for name in self.tf32_settings}
+        matmul = settings["torch.backends.cuda.matmul.fp32_precision"]
+        mode: dict[str, object] = {
+            "tf32": None,
+            "tf32_setting": ", ".join(f"{k}={v}" for k, v in settings.items()),
         }
+        if self.device.type == "cuda":
+            capable = torch.cuda.get_device_capability(self.device) >= (8, 0)
+            capable = capable and os.environ.get("NVIDIA_TF32_OVERRIDE") != "0"
+            mode["tf32"] = self.cublas_tf32(matmul) and capable
+        stated = get_backend(self.cfg.backend).numerics(self.cfg).record(self.cfg)
+        mode["numerics"] = checked(stated, self.observed_numerics(), f"{self.cfg.backend} rank {self.rank}")
+        return mode
+
+    def cublas_tf32(self, matmul_precision: str) -> bool:
+        """Whether cuBLAS may run fp32 matmuls as TF32: the switch, or on a GPU torch's environment override
+        TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1, which turns TF32 on whatever the switch reads (ATen's
+        Context::allowTF32CuBLAS), so an IEEE run under it is refused by the numerics check."""
+        override = self.device.type == "cuda" and os.environ.get("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE") == "1"
+        return matmul_precision == "tf32" or override
 
     def reset_peak_memory(self) -> None:
         if self.device.type == "cuda":
@@ -194,7 +280,7 @@ class TorchTrainer(Trainer):
         return out
 
     def versions(self) -> dict:
-        out = {"torch": torch.__version__}
+        out: dict[str, str | None] = {"torch": torch.__version__}
         if self.device.type == "cuda":
             out["cuda"] = torch.version.cuda
             out["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))

@@ -282,7 +282,8 @@ def config_key(record: dict, device: str | None = None) -> ConfigKey:
         label=(record.get("backend_info") or {}).get("label") or cfg["backend"],
         workload=workload_name(cfg),
         world_size=cfg["world_size"],
-        precision=cfg["precision"],
+        # TF32 matmuls are other maths than IEEE fp32 ones: never repeats of one measurement
+        precision=cfg["precision"] + ("+tf32" if cfg.get("tf32") else ""),
         scaling=cfg.get("scaling", "weak"),
         batch=batch_name(cfg),
         settings=settings_name(cfg),

@@ -71,7 +71,12 @@ def test_zero1_reduces_at_the_boundary_zero2_every_micro_batch():
     # trace shows c10d::allreduce_ of every element), then all-gathers the updated parameters ((N-1)/N = 1/2)
     assert volume("deepspeed", accum=3, zero_stage=1) == pytest.approx(TINY * 4 * (1 + 0.5))
     assert volume("deepspeed", accum=3, zero_stage=2) == pytest.approx(TINY * 4 * (3 + 0.5))
-    assert volume("deepspeed", accum=3, zero_stage=2, precision="bf16") == pytest.approx(TINY * 2 * (3 + 0.5))
+    # bf16 under torch_autocast (the default) keeps fp32 parameters and gradients: the same bytes as fp32;
+    # a native bf16 module halves them
+    assert volume("deepspeed", accum=3, zero_stage=2, precision="bf16") == pytest.approx(TINY * 4 * (3 + 0.5))
+    assert volume(
+        "deepspeed", accum=3, zero_stage=2, precision="bf16", mixed_precision="native"
+    ) == pytest.approx(TINY * 2 * (3 + 0.5))
 
 
 def test_zero3_gathers_partitioned_tensors_per_micro_batch_and_persistent_ones_per_step():
@@ -110,9 +115,12 @@ def test_fsdp2_gathers_root_once_blocks_twice_per_micro_batch_and_reduces_once()
     assert volume("torch-fsdp", accum=2, reshard_after_forward=False) == pytest.approx(
         0.5 * 4 * (2 * kept + TINY)
     )
-    # bf16 gathers with an fp32 reduce-scatter
-    assert volume("torch-fsdp", precision="bf16", fp32_reduce=True) == pytest.approx(
+    # bf16 gathers with an fp32 reduce-scatter (the default), or a bf16 one (--fp32-reduce off)
+    assert volume("torch-fsdp", precision="bf16") == pytest.approx(
         0.5 * (2 * (TINY_ROOT + 2 * TINY_BLOCKS) + 4 * TINY)
+    )
+    assert volume("torch-fsdp", precision="bf16", fp32_reduce=False) == pytest.approx(
+        0.5 * 2 * (TINY_ROOT + 2 * TINY_BLOCKS + TINY)
     )
 
 

@@ -19,6 +19,7 @@ from conftest import harness, run_record
 from record_factory import TINY_PARAMS, make_record
 
 from backends import get_backend
+from backends.deepspeed_zero import module_precision
 from backends.deepspeed_zero.comm import step_scalars
 from backends.torch_fsdp import gathered_numels
 from core.config import RunConfig
@@ -82,7 +83,7 @@ def test_every_schedule_sends_the_stack_s_analytic_volume(backend, options, work
     sent = sum(m.size_bytes * bus_factor(m.op, 8) for m in messages)
     terms = [dataclasses.asdict(t) for t in get_backend(backend).comm_pattern(cfg).terms]
     if backend == "deepspeed":  # and the optimizer's scalars, which the analytic volume leaves out
-        terms += [dataclasses.asdict(t) for t in step_scalars(options["zero_stage"], cfg.precision)]
+        terms += [dataclasses.asdict(t) for t in step_scalars(options["zero_stage"], module_precision(cfg))]
     assert sent == pytest.approx(comm_bytes_per_rank(terms, 8), rel=1e-9)
 
 
@@ -170,14 +171,22 @@ def test_fsdp2_gathers_each_tensor_padded_to_n_equal_shards_of_its_torch_dim_0()
 
 @unit
 @pytest.mark.parametrize(
-    "stage, precision, scalars",
-    [(0, "bf16", []), (1, "fp32", [4, 4]), (2, "bf16", [1, 4, 4]), (3, "bf16", [8, 8]), (3, "fp32", [8, 8])],
+    "stage, precision, mode, scalars",
+    [
+        (0, "bf16", "autocast", []),
+        (1, "fp32", "autocast", [4, 4]),
+        (2, "bf16", "native", [1, 4, 4]),
+        (2, "bf16", "autocast", [4, 4]),
+        (3, "bf16", "autocast", [8, 8]),
+        (3, "fp32", "autocast", [8, 8]),
+    ],
 )
-def test_zero_steps_all_reduce_their_norm_scalars_after_the_gradients(stage, precision, scalars):
+def test_zero_steps_all_reduce_their_norm_scalars_after_the_gradients(stage, precision, mode, scalars):
     """What the traces of DeepSpeed's steps show beside the gradients and parameters: two scalar norms
-    (fp32; fp64 at stage 3) and, in bf16 at stages 1-2, a 1-byte overflow flag, once a step (accumulation
-    3 here), after the last gradient reduction and before the optimizer step."""
-    cfg = cfg_for("deepspeed", world=8, accum=3, precision=precision, zero_stage=stage)
+    (fp32; fp64 at stage 3) and, with a native bf16 module at stages 1-2, a 1-byte overflow flag (none
+    under torch_autocast, whose module stays fp32), once a step (accumulation 3 here), after the last
+    gradient reduction and before the optimizer step."""
+    cfg = cfg_for("deepspeed", world=8, accum=3, precision=precision, zero_stage=stage, mixed_precision=mode)
     messages, _ = schedule(cfg)
     small = [m for m in messages if m.size_bytes <= 8]
     assert [m.size_bytes for m in small] == scalars and all(m.op == "all_reduce" for m in small)
@@ -222,9 +231,11 @@ def test_collective_time_uses_nvlink_in_a_node_and_the_nics_across_nodes():
     "backend, options, bytes_per_param",
     [
         ("torch-ddp", {}, lambda n: 16),  # autocast: fp32 params, grads, two moments
-        ("deepspeed", {"zero_stage": 1}, lambda n: 4 + 12 / n),  # bf16 params + grads, 12 B sharded
-        ("deepspeed", {"zero_stage": 2}, lambda n: 2 + 14 / n),
-        ("deepspeed", {"zero_stage": 3}, lambda n: 16 / n),
+        # DeepSpeed's native bf16 (the paper's scheme): bf16 params + grads, 12 B sharded
+        ("deepspeed", {"zero_stage": 1, "mixed_precision": "native"}, lambda n: 4 + 12 / n),
+        ("deepspeed", {"zero_stage": 2, "mixed_precision": "native"}, lambda n: 2 + 14 / n),
+        ("deepspeed", {"zero_stage": 3, "mixed_precision": "native"}, lambda n: 16 / n),
+        ("deepspeed", {"zero_stage": 3}, lambda n: 16 / n),  # autocast: fp32 params, grads, moments
         ("torch-fsdp", {}, lambda n: 16 / n),
     ],
 )
@@ -240,7 +251,8 @@ def test_gathered_parameters_count_the_blocks_a_sharded_stack_keeps_whole_until_
     and norms), the root (embeddings, final norm) R. FSDP resharding after forward holds two blocks in
     flight; without it all 24 stay whole until their backward. ZeRO-3 keeps a block whose reuse comes
     within 1e9 elements: 2 x 50.3M x (23 - i) < 1e9 for blocks 14-23, 10 of them, and two more in flight.
-    Every case adds one block's fp32 gradient."""
+    Every case adds one block's fp32 gradient. FSDP2 gathers in bf16 (param_dtype), DeepSpeed in its
+    module's dtype: fp32 under torch_autocast, bf16 when native."""
     spec = resolve("1b")
     shapes = spec.parameter_shapes()
     block = sum(math.prod(s) for name, s in shapes.items() if name.startswith("blocks.0."))
@@ -253,7 +265,10 @@ def test_gathered_parameters_count_the_blocks_a_sharded_stack_keeps_whole_until_
 
     assert gathered("torch-fsdp") == (2 * block + root) * 2 + gradient
     assert gathered("torch-fsdp", reshard_after_forward=False) == (24 * block + root) * 2 + gradient
-    assert gathered("deepspeed", zero_stage=3) == ((10 + 2) * block + root) * 2 + gradient
+    assert gathered("deepspeed", zero_stage=3) == ((10 + 2) * block + root) * 4 + gradient
+    assert gathered("deepspeed", zero_stage=3, mixed_precision="native") == (
+        ((10 + 2) * block + root) * 2 + gradient
+    )
 
 
 @unit

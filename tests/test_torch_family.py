@@ -51,16 +51,24 @@ def config(backend: str, *cli: str, gpus=2, precision="fp32", **fields) -> RunCo
     "backend,cli,precision,label,sharding,element_bytes",
     [
         ("torch-fsdp", [], "fp32", "torch-fsdp", "parameters", {4}),
-        ("torch-fsdp", [], "bf16", "torch-fsdp", "parameters", {2}),
+        ("torch-fsdp", [], "bf16", "torch-fsdp", "parameters", {2, 4}),  # bf16 gathers, fp32 reduce-scatter
         (
             "torch-fsdp",
-            ["--fp32-reduce", "--reshard-after-forward", "off"],
+            ["--fp32-reduce", "off", "--reshard-after-forward", "off"],
             "bf16",
-            "torch-fsdp-noreshard-fp32reduce",
+            "torch-fsdp-noreshard-bf16reduce",
             "parameters",
-            {2, 4},  # bf16 gathers, fp32 reduce-scatter
+            {2},
         ),
-        ("deepspeed", [], "bf16", "deepspeed-zero3", "parameters", {2}),
+        ("deepspeed", [], "bf16", "deepspeed-zero3", "parameters", {4}),  # autocast: fp32 parameters
+        (
+            "deepspeed",
+            ["--ds-mixed-precision", "native"],
+            "bf16",
+            "deepspeed-zero3-native",
+            "parameters",
+            {2},
+        ),
         ("deepspeed", ["--zero-stage", "0"], "fp32", "deepspeed-zero0", "none", {4}),
         ("deepspeed", ["--zero-stage", "1"], "fp32", "deepspeed-zero1", "optimizer", {4}),
         (
@@ -69,7 +77,7 @@ def config(backend: str, *cli: str, gpus=2, precision="fp32", **fields) -> RunCo
             "fp16",
             "deepspeed-zero2-offload",
             "gradients",
-            {2},
+            {4},
         ),
         ("horovod", [], "bf16", "horovod", "none", {4}),  # autocast keeps fp32 gradients
         ("horovod", ["--hvd-compression", "fp16"], "fp32", "horovod-fp16comp", "none", {2}),
@@ -95,14 +103,14 @@ def test_deepspeed_config_is_built_from_the_run():
         "train_micro_batch_size_per_gpu": 4,
         "gradient_accumulation_steps": 3,
         "gradient_clipping": 0.0,  # said: DeepSpeed's default clips to 1.0 (tests/test_equivalence.py)
-        "bf16": {"enabled": True},
+        "torch_autocast": {"enabled": True, "dtype": "bf16", "lower_precision_safe_modules": []},
         "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
         "zero_force_ds_cpu_optimizer": False,
         "timers": {"throughput": {"enabled": False, "synchronized": False}},  # no syncs inside the step
     }
-    assert "bf16" not in ds_config(config("deepspeed")) and "fp16" in ds_config(
-        config("deepspeed", precision="fp16")
-    )
+    assert not {"bf16", "torch_autocast"} & set(ds_config(config("deepspeed")))
+    native = ds_config(config("deepspeed", "--ds-mixed-precision", "native", precision="fp16"))
+    assert native["fp16"] == {"enabled": True} and "torch_autocast" not in native
 
 
 @pytest.mark.unit
@@ -266,12 +274,14 @@ def test_two_workers_train_the_same_model_as_ddp_with_a_full_record(label, ddp_r
 # A shape whose every weight matrix is over DeepSpeed's ZeRO-3 persistence threshold (1e5 elements; smaller
 # parameters stay whole on every rank), cheap on a CPU: 4.4M parameters, one 128-token sequence per rank.
 # bf16, where every backend keeps 16 bytes per parameter unsharded (DDP autocast and FSDP: fp32 parameters,
-# gradients and moments; DeepSpeed: bf16 parameters and gradients, fp32 master and moments). In fp32
-# DeepSpeed still keeps a separate fp32 master copy, 20 bytes per parameter.
+# gradients and moments; DeepSpeed's native bf16, NATIVE: bf16 parameters and gradients, fp32 master and
+# moments). In fp32, and under its default torch_autocast, DeepSpeed still keeps a separate fp32 master
+# copy, 20 bytes per parameter.
 WIDE = (
     "--workload tiny --d-model 384 --layers 2 --micro-batch 1 --steps 1 "
     "--warmup 0 --precision bf16 --compute-method none --timeout 180"
 ).split()
+NATIVE = ["--ds-mixed-precision", "native"]
 WIDE_PARAMS = ModelSpec(**{**PRESETS["tiny"].to_dict(), "d_model": 384, "d_ff": 1536, "n_layers": 2}).n_params
 
 
@@ -284,7 +294,7 @@ def ddp_state(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("label", ["torch-fsdp", "deepspeed-zero3"])
 def test_fsdp_and_zero3_hold_half_of_ddp_model_state_on_two_ranks(label, ddp_state, out):
-    rec = run_record(out, *FAMILY[label], "--gpus", "2", *WIDE)
+    rec = run_record(out, *FAMILY[label], "--gpus", "2", *WIDE, *(NATIVE if label.startswith("deep") else []))
     assert ddp_state == pytest.approx(16 * WIDE_PARAMS, rel=1e-3)
     # traced bytes = the analytic model: ZeRO-3's partitioned tensors gathered per micro-batch and its
     # persistent ones after the optimizer step; FSDP2's root once, blocks twice
@@ -298,7 +308,7 @@ def test_fsdp_and_zero3_hold_half_of_ddp_model_state_on_two_ranks(label, ddp_sta
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", [1, 2])
 def test_zero1_and_zero2_shard_the_optimizer_state_not_the_parameters(stage, out):
-    rec = run_record(out, *FAMILY[f"deepspeed-zero{stage}"], "--gpus", "2", *WIDE)
+    rec = run_record(out, *FAMILY[f"deepspeed-zero{stage}"], "--gpus", "2", *WIDE, *NATIVE)
     p = WIDE_PARAMS
     for held in (r["model_state_bytes"] for r in rec["ranks"]):
         assert held["params"] == pytest.approx(2 * p, rel=0.01)  # the whole bf16 model on every rank

@@ -44,7 +44,12 @@ def test_cpu_ranks_record_no_tf32_and_peaks_after_warmup(record, backend):
     assert [r["rank"] for r in rec["ranks"]] == [0, 1]
     for r in rec["ranks"]:
         assert r["device"].startswith("cpu")
-        assert r["math_mode"] == {"tf32": None}  # not applicable on CPU: neither True nor False
+        mode = r["math_mode"]
+        assert mode["tf32"] is None  # not applicable on CPU: neither True nor False
+        # but the fp32 rule (core.precision) ran: every TF32 switch of the framework set to IEEE, read back
+        switches = mode["tf32_setting"].split(", ")
+        assert switches and all(s.endswith(("=ieee", "=False")) for s in switches), switches
+        assert mode["numerics"]["compute"] == "fp32" and mode["numerics"]["observed"]["tf32"] is False
         memory = r["memory"]
         assert memory["peak_rss_scope"] == "after warm-up" and memory["peak_rss"] > 50e6
         assert set(memory) == {"peak_rss", "peak_rss_scope"}  # no allocator peaks, no NVML sample on CPU

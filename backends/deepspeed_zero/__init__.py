@@ -16,12 +16,13 @@ gets the same configuration. This package is not called `deepspeed` because the 
 """
 
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from backends.base import WORKER_SCRIPT, Backend, LaunchPlan, Options, option
+from backends import interpreter
+from backends.base import WORKER_SCRIPT, Backend, LaunchPlan, Options, option, worker_python
 from backends.deepspeed_zero.comm import stage3_settings, zero_comm_pattern
+from core.precision import LOW_PRECISIONS, autocast_numerics
 from core.process import Process
 
 STAGES = (0, 1, 2, 3)
@@ -35,18 +36,21 @@ def shm_segments(port: int) -> str:
     return f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_*_{port}_*"
 
 
-def extensions_dir() -> Path | None:
+def extensions_dir(python: str | None = None) -> Path | None:
     """Where DeepSpeed's JIT-built ops live: the user's TORCH_EXTENSIONS_DIR if set, else a folder inside
-    this virtual environment (None outside one: torch's default). Per environment, because torch keys the
+    the virtual environment of the workers' interpreter `python` (None: the harness's; None outside a
+    venv: torch's default). Per environment, because torch keys the
     build on the folder alone: environments sharing ~/.cache rebuild each other's op on every switch, and a
     build killed there leaves a `lock` file on which every later run waits for ever."""
     if os.environ.get("TORCH_EXTENSIONS_DIR"):
         return Path(os.environ["TORCH_EXTENSIONS_DIR"])
-    return Path(sys.prefix) / EXTENSIONS_SUBDIR if sys.prefix != sys.base_prefix else None
+    prefix = interpreter.venv_prefix(python)
+    return prefix / EXTENSIONS_SUBDIR if prefix else None
 
 
 SHARDING = {0: "none", 1: "optimizer", 2: "gradients", 3: "parameters"}
 ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+MIXED_PRECISION = ("autocast", "native")
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,26 @@ class DeepSpeedOptions(Options):
     offload_optimizer: bool = option(
         False, "--offload-optimizer", help="keep the optimizer state and step on the CPU (ZeRO-Offload)"
     )
+    mixed_precision: str = option(
+        "autocast",
+        "--ds-mixed-precision",
+        choices=MIXED_PRECISION,
+        help="with bf16/fp16: DeepSpeed's torch_autocast section over fp32 parameters, gradients reduced "
+        "and parameters gathered in fp32 (autocast: the suite's definition), or its bf16/fp16 section "
+        "(native: the module cast to bf16/fp16, which it gathers and reduces in, fp32 master weights)",
+    )
+
+
+def native_low_precision(cfg) -> bool:
+    """Whether this run uses DeepSpeed's own bf16/fp16 section (a low-precision module)."""
+    native = DeepSpeedOptions.from_dict(cfg.backend_options).mixed_precision == "native"
+    return native and cfg.precision in LOW_PRECISIONS
+
+
+def module_precision(cfg) -> str:
+    """The dtype of the engine's module: the low precision for a native bf16/fp16 run, else fp32 (under
+    torch_autocast the parameters stay fp32)."""
+    return cfg.precision if native_low_precision(cfg) else "fp32"
 
 
 def ds_config(cfg) -> dict:
@@ -69,8 +93,13 @@ def ds_config(cfg) -> dict:
     must be said, since DeepSpeed 0.19 clips to a global norm of 1.0 when "gradient_clipping" is absent
     (deepspeed/runtime/constants.py GRADIENT_CLIPPING_DEFAULT), at every ZeRO stage; a gradient norm over 1
     then scales the step's gradients down, which AdamW's scale invariance hides for a step or two only.
-    With bf16/fp16 DeepSpeed keeps low-precision parameters and gradients plus fp32 master weights; fp16
-    uses its dynamic loss scaling. The engine's throughput timer is off (see below)."""
+    bf16/fp16 by default through the torch_autocast section: fp32 parameters, each Linear's matmul under
+    torch.autocast, and, with lower_precision_safe_modules empty, every gradient reduced (and every ZeRO-3
+    parameter gathered) in its fp32 dtype; DeepSpeed's own default list (Linear) would reduce the Linear
+    layers' gradients in bf16, against the suite's definition (core.precision). fp16 then scales the loss
+    with torch's GradScaler. --ds-mixed-precision native: the bf16/fp16 section instead, a low-precision
+    module and gradients plus fp32 master weights, fp16 with DeepSpeed's dynamic loss scaling. The
+    engine's throughput timer is off (see below)."""
     opts = DeepSpeedOptions.from_dict(cfg.backend_options)
     zero = {"stage": opts.zero_stage, **(stage3_settings() if opts.zero_stage == 3 else {})}
     config = {
@@ -84,8 +113,14 @@ def ds_config(cfg) -> dict:
         # has. The harness times every stack itself, so the engine's own timer is off.
         "timers": {"throughput": {"enabled": False, "synchronized": False}},
     }
-    if cfg.precision in ("bf16", "fp16"):
+    if native_low_precision(cfg):
         config[cfg.precision] = {"enabled": True}
+    elif cfg.precision in LOW_PRECISIONS:
+        config["torch_autocast"] = {
+            "enabled": True,
+            "dtype": cfg.precision,
+            "lower_precision_safe_modules": [],
+        }
     if opts.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu"}
         config["zero_force_ds_cpu_optimizer"] = (
@@ -94,35 +129,62 @@ def ds_config(cfg) -> dict:
     return config
 
 
-class DeepSpeed(Backend):
+class DeepSpeed(Backend[DeepSpeedOptions]):
     """t_compute: engine.no_sync() refuses stages 2 and 3, and at stage 1 the step needs the reduced gradient
     partitions and all-gathers the updated ones; so, for every stage alike, the isolated counterfactual.
-    Mixed precision keeps bf16/fp16 parameters and gradients with fp32 master weights."""
+    Mixed precision: torch autocast over fp32 parameters (ds_config), or DeepSpeed's native bf16/fp16
+    module with fp32 master weights (--ds-mixed-precision native)."""
 
     name, framework, launcher, also_requires = "deepspeed", "torch", "deepspeed", ("deepspeed",)
     collective_api = "deepspeed.comm"
     compute_methods = ("isolated",)
-    mixed_precision = "master"
     Options = DeepSpeedOptions
 
     def stage(self, cfg) -> int:
         return self.options(cfg).zero_stage
 
     def label(self, cfg):
-        return f"deepspeed-zero{self.stage(cfg)}" + (
-            "-offload" if self.options(cfg).offload_optimizer else ""
+        return (
+            f"deepspeed-zero{self.stage(cfg)}"
+            + ("-offload" if self.options(cfg).offload_optimizer else "")
+            + ("-native" if native_low_precision(cfg) else "")
+        )
+
+    def precision_scheme(self, cfg):
+        return "master" if native_low_precision(cfg) else "autocast"
+
+    def numerics(self, cfg):
+        """Autocast's numerics (ds_config's torch_autocast section); native: the module itself in
+        bf16/fp16, every op and the residual stream included, gradients reduced in it (the engine's
+        communication_data_type follows the module's dtype), fp32 master weights in the ZeRO optimizer."""
+        if not native_low_precision(cfg):
+            return autocast_numerics(cfg, "DeepSpeed torch_autocast section over fp32 parameters")
+        low = cfg.precision
+        return autocast_numerics(
+            cfg,
+            f"DeepSpeed {low} section: {low} module, fp32 master weights in the optimizer",
+            forward_params=low,
+            activations=low,
+            grad_reduce=low,
+            why={"grad_reduce": "--ds-mixed-precision native: DeepSpeed reduces the module's gradients"},
         )
 
     def sharding(self, cfg):
         return SHARDING[self.stage(cfg)]
 
     def features(self):
-        return {**super().features(), "sharding": [SHARDING[s] for s in STAGES]}
+        return {
+            **super().features(),
+            "sharding": [SHARDING[s] for s in STAGES],
+            "mixed_precision": "autocast; master (--ds-mixed-precision native)",
+        }
 
     def comm_pattern(self, cfg):
         """Gradients are reduced, and ZeRO-3 parameters gathered, in the engine's communication dtype:
-        the model's dtype (bf16/fp16 parameters under mixed precision); the terms per stage: comm.py."""
-        return zero_comm_pattern(cfg, self.stage(cfg), ELEMENT_BYTES[cfg.precision])
+        the model's dtype (fp32 under autocast, bf16/fp16 for a native low-precision module); the terms
+        per stage: comm.py."""
+        element = ELEMENT_BYTES[cfg.precision] if native_low_precision(cfg) else 4
+        return zero_comm_pattern(cfg, self.stage(cfg), element)
 
     def settings(self, cfg):
         """The engine's configuration, as handed to deepspeed.initialize (gradient_clipping included)."""
@@ -132,13 +194,13 @@ class DeepSpeed(Backend):
         env = super().worker_env(cfg)
         if cfg.device == "cpu":
             env["DS_ACCELERATOR"] = "cpu"
-        if extensions := extensions_dir():
+        if extensions := extensions_dir(worker_python(cfg)):
             env["TORCH_EXTENSIONS_DIR"] = str(extensions)
         return env
 
     def launch(self, cfg, run_dir, port, devices):
         argv = [
-            sys.executable,
+            worker_python(cfg),
             "-u",
             "-m",
             "deepspeed.launcher.runner",

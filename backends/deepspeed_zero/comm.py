@@ -69,10 +69,12 @@ def regathered_for_backward(numels: dict[str, int]) -> int:
 def step_scalars(stage: int, precision: str) -> list[CommTerm]:
     """The scalar all-reduces the ZeRO optimizer issues once a step, after the gradients' reduction, as the
     collective trace shows them (tiny, 2 ranks, stages 0-3, fp32 and bf16, accumulation 1 and 2): stages 1
-    and 2 two fp32 scalars of the gradient norm (get_grad_norm_direct) and, under bf16, the 1-byte overflow
-    flag (has_overflow); stage 3 two fp64 scalars; stage 0 none. fp16 is taken to check overflow as bf16
-    does (not traced). Latency, not volume: the prediction's schedule sends them; the analytic volume
-    (zero_comm_pattern), which names the dtype gradients and parameters travel in, leaves them out."""
+    and 2 two fp32 scalars of the gradient norm (get_grad_norm_direct) and, with a bf16 module (DeepSpeed's
+    native bf16, not torch_autocast over fp32 parameters), the 1-byte overflow flag (has_overflow); stage 3
+    two fp64 scalars; stage 0 none. `precision`: the module's dtype (backends.deepspeed_zero's
+    module_precision). fp16 is taken to check overflow as bf16 does (not traced). Latency, not volume: the
+    prediction's schedule sends them; the analytic volume (zero_comm_pattern), which names the dtype
+    gradients and parameters travel in, leaves them out."""
     if stage in (1, 2):
         terms = [CommTerm("all_reduce", 1, 1, 1, "overflow flag")] if precision != "fp32" else []
         return terms + [CommTerm("all_reduce", 1, 4, 2, "gradient-norm scalars")]

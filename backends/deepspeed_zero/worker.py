@@ -17,10 +17,12 @@ from datetime import timedelta
 
 import deepspeed
 import torch
+from deepspeed import DeepSpeedEngine
+from deepspeed.runtime.base_optimizer import DeepSpeedOptimizer
 from deepspeed.utils import groups
 
 from backends.deepspeed_zero import ds_config
-from backends.torch_common import TorchTrainer
+from backends.torch_common import TorchTrainer, joined
 from workloads.torch_model import make_optimizer
 
 
@@ -36,6 +38,11 @@ def storage_bytes(tensors, seen: set) -> int:
 
 
 class DeepSpeedTrainer(TorchTrainer):
+    # What deepspeed.initialize returns (the engine around the module, the ZeRO optimizer around the client
+    # AdamW); DeepSpeed ships no type information, so the checker takes both as Any.
+    model: DeepSpeedEngine
+    optimizer: DeepSpeedOptimizer
+
     def __init__(self, cfg):
         super().__init__(cfg)
         self.scaler = None  # fp16 loss scaling is the engine's own
@@ -59,7 +66,7 @@ class DeepSpeedTrainer(TorchTrainer):
     def step(self, batches, sync_grads=True):
         """One engine.backward + engine.step per micro-batch, as DeepSpeed prescribes: backward scales the
         loss by 1 / gradient_accumulation_steps and step() updates only at the accumulation boundary."""
-        losses = []
+        losses: list[torch.Tensor] = []
         for x, y in batches:
             loss = self.model(*self.inputs(x, y))
             self.model.backward(loss)
@@ -90,6 +97,32 @@ class DeepSpeedTrainer(TorchTrainer):
             grads += [g for g in group or () if g is not None]
         return grads
 
+    def reduced_gradient_dtype(self):
+        """The dtype DeepSpeed reduces each gradient in: a ZeRO optimizer's per-parameter communication
+        dtype (under torch_autocast a parameter's comm_dtype, else the engine's communication_data_type),
+        the engine's communication_data_type at stage 0."""
+        if self.world_size == 1:
+            return None
+        if not self.model.zero_optimization():
+            return joined([self.model.communication_data_type])
+        return joined(self.optimizer.get_param_comm_dtype(p) for p in self.model.module.parameters())
+
+    def updated_weights_dtype(self):
+        return joined(p.dtype for p in self.master_weights())
+
+    def optimizer_state_dtype(self):
+        state = self.model.basic_optimizer.state
+        return joined(v.dtype for s in state.values() for k, v in s.items() if k.startswith("exp_avg"))
+
+    def loss_scaling(self):
+        """torch_autocast's GradScaler (fp16), which the ZeRO optimizer or, at stage 0, the engine holds;
+        DeepSpeed's native fp16 loss scaler is not read (None: not observed)."""
+        if self.model.fp16_enabled():
+            return None
+        scaler = getattr(self.optimizer, "torch_autocast_gradscaler", None)
+        scaler = scaler or getattr(self.model, "torch_autocast_z0_gradscaler", None)
+        return "dynamic" if scaler is not None else "none"
+
     def model_state_bytes(self) -> dict:
         module_params = list(self.model.module.parameters())
         params = [p.ds_tensor for p in module_params if hasattr(p, "ds_tensor")] + [
@@ -97,7 +130,7 @@ class DeepSpeedTrainer(TorchTrainer):
         ]
         state = self.model.basic_optimizer.state
         moments = [v for s in state.values() for v in s.values() if torch.is_tensor(v)]
-        seen = set()
+        seen: set[int] = set()
         return {
             "params": storage_bytes(params, seen),
             "grads": self.grad_bytes,

@@ -7,6 +7,7 @@ micro-batch's backward only. Weights and optimizer state are broadcast from rank
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import horovod
 import horovod.torch as hvd
@@ -14,7 +15,7 @@ import torch
 
 from backends.comm_trace import horovod_collectives, timeline_events
 from backends.horovod_torch import HorovodOptions, local_rank
-from backends.torch_common import TorchTrainer
+from backends.torch_common import TorchTrainer, joined
 from workloads.torch_model import make_optimizer
 
 
@@ -35,6 +36,10 @@ def init_adamw_state(optimizer) -> None:
 
 
 class HorovodTrainer(TorchTrainer):
+    # hvd.DistributedOptimizer's result, AdamW's class mixed with Horovod's own (synchronize,
+    # skip_synchronize); Horovod ships no type information.
+    optimizer: Any
+
     def __init__(self, cfg):
         os.environ["LOCAL_RANK"] = local_rank(os.environ)  # picks the GPU (TorchTrainer reads it)
         super().__init__(cfg)
@@ -55,6 +60,14 @@ class HorovodTrainer(TorchTrainer):
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
         self.model = model
+
+    def reduced_gradient_dtype(self):
+        """Horovod all-reduces each .grad as its compressor hands it over (Compression.fp16: cast to fp16):
+        the dtype of the first gradient passed through this optimizer's own compressor."""
+        if self.world_size == 1:
+            return None
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None][:1]
+        return joined(self.optimizer._compression.compress(g)[0].dtype for g in grads)
 
     def optimizer_step(self):
         """Wait for the gradient all-reduces before the step reads (or GradScaler unscales) the gradients,

@@ -6,8 +6,8 @@ paddle.distributed.sharding.group_sharded_parallel, which Paddle 3.3.1 supports 
 """
 
 import socket
-import sys
 from dataclasses import dataclass
+from typing import Literal
 
 from backends.base import (
     WORKER_SCRIPT,
@@ -19,7 +19,9 @@ from backends.base import (
     device_mask,
     gradient_allreduce,
     option,
+    worker_python,
 )
+from core.precision import autocast_numerics
 from core.process import Process
 
 SHARDING = {0: "none", 1: "optimizer", 2: "gradients", 3: "parameters"}
@@ -36,7 +38,7 @@ class PaddleOptions(Options):
         help="shard optimizer state (1), + gradients (2), + parameters (3); 2 and 3 need "
         "a GPU; 0: plain data parallel",
     )
-    amp_level: str = option(
+    amp_level: Literal["O1", "O2"] = option(
         "O1",
         "--amp-level",
         choices=AMP_LEVELS,
@@ -54,7 +56,7 @@ def master_ip(addr: str) -> str:
         return addr
 
 
-class PaddleFleet(Backend):
+class PaddleFleet(Backend[PaddleOptions]):
     name = "paddle-fleet"
     framework = "paddle"
     launcher = "paddle.distributed.launch"
@@ -75,6 +77,24 @@ class PaddleFleet(Backend):
 
     def precision_scheme(self, cfg):
         return "master" if self.master_weights(cfg) else "autocast"
+
+    def numerics(self, cfg):
+        """O1: paddle.amp.auto_cast over fp32 parameters, matmuls in the low precision, gray-list ops
+        (the residual sums) in fp32 when an input is fp32, LayerNorm in fp32: autocast's numerics. O2
+        (paddle.amp.decorate): the Linear and embedding parameters themselves in the low precision, so the
+        forward, the residual stream and the gradients DataParallel reduces are too; the fp32 master
+        weights live in the optimizer. Paddle has no setting that reduces those gradients in fp32."""
+        if not self.master_weights(cfg):
+            return autocast_numerics(cfg, "paddle.amp.auto_cast O1 over fp32 parameters")
+        low = cfg.precision
+        return autocast_numerics(
+            cfg,
+            f"paddle.amp.decorate O2: {low} parameters, fp32 master weights in the optimizer",
+            forward_params=low,
+            activations=low,
+            grad_reduce=low,
+            why={"grad_reduce": "--amp-level O2: Paddle reduces the gradients of its low-precision weights"},
+        )
 
     def sharding(self, cfg):
         return SHARDING[self.options(cfg).sharding_stage]
@@ -134,7 +154,7 @@ class PaddleFleet(Backend):
         launchers meet at the master's store (--master ip:port), each with its node rank. Devices: the
         launcher reads --devices as labels of CUDA_VISIBLE_DEVICES, so both are the physical ids."""
         argv = [
-            sys.executable,
+            worker_python(cfg),
             "-m",
             "paddle.distributed.launch",
             f"--nproc_per_node={cfg.local_procs}",

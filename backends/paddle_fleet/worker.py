@@ -10,11 +10,13 @@ from __future__ import annotations
 import math
 import os
 from contextlib import contextmanager, nullcontext
+from typing import Literal
 
 import paddle
 import paddle.distributed as dist
 from paddle.distributed import fleet
 
+from backends import get_backend
 from backends.comm_trace import (
     captured_stderr,
     glog_levels,
@@ -26,10 +28,12 @@ from backends.comm_trace import (
 from backends.loop import Trainer, cpu_name
 from backends.paddle_fleet import PaddleOptions
 from core.config import RunConfig
+from core.precision import checked, dtype_name, master_weights, tf32_switches
 from workloads.paddle_model import GPT, make_optimizer
 
-AMP_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
-GROUP_SHARDED_LEVELS = {2: "os_g", 3: "p_g_os"}
+# Typed as the literals Paddle's annotations accept, so the checker holds each call to them.
+AMP_DTYPES: dict[str, Literal["bfloat16", "float16"]] = {"bf16": "bfloat16", "fp16": "float16"}
+GROUP_SHARDED_LEVELS: dict[int, Literal["os_g", "p_g_os"]] = {2: "os_g", 3: "p_g_os"}
 # Paddle's own verbose log (glog VLOG) of the C++ files that say when DataParallel's fused all-reduces run
 REDUCER_LOG = {"reducer": 3, "accumulation_node": 3}
 
@@ -62,6 +66,29 @@ def clear_gradients(optimizer, stage: int) -> None:
         optimizer.clear_grad(set_to_zero=False)
 
 
+def paddle_switch(name: str):
+    """The function a switch is named by in core.precision ("paddle.base.core.set_cublas_switch")."""
+    obj = paddle
+    for part in name.split(".")[1:]:
+        obj = getattr(obj, part)
+    return obj
+
+
+def apply_tf32_rule(cfg: RunConfig) -> dict[str, bool]:
+    """Set Paddle's cuBLAS and cuDNN TF32 switches as core.precision decides for this run (on a CPU too,
+    where they change nothing; both are on by default in CUDA builds), and return them as Paddle reads
+    them back (get_cublas_switch / get_cudnn_switch)."""
+    switches = tf32_switches("paddle", cfg)
+    for name, value in switches.items():
+        paddle_switch(name)(value)
+    return {name: bool(paddle_switch(name.replace(".set_", ".get_"))()) for name in switches}
+
+
+def joined(dtypes) -> str | None:
+    names = sorted({dtype_name(d) for d in dtypes})
+    return "/".join(names) or None
+
+
 def use_rank_device(cfg: RunConfig) -> str:
     """Make this rank's device Paddle's current one and return its name: the GPU the launcher selected
     for it (FLAGS_selected_gpus, the device contract), or the CPU."""
@@ -91,17 +118,21 @@ class FleetTrainer(Trainer):
                 "'makes no effect'), so the run would silently train in fp32"
             )
         self.device_name = use_rank_device(cfg)
+        self.tf32_settings = apply_tf32_rule(cfg)
         strategy = fleet.DistributedStrategy()
         if self.stage == 1:
             strategy.hybrid_configs = {"dp_degree": 1, "sharding_degree": cfg.process_group_size}
         fleet.init(is_collective=True, strategy=strategy)
 
         model = GPT(cfg.spec, cfg.activation_checkpointing).load_spec_weights(cfg.seed)
+        self.seen: dict[str, str] = {}
+        self.watch_numerics(model)
         optimizer = make_optimizer(model)
         self.amp_dtype = AMP_DTYPES.get(cfg.precision)
         self.amp_level = options.amp_level if self.amp_dtype else None
-        if self.amp_level == "O2":  # bf16/fp16 parameters and gradients, fp32 master weights in the optimizer
-            model, optimizer = paddle.amp.decorate(
+        if self.amp_dtype and self.amp_level == "O2":  # bf16/fp16 parameters and gradients, fp32 masters
+            # Paddle's annotation returns the optimizer as its _OptimizerLike protocol; it is the same AdamW.
+            model, optimizer = paddle.amp.decorate(  # type: ignore[assignment]
                 models=model, optimizers=optimizer, level="O2", dtype=self.amp_dtype, master_weight=True
             )
         self.gpt, self.adamw = model, optimizer  # unwrapped: for weights and state counting
@@ -128,8 +159,45 @@ class FleetTrainer(Trainer):
         # DataParallel's no_sync skips the all-reduce and nothing else: a true compute-only step.
         self.can_skip_grad_sync = isinstance(model, paddle.DataParallel)
 
+    def watch_numerics(self, model) -> None:
+        """Hooks that note, in the first forward only (each removes itself), the dtypes forward really uses:
+        the first block's first MLP weight and that matmul's output, and the block's output (the residual
+        stream). paddle.amp.decorate (O2) casts the parameters in place, so the hooks see its dtype."""
+        fc, block = model.blocks[0].mlp.fc, model.blocks[0]
+
+        def on_fc(layer, inputs, output):
+            self.seen.update(forward_params=dtype_name(layer.weight.dtype), compute=dtype_name(output.dtype))
+            handles[0].remove()
+
+        def on_block(layer, inputs, output):
+            self.seen["activations"] = dtype_name(output.dtype)
+            handles[1].remove()
+
+        handles = [fc.register_forward_post_hook(on_fc), block.register_forward_post_hook(on_block)]
+
+    def observed_numerics(self) -> dict:
+        """What this worker saw (None: not observable): DataParallel and the sharded optimizers reduce the
+        .grad tensors as they are; the optimizer updates the fp32 master weights of O2 (multi_precision),
+        else the parameters themselves."""
+        params = self.gpt.parameters()
+        masters = getattr(self.adamw, "_master_weights", None) or {}
+        state = self.adamw.state_dict()
+        updated = joined(t.dtype for t in masters.values()) or joined(p.dtype for p in params)
+        return {
+            **self.seen,
+            "grad_reduce": None
+            if self.world_size == 1
+            else joined(p.grad.dtype for p in params if p.grad is not None),
+            "master_weights": updated and master_weights(self.cfg.precision, updated),
+            "optimizer_state": joined(
+                t.dtype for k, t in state.items() if "moment" in k and isinstance(t, paddle.Tensor)
+            ),
+            "loss_scaling": "dynamic" if self.scaler else "none",
+            "tf32": self.tf32_settings["paddle.base.core.set_cublas_switch"],
+        }
+
     def autocast(self):
-        if not self.amp_dtype:
+        if not (self.amp_dtype and self.amp_level):  # both or neither
             return nullcontext()
         return paddle.amp.auto_cast(enable=True, level=self.amp_level, dtype=self.amp_dtype)
 
@@ -204,16 +272,22 @@ class FleetTrainer(Trainer):
 
     def math_mode(self) -> dict:
         """Whether cuBLAS runs fp32 matmuls in TF32: Paddle's cuBLAS TF32 switch (phi's allow_tf32_cublas,
-        on by default in CUDA builds; paddle.base.core.set/get_cublas_switch, no FLAGS_ entry; not changed
-        here), on a GPU of compute capability 8.0+, unless NVIDIA_TF32_OVERRIDE=0 turns TF32 off in cuBLAS."""
-        if self.cfg.device != "cuda":
-            return {"tf32": None}
-        switch = bool(paddle.base.core.get_cublas_switch())
-        capable = tuple(paddle.device.cuda.get_device_capability()) >= (8, 0)
-        return {
-            "tf32": switch and capable and os.environ.get("NVIDIA_TF32_OVERRIDE") != "0",
-            "tf32_setting": f"paddle.base.core.get_cublas_switch()={switch}",
+        on by default in CUDA builds; paddle.base.core.set/get_cublas_switch, no FLAGS_ entry), as this
+        worker set it by the rule (apply_tf32_rule: off unless an fp32 run asked for --tf32), on a GPU of
+        compute capability 8.0+, unless NVIDIA_TF32_OVERRIDE=0 turns TF32 off in cuBLAS; None on a CPU. With
+        the numerics the adapter states, checked against what this worker saw."""
+        settings = {n: bool(paddle_switch(n.replace(".set_", ".get_"))()) for n in self.tf32_settings}
+        mode: dict[str, object] = {
+            "tf32": None,
+            "tf32_setting": ", ".join(f"{k.replace('.set_', '.get_')}()={v}" for k, v in settings.items()),
         }
+        if self.cfg.device == "cuda":
+            capable = tuple(paddle.device.cuda.get_device_capability()) >= (8, 0)
+            switch = settings["paddle.base.core.set_cublas_switch"]
+            mode["tf32"] = switch and capable and os.environ.get("NVIDIA_TF32_OVERRIDE") != "0"
+        stated = get_backend(self.cfg.backend).numerics(self.cfg).record(self.cfg)
+        mode["numerics"] = checked(stated, self.observed_numerics(), f"{self.cfg.backend} rank {self.rank}")
+        return mode
 
     def reset_peak_memory(self) -> None:
         if self.cfg.device == "cuda":

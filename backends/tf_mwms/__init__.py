@@ -22,6 +22,7 @@ from backends.base import (
     worker_python,
 )
 from core.config import InvalidConfig
+from core.precision import LOW_PRECISIONS, autocast_numerics
 from core.process import Process, free_port
 
 COLLECTIVES = ("auto", "ring", "nccl")
@@ -178,6 +179,19 @@ class TFMultiWorkerMirrored(Backend[TFOptions]):
         """What MWMS is handed and what it resolves it to (communication), and what the attention costs in
         memory (attention_memory; analytic): the two ways TF differs from the other stacks on a GPU."""
         return {"communication": communication_settings(cfg), "attention": attention_memory(cfg)}
+
+    def numerics(self, cfg):
+        """Keras's mixed policy (mixed_bfloat16 / mixed_float16): fp32 variables, cast inside each layer
+        as autocast casts them, but every layer's output is in the low precision, so the residual stream
+        between blocks is too; the gradients of the fp32 variables are fp32 and all-reduced as they are."""
+        if cfg.precision not in LOW_PRECISIONS:
+            return autocast_numerics(cfg)
+        policy = {"bf16": "mixed_bfloat16", "fp16": "mixed_float16"}[cfg.precision]
+        return autocast_numerics(
+            cfg,
+            f"Keras {policy} policy: fp32 variables, layer outputs in {cfg.precision}",
+            activations=cfg.precision,
+        )
 
     def comm_pattern(self, cfg):
         """Gradients of the fp32 variables (also under a mixed policy), accumulated in local buffers and

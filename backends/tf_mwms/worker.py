@@ -22,10 +22,12 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from tensorflow.python.eager import context as tf_context  # noqa: E402
 
+from backends import get_backend  # noqa: E402
 from backends.comm_trace import TF_OPS, tf_collectives  # noqa: E402
 from backends.loop import Trainer, cpu_name  # noqa: E402
 from backends.tf_mwms import TFOptions, communication  # noqa: E402
 from core.config import RunConfig  # noqa: E402
+from core.precision import checked, dtype_name, master_weights, tf32_switches  # noqa: E402
 from workloads.tf_model import GPT, make_optimizer  # noqa: E402
 
 # The profiler's host tracer at level 1 (critical events, the collective kernels among them) and no Python or
@@ -60,6 +62,28 @@ def sync_worker_devices(strategy) -> None:
         tf_context.async_wait()
 
 
+def tf_switch(name: str):
+    """The function a switch is named by in core.precision ("tf.config.experimental....")."""
+    obj = tf
+    for part in name.split(".")[1:]:
+        obj = getattr(obj, part)
+    return obj
+
+
+def apply_tf32_rule(cfg: RunConfig) -> dict[str, bool]:
+    """Set TensorFlow's TF32 switch (cuBLAS and cuDNN; on by default) as core.precision decides for this
+    run, on a CPU too, where it changes nothing; returns it as TensorFlow reads it back."""
+    switches = tf32_switches("tensorflow", cfg)
+    for name, value in switches.items():
+        tf_switch(name)(value)
+    return {name: bool(tf.config.experimental.tensor_float_32_execution_enabled()) for name in switches}
+
+
+def joined(dtypes) -> str | None:
+    names = sorted({dtype_name(d) for d in dtypes})
+    return "/".join(names) or None
+
+
 def nbytes(variable) -> int:
     return int(np.prod(variable.shape)) * tf.as_dtype(variable.dtype).size
 
@@ -74,6 +98,7 @@ class MWMSTrainer(Trainer):
         tf.config.threading.set_inter_op_parallelism_threads(1)
         if cfg.precision in POLICIES:  # fp32 variables, bf16/fp16 compute; the loss is computed in fp32
             keras.mixed_precision.set_global_policy(POLICIES[cfg.precision])
+        self.tf32 = any(apply_tf32_rule(cfg).values())
         opts = TFOptions.from_dict(cfg.backend_options)
         self.strategy = tf.distribute.MultiWorkerMirroredStrategy(
             communication_options=communication_options(cfg)
@@ -217,16 +242,46 @@ class MWMSTrainer(Trainer):
         }
 
     def math_mode(self) -> dict:
-        """Whether fp32 matmuls run in TF32: TensorFlow's switch (on by default; not changed here), on a GPU
-        of compute capability 8.0+, unless NVIDIA_TF32_OVERRIDE=0 turns TF32 off in cuBLAS itself."""
-        gpus = tf.config.list_physical_devices("GPU")
-        if not gpus:
-            return {"tf32": None}
+        """Whether fp32 matmuls run in TF32: TensorFlow's switch (on by default), as this worker set it by
+        the rule (apply_tf32_rule: off unless an fp32 run asked for --tf32), on a GPU of compute capability
+        8.0+, unless NVIDIA_TF32_OVERRIDE=0 turns TF32 off in cuBLAS itself; None on a CPU. With the
+        numerics the adapter states, checked against what this worker saw."""
         switch = tf.config.experimental.tensor_float_32_execution_enabled()
-        capability = tf.config.experimental.get_device_details(gpus[0]).get("compute_capability", (0, 0))
+        setting = f"tf.config.experimental.tensor_float_32_execution_enabled()={switch}"
+        mode: dict[str, object] = {"tf32": None, "tf32_setting": setting}
+        gpus = tf.config.list_physical_devices("GPU")
+        if gpus:
+            capability = tf.config.experimental.get_device_details(gpus[0]).get("compute_capability", (0, 0))
+            capable = tuple(capability) >= (8, 0) and os.environ.get("NVIDIA_TF32_OVERRIDE") != "0"
+            mode["tf32"] = switch and capable
+        stated = get_backend(self.cfg.backend).numerics(self.cfg).record(self.cfg)
+        mode["numerics"] = checked(stated, self.observed_numerics(), f"{self.cfg.backend} rank {self.rank}")
+        return mode
+
+    def observed_numerics(self) -> dict:
+        """What this worker sees of its numerics (None: not observable): the first block and its first MLP
+        matmul called once on zeros (after the measured steps) give the matmul's and the residual stream's
+        dtypes under the mixed policy; the variables' dtype is what forward holds before Keras casts it
+        inside each layer; the step's traced graph gives the dtype its collectives reduce."""
+        d = self.cfg.spec.d_model
+        block = self.model.blocks[0]
+        compute = block.mlp.fc(tf.zeros((1, d))).dtype
+        activations = block(tf.zeros((1, 1, d))).dtype
+        batch = tf.TensorSpec((self.cfg.micro_batch, self.cfg.spec.seq_len), tf.int64)
+        graph = self.apply.get_concrete_function(batch, batch).graph
+        reduced = [op.inputs[0].dtype for op in graph.get_operations() if op.type in TF_OPS and op.inputs]
+        inner = getattr(self.optimizer, "inner_optimizer", self.optimizer)
+        moments = [v for v in inner.variables if any(k in v.path for k in ("momentum", "velocity"))]
+        updated = joined(v.dtype for v in self.model.trainable_variables)
         return {
-            "tf32": switch and tuple(capability) >= (8, 0) and os.environ.get("NVIDIA_TF32_OVERRIDE") != "0",
-            "tf32_setting": f"tf.config.experimental.tensor_float_32_execution_enabled()={switch}",
+            "compute": dtype_name(compute),
+            "forward_params": dtype_name(block.mlp.fc.kernel.dtype),
+            "activations": dtype_name(activations),
+            "grad_reduce": joined(reduced) if self.world_size > 1 else None,
+            "master_weights": updated and master_weights(self.cfg.precision, updated),
+            "optimizer_state": joined(v.dtype for v in moments),
+            "loss_scaling": "dynamic" if inner is not self.optimizer else "none",  # LossScaleOptimizer
+            "tf32": self.tf32,
         }
 
     def reset_peak_memory(self) -> None:

@@ -2,7 +2,9 @@
 
 Parameters, gradients and AdamW state are all sharded (ZeRO-3 in FSDP's terms). bf16/fp16 go through FSDP's
 MixedPrecisionPolicy: the sharded parameters, gradients and moments stay fp32, and FSDP casts parameters to
-the low precision when it all-gathers them, so the collectives move low-precision elements.
+the low precision when it all-gathers them, so the gathers move low-precision elements and all of forward
+runs in it (param_dtype; no autocast); gradients are reduce-scattered in fp32 (reduce_dtype), as the
+suite's bf16 definition (core.precision) and torchtitan's default have it, unless --fp32-reduce off.
 """
 
 import math
@@ -10,6 +12,7 @@ from dataclasses import dataclass
 
 from backends.base import Backend, CommPattern, CommTerm, Options, on_off, option, torchrun
 from core.config import RunConfig
+from core.precision import LOW_PRECISIONS, autocast_numerics
 
 ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 EMBEDDINGS = ("tok_emb", "pos_emb")
@@ -38,11 +41,16 @@ class FSDPOptions(Options):
         "less memory), or keep them (off)",
     )
     fp32_reduce: bool = option(
-        False, "--fp32-reduce", help="with bf16/fp16: reduce-scatter gradients in fp32 (reduce_dtype)"
+        True,
+        "--fp32-reduce",
+        choices=("on", "off"),
+        parse=on_off,
+        help="with bf16/fp16: reduce-scatter gradients in fp32 (on, reduce_dtype=fp32: the suite's "
+        "definition) or in the low precision (off: half the bytes)",
     )
 
 
-class TorchFSDP(Backend):
+class TorchFSDP(Backend[FSDPOptions]):
     name = "torch-fsdp"
     framework = "torch"
     launcher = "torchrun"
@@ -58,7 +66,28 @@ class TorchFSDP(Backend):
         return (
             self.name
             + ("" if opts.reshard_after_forward else "-noreshard")
-            + ("-fp32reduce" if opts.fp32_reduce and cfg.precision != "fp32" else "")
+            + (f"-{cfg.precision}reduce" if self.reduce_bytes(cfg) == 2 else "")
+        )
+
+    def reduce_bytes(self, cfg) -> int:
+        """Element bytes of the gradients' reduce-scatter: fp32 unless a low-precision run turned
+        --fp32-reduce off."""
+        low = cfg.precision in LOW_PRECISIONS
+        return ELEMENT_BYTES[cfg.precision] if low and not self.options(cfg).fp32_reduce else 4
+
+    def numerics(self, cfg):
+        """MixedPrecisionPolicy(param_dtype) casts each unit's parameters as it gathers them, with autocast
+        off: every forward op, LayerNorm and the residual stream included, runs in the low precision."""
+        if cfg.precision not in LOW_PRECISIONS:
+            return autocast_numerics(cfg)
+        reduce = "fp32" if self.reduce_bytes(cfg) == 4 else cfg.precision
+        return autocast_numerics(
+            cfg,
+            f"FSDP2 MixedPrecisionPolicy(param_dtype={cfg.precision}, reduce_dtype={reduce}), no autocast",
+            forward_params=cfg.precision,
+            activations=cfg.precision,
+            grad_reduce=reduce,
+            why={"grad_reduce": "--fp32-reduce off"},
         )
 
     def sharding(self, cfg):
@@ -81,9 +110,7 @@ class TorchFSDP(Backend):
             (
                 CommTerm("all_gather", root, gather, cfg.grad_accum, "root parameters (embeddings, ln_f)"),
                 CommTerm("all_gather", blocks, gather, block_gathers * cfg.grad_accum, "block parameters"),
-                CommTerm(
-                    "reduce_scatter", sum(numels.values()), 4 if opts.fp32_reduce else gather, 1, "gradients"
-                ),
+                CommTerm("reduce_scatter", sum(numels.values()), self.reduce_bytes(cfg), 1, "gradients"),
             )
         )
 

@@ -34,6 +34,14 @@ def peak_precision(precision: str, tf32: bool | None) -> str:
     return "tf32" if precision == "fp32" and tf32 else precision
 
 
+def run_numerics(ranks: list[dict]) -> dict | None:
+    """The numerics the run's workers recorded (core.precision: the adapter's, checked by each worker
+    against what it observed, so every ok rank holds the same): the first rank's; None for a record
+    from before workers recorded them."""
+    recorded = ((r.get("math_mode") or {}).get("numerics") for r in ranks)
+    return next((n for n in recorded if n), None)
+
+
 def device_peak_flops(device_name: str | None, precision: str) -> float | None:
     """Peak FLOP/s for this exact device and precision (peak_precision's), or None when unknown (a CPU, an
     unlisted GPU): never guessed."""
@@ -127,7 +135,7 @@ def measured_comm(ranks: list[dict], world: int, terms: list[dict]) -> dict | No
         wired = ranks_with(lambda t: t.get("wire"))
         if wired:
             return wire_comm(wired, traces, world, terms)
-        reasons = {t.get("reason") for t in traces} - {None}
+        reasons = {t["reason"] for t in traces if t.get("reason") is not None}
         return {"method": None, "reason": "; ".join(sorted(reasons)) or "not traced"}
     traced, traced_ids = list(traced_by_rank.values()), list(traced_by_rank)
     steps = traced[0]["steps"]
@@ -357,6 +365,7 @@ def summarize(record: dict) -> dict:
         "device_peak_flops": peak,
         "device_peak_precision": peak_kind if peak else None,
         "tf32": sorted(tf32_states, key=str)[0] if len(tf32_states) == 1 else None,
+        "numerics": run_numerics(ranks),
         "mfu": mfu,
         "peak_rss_bytes": rank_max("memory", "peak_rss"),
         "minor_faults_per_step": max(

@@ -20,10 +20,12 @@ from pathlib import Path
 import pandas as pd
 
 from backends import all_backends
+from core.precision import DEFINITION_TEXT
 from core.records import DEFAULT_OUT, load_records, write_atomic
 from harness.analyze.analysis import DEFAULT_NOISE_CV, aggregate, contexts, runs_table
 from harness.analyze.collectives import commbench_aggregate, commbench_rows
 from harness.analyze.export import write_github_benchmark, write_tensorboard
+from harness.analyze.metrics import run_numerics
 from harness.analyze.predictions import measured_beside, prediction_figures, prediction_rows
 from harness.analyze.summary import fmt_bytes
 from harness.usage import EXIT_OK, UsageError, fraction, positive
@@ -134,6 +136,50 @@ def scaling_table(agg: pd.DataFrame) -> Table:
             ]
         )
     return Table(SCALING_HEADERS, rows)
+
+
+NUMERICS_HEADERS = [
+    "backend",
+    "matmuls",
+    "parameters in forward",
+    "residual stream",
+    "gradient reduction",
+    "master weights",
+    "optimizer state",
+    "TF32",
+    "how",
+    "deviations from the definition",
+]
+
+
+def numerics_table(ctx: dict, labels: list[str], runs: pd.DataFrame, by_id: dict[str, dict]) -> Table:
+    """What each backend of a context ran in which dtype, as its workers recorded and checked it
+    (core.precision), one row per label: from its first ok run; 'not recorded' for older records."""
+    in_context = runs[(runs["status"] == "ok")]
+    for key, want in ctx.items():
+        in_context = in_context[in_context[key].astype(str) == str(want)]
+    rows = []
+    for label in labels:
+        ids = in_context.loc[in_context["label"] == label, "run_id"]
+        n = next((x for x in (run_numerics(by_id[i].get("ranks", [])) for i in ids) if x), None)
+        if n is None:
+            rows.append([label, *["not recorded"] + [""] * (len(NUMERICS_HEADERS) - 2)])
+            continue
+        rows.append(
+            [
+                label,
+                n["compute"],
+                n["forward_params"],
+                n["activations"],
+                n["grad_reduce"],
+                n["master_weights"],
+                n["optimizer_state"],
+                "on" if n["tf32"] else "off",
+                n["mechanism"],
+                "; ".join(n["deviations"]) or "none",
+            ]
+        )
+    return Table(NUMERICS_HEADERS, rows)
 
 
 def figures(agg: pd.DataFrame) -> list[Figure]:
@@ -404,8 +450,14 @@ def build(records: list[dict], at_gpus: int | None, noise_cv: float, with_figure
             "(framework runtime included); MFU is n/a (no device peak for a CPU)."
         )
     sections = [intro, environment_section(records)]
+    by_id = {r["run_id"]: r for r in records}
     for ctx, g in contexts(agg):
         sec = Section(f"Scaling: {context_title(ctx)}", 2, [scaling_table(g)])
+        sec.blocks += [
+            f"Numerics each backend ran, as its workers recorded and checked them. The definition: "
+            f"{DEFINITION_TEXT}.",
+            numerics_table(ctx, list(dict.fromkeys(g["label"])), runs, by_id),
+        ]
         if with_figures:
             sec.blocks.extend(figures(g))
         sections.append(sec)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from scipy.stats import norm
@@ -85,7 +86,7 @@ def replay(durations, messages: list[Message], comm_time) -> dict:
     at a time, as NCCL serialises a communicator's calls). A segment waits for the messages it needs."""
     n = len(durations)
     start, end = np.zeros(n), np.zeros(n)
-    done = [None] * len(messages)
+    done: dict[int, float] = {}  # message index -> when its collective ends, once issued
     intervals, comm_free, clock, scheduled = [], 0.0, 0.0, 0
 
     def ready(m):
@@ -192,7 +193,9 @@ def memory(cfg: RunConfig, factor: float) -> dict:
         # the blocks kept whole from forward to backward, at its start all at once; else two blocks in
         # flight (the one computed and the one prefetched); the root; one block's full gradient
         in_flight = 0 if len(kept) == cfg.spec.n_layers else 2 * largest_block
-        gathered = (sum(kept.values()) + in_flight + root) * element + largest_block * 4
+        # gathered in the dtype the stack gathers in (FSDP2's param_dtype; fp32 under DeepSpeed's autocast)
+        gather = next(t.dtype_bytes for t in backend.comm_pattern(cfg).terms if t.op == "all_gather")
+        gathered = (sum(kept.values()) + in_flight + root) * gather + largest_block * 4
     buffers = 0.0
     if sharding == "none" and cfg.world_size > 1:
         buffers = cfg.spec.n_params * 4  # DDP/Paddle buckets and TF's pack are a copy of the gradients
@@ -229,9 +232,9 @@ def compute_durations(cfg: RunConfig, steps: Steps, profile: Profile, calib: Cal
         seconds[-1] = params * calib.optimizer_seconds_per_param[k]
     elif calib.seconds_per_flop:  # calibrated without optimizer times: the optimizer is in the FLOP rate
         seconds[-1] = 0.0
-    elif profile.hbm(corner):
+    elif hbm := profile.hbm(corner):
         scheme = "fp32" if cfg.precision == "fp32" else get_backend(cfg.backend).precision_scheme(cfg)
-        seconds[-1] = params * OPTIMIZER_BYTES_PER_PARAM[scheme] / profile.hbm(corner)
+        seconds[-1] = params * OPTIMIZER_BYTES_PER_PARAM[scheme] / hbm
     return seconds, method
 
 
@@ -242,7 +245,7 @@ def predict_point(cfg: RunConfig, profile: Profile, calib: Calibration, tokens: 
     steps = Steps(cfg)
     one = dataclasses.replace(cfg, world_size=1, nodes=1, gpus_per_node=1)
     spec = cfg.spec
-    out = {"corners": {}, "schedule": how, "messages_per_step": len(messages)}
+    out: dict[str, Any] = {"corners": {}, "schedule": how, "messages_per_step": len(messages)}
     for corner in CORNERS:
         durations, method = compute_durations(cfg, steps, profile, calib, corner)
         slowdown = pick(profile.overlap_slowdown, corner, larger_is_faster=False)
@@ -293,7 +296,7 @@ def fits(nominal: dict, slow: dict, profile: Profile) -> dict:
     if not profile.memory_bytes:
         return {"verdict": "unknown", "why": f"profile {profile.name} states no device memory"}
     terms = {k: v for k, v in nominal.items() if k != "total"}
-    dominant = max(terms, key=terms.get)
+    dominant = max(terms, key=terms.__getitem__)
     capacity = profile.memory_bytes
     if nominal["total"] > capacity:
         verdict = "no"

@@ -89,7 +89,8 @@ class Steps:
 def buckets(tensors: list[tuple[str, int]], cap_bytes: float, first_cap_bytes: float, element_bytes: int):
     """Whole tensors in the order given, a bucket closed once it holds at least its cap (the first bucket's
     cap may be smaller), as torch DDP and paddle.DataParallel fill theirs."""
-    out, current, size = [], [], 0
+    out: list[tuple[list[str], int]] = []
+    current, size = [], 0
     for name, n in tensors:
         current.append(name)
         size += n * element_bytes
@@ -153,7 +154,7 @@ def tf_mwms(cfg, steps, numels):
     ]
 
 
-def zero_chunks(total_elements: int, element_bytes: int) -> list[float]:
+def zero_chunks(total_elements: int, element_bytes: int) -> list[int]:
     full, rest = divmod(total_elements, ZERO_BUCKET_ELEMENTS)
     return [ZERO_BUCKET_ELEMENTS * element_bytes] * full + ([rest * element_bytes] if rest else [])
 
@@ -164,13 +165,14 @@ def deepspeed(cfg, steps, numels, stage, element_bytes):
     (all_gather_dp_groups: one all_gather_into_tensor per parameter group, allgather_bucket_size unused).
     Stage 3 (overlap_comm on) gathers each block's partitioned parameters ahead of its forward, one block
     ahead, and reduce-scatters gradients in reduce_bucket_size buckets as backward fills them."""
+    from backends.deepspeed_zero import module_precision
     from backends.deepspeed_zero.comm import partitioned, regathered_blocks, step_scalars
 
     n = sum(numels.values())
     reduced = steps.last_backward(steps.last)
     scalars = [  # after the gradients' reduction, before the update: nothing beside them
         Message("all_reduce", t.elements * t.dtype_bytes, reduced, steps.optimizer, t.what)
-        for t in step_scalars(stage, cfg.precision)
+        for t in step_scalars(stage, module_precision(cfg))
         for _ in range(t.per_step)
     ]
     messages = []
