@@ -118,7 +118,20 @@ def test_horovod_ranks_keep_their_own_local_rank_under_an_inherited_one(out, mon
     whose environment already has LOCAL_RANK (a torchrun or Kubernetes parent)."""
     monkeypatch.setenv("LOCAL_RANK", "7")
     rec = run_record(
-        out, "--backend", "horovod", "--gpus", "2", "--workload", "tiny", "--steps", "2", "--warmup", "1",
-        "--compute-method", "none", "--no-trace-comm", timeout=240,
+        out,
+        "--backend",
+        "horovod",
+        "--gpus",
+        "2",
+        "--workload",
+        "tiny",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--compute-method",
+        "none",
+        "--no-trace-comm",
+        timeout=240,
     )
     assert [(r["rank"], r["local_rank"]) for r in rec["ranks"]] == [(0, 0), (1, 1)]

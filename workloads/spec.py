@@ -60,7 +60,7 @@ class ModelSpec:
         Paddle store it; PyTorch's nn.Linear stores the transpose and its model file transposes on load.
         """
         d, f = self.d_model, self.d_ff
-        shapes = {"tok_emb": (self.vocab_size, d), "pos_emb": (self.seq_len, d)}
+        shapes: dict[str, tuple[int, ...]] = {"tok_emb": (self.vocab_size, d), "pos_emb": (self.seq_len, d)}
         for i in range(self.n_layers):
             p = f"blocks.{i}."
             shapes.update(

@@ -21,7 +21,7 @@ class HorovodCollectives(Collectives):
         hvd.init()
         self.device, self.device_name = rank_device(cfg, hvd.local_rank())
         self.dtype = DTYPES[self.spec.dtype]
-        self.output = None
+        self.output: torch.Tensor  # the last call's, set by call()
 
     def prepare(self, op, elements, value):
         sent, _ = message_elements(op, elements, self.world_size)  # Horovod allocates the output

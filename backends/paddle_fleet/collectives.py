@@ -5,13 +5,15 @@ reduce_scatter / all_to_all"), so the adapter offers only those there."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 import paddle
 import paddle.distributed as dist
 
 from backends.commbench import Collectives, message_elements
 from backends.paddle_fleet.worker import use_rank_device
 
-DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+DTYPES: dict[str, Literal["float32", "bfloat16"]] = {"fp32": "float32", "bf16": "bfloat16"}
 
 
 class PaddleCollectives(Collectives):

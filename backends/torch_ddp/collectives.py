@@ -72,7 +72,7 @@ class TorchCollectives(Collectives):
             torch.cuda.synchronize(self.device)
 
     def versions(self):
-        out = {"torch": torch.__version__}
+        out: dict[str, str | None] = {"torch": torch.__version__}
         if self.device.type == "cuda":
             out.update({"cuda": torch.version.cuda, "nccl": ".".join(map(str, torch.cuda.nccl.version()))})
         return out

@@ -2,6 +2,7 @@
 
 from contextlib import nullcontext
 
+from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from backends.torch_common import TorchTrainer
@@ -10,6 +11,7 @@ from workloads.torch_model import make_optimizer
 
 class DDPTrainer(TorchTrainer):
     can_skip_grad_sync = True  # no_sync() switches the gradient all-reduce off without changing the compute
+    model: DDP
 
     def __init__(self, cfg):
         super().__init__(cfg)
@@ -20,7 +22,7 @@ class DDPTrainer(TorchTrainer):
 
     def step(self, batches, sync_grads=True):
         self.optimizer.zero_grad(set_to_none=True)
-        loss = 0.0
+        loss: float | Tensor = 0.0
         for i, (x, y) in enumerate(batches):
             sync_now = sync_grads and i == len(batches) - 1
             with nullcontext() if sync_now else self.model.no_sync():

@@ -128,7 +128,7 @@ def load_runs(path) -> list[dict]:
 def load_all(paths) -> list[dict]:
     """Trimmed records from several inputs; a run reachable twice (a record and a baseline holding it)
     counts once."""
-    runs = {}
+    runs: dict[str, dict] = {}
     for p in paths:
         for run in load_runs(p):
             runs.setdefault(run["run_id"], run)

@@ -83,10 +83,10 @@ def summarize_commbench(record: dict) -> dict:
         ops.setdefault(op, {"points": []})["points"].append(entry)
     for op, entry in ops.items():
         for key, fit_key in FITS.items():  # one fit over every size a series has, pooling their calls
-            timed = [p for p in entry["points"] if key in p]
-            if len(timed) >= 2:
+            measured = [p for p in entry["points"] if key in p]
+            if len(measured) >= 2:
                 entry[fit_key] = fit_alpha_beta(
-                    [p["bytes"] for p in timed], [p[key][average(key)] for p in timed], op, world
+                    [p["bytes"] for p in measured], [p[key][average(key)] for p in measured], op, world
                 )
     return {
         "ops": ops,

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,7 +47,7 @@ from harness.usage import EXIT_FAILED, EXIT_OK, UsageError, fraction
 DEFAULT_THRESHOLD = 0.03
 DEFAULT_ALPHA = 0.05
 DEFAULT_MEMORY_THRESHOLD = 0.05
-STATISTICS = {"median": np.median, "min": np.min}
+STATISTICS: dict[str, Callable[[Sequence[float]], float]] = {"median": np.median, "min": np.min}
 # Settings and versions that, when they differ between the sides, are named next to the result: either the
 # environment changed (the comparison may be measuring it) or the work itself did.
 ENV_FIELDS = ("device_kind", "python", "cpu_count", "threads_per_worker")
@@ -98,8 +99,8 @@ def check_devices(base: list[dict], cand: list[dict]) -> None:
     """Timings from different device kinds are not a regression signal: refuse unless --force."""
     b, c = group(base, cand, any_device=True)
     for key in sorted(b.keys() & c.keys()):
-        kinds_b = {device_name(r) for r in b[key]} - {None}
-        kinds_c = {device_name(r) for r in c[key]} - {None}
+        kinds_b = {d for r in b[key] if (d := device_name(r)) is not None}
+        kinds_c = {d for r in c[key] if (d := device_name(r)) is not None}
         if kinds_b and kinds_c and not kinds_b & kinds_c:
             raise InputError(
                 f"{key.text()}: baseline ran on {', '.join(sorted(kinds_b))} but candidate on "
@@ -121,7 +122,7 @@ class Significance:
     mdc: float | None = None  # minimum detectable change (80% power at alpha), relative
 
     def describe(self) -> str:
-        if self.p_value is None:
+        if self.p_value is None or self.ci is None:  # both or neither
             return "1 run on a side: launch-to-launch spread unknown, threshold only"
         lo, hi = self.ci
         return (
@@ -260,7 +261,7 @@ def compare_memory(base_runs, cand_runs, field, label, limit) -> dict:
 def compare_collectives(base_runs, cand_runs, threshold, alpha) -> list[dict]:
     """commbench runs, gated as training runs are: per op, one value per run (its time index: the geometric
     mean over sizes of the median call time), Welch's t-test on their logarithms, the same threshold."""
-    metrics = []
+    metrics: list[dict] = []
     ops = [
         op
         for op in base_runs[0]["config"]["commbench"]["ops"]

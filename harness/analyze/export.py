@@ -91,7 +91,7 @@ def github_benchmark(agg: pd.DataFrame, runs: pd.DataFrame) -> dict[str, list[di
     over its ok repeats as `value`, their spread as `range` (throughput: min-max of the repeats) and the
     repeat count, backend sharding and commit in `extra`. Unmeasured figures (MFU on a CPU, say) are left
     out, never written as 0."""
-    out = {tool: [] for tool in TOOLS}
+    out: dict[str, list[dict]] = {tool: [] for tool in TOOLS}
     for _, row in agg.iterrows():
         name = configuration_name(row)
         members = runs[(runs[GROUP_KEYS] == row[GROUP_KEYS]).all(axis=1) & (runs["status"] == "ok")]

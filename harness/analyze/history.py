@@ -32,7 +32,7 @@ def metric_names(summary: dict) -> list[str]:
 
 
 def metric_value(summary: dict, name: str):
-    value = summary
+    value: object = summary
     for part in name.split("."):
         value = value.get(part) if isinstance(value, dict) else None
     return value

@@ -12,10 +12,11 @@ from rich.table import Table
 def fmt_bytes(n) -> str:
     if n is None:
         return "n/a"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024:
             return f"{n:.1f} {unit}"
         n /= 1024
+    return f"{n:.1f} TiB"
 
 
 def fmt(x, spec="{:.3g}") -> str:
@@ -154,8 +155,9 @@ def print_summary(record: dict, stream=None) -> None:
     if record.get("error"):
         err = record["error"]
         rows.append(("error", f"rank {err.get('rank')}: {err.get('message')}"))
-    if record.get("incident"):  # after every rank had measured: the figures stand, the trace may not
-        rows.append(("INCIDENT (after the measured steps)", incident_text(record["incident"])))
+    # After every rank had measured: the figures stand, the trace may not.
+    if incident := incident_text(record.get("incident")):
+        rows.append(("INCIDENT (after the measured steps)", incident))
     for k, v in rows:
         table.add_row(escape(k), escape(v))
     console.print(table)

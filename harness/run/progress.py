@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TextIO
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
 from backends.loop import optimizer_timed_steps
 from core.config import RunConfig
@@ -28,7 +28,7 @@ from harness.analyze.summary import incident_text
 # rank 0's line after each step (backends/loop.py): "step    3 loss 7.6021 time    123.4 ms (warm-up)"
 STEP_LINE = re.compile(r"step\s+(\d+) loss (\S+) time\s+(\S+) ms(?: \(([\w-]+)\))?")
 # the marker at the end of a step line -> the phase shown (no marker: measured)
-STEP_PHASES = {
+STEP_PHASES: dict[str | None, str] = {
     "warm-up": "warm-up",
     "compute-only": "compute-only",
     "traced": "tracing collectives",
@@ -55,8 +55,8 @@ class RunDisplay:
         self.live = live
         self.stream = stream or sys.stdout
         self.owns_progress = live and progress is None
-        self.progress = progress or (make_progress(self.stream) if live else None)
-        self.task = None
+        self.progress = progress or (make_progress(self.stream) if live else None)  # None: plain lines
+        self.task: TaskID | None = None
         self.start = time.monotonic()
         self.lock = threading.Lock()
         self.log: Path | None = None
@@ -71,7 +71,7 @@ class RunDisplay:
 
     # ---------------------------------------------------------------------------------------- lifecycle
     def __enter__(self) -> RunDisplay:
-        if self.owns_progress:
+        if self.owns_progress and self.progress is not None:
             self.progress.start()
         self.thread.start()
         return self
@@ -112,7 +112,7 @@ class RunDisplay:
         self.name, self.total, self.done = name, total, 0
         self.phase_start = time.monotonic()
         label = f"{name} {detail}".strip()
-        if self.live:
+        if self.progress is not None:
             if self.task is not None:
                 self.progress.remove_task(self.task)
             self.task = self.progress.add_task(label, total=total or None, status="")
@@ -136,7 +136,7 @@ class RunDisplay:
         share = self.cfg.world_size if self.name == "isolated counterfactual" else 1
         tokens_per_s = self.cfg.tokens_per_step / share / (step_ms / 1e3) if step_ms > 0 else 0.0
         status = f"step {index} loss {loss:.4f} | {step_ms:.1f} ms | {tokens_per_s:,.0f} tokens/s"
-        if self.live:
+        if self.progress is not None and self.task is not None:
             self.progress.update(self.task, completed=self.done, status=status)
             return
         every = max(1, self.total // PLAIN_LINES_PER_PHASE) if self.total else 1
@@ -153,7 +153,7 @@ class RunDisplay:
         if self.muted:
             return
         try:
-            if self.live:
+            if self.progress is not None:
                 self.progress.console.print(text)
             else:
                 print(f"[{clock(time.monotonic() - self.start)}] {text}", file=self.stream, flush=True)

@@ -16,6 +16,7 @@ import socket
 import statistics
 import tempfile
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
 from backends.base import Backend, LaunchPlan
@@ -280,8 +281,9 @@ def gather_isolated(
     errors = [m["isolated_error"] for m in markers if m and m.get("isolated_error")]
     records = []
     for k in range(cfg.world_size):
-        launches = [gather_ranks(isolated_dir(run_dir, k, r), 1).get(0) for r in range(cfg.isolated_repeats)]
-        if errors or any(rec is None or rec.get("status") != "ok" for rec in launches):
+        launched = [gather_ranks(isolated_dir(run_dir, k, r), 1).get(0) for r in range(cfg.isolated_repeats)]
+        launches = [rec for rec in launched if rec is not None and rec.get("status") == "ok"]
+        if errors or len(launches) < len(launched):
             return [], "; ".join(
                 errors
             ) or f"isolated counterfactual records missing or failed; see {run_dir}"
@@ -293,7 +295,7 @@ def gather_isolated(
     return records, None
 
 
-def environment(cfg: RunConfig, ranks: list[dict], argv: list[str], started: str) -> dict:
+def environment(cfg: RunConfig, ranks: list[dict], argv: list[str], started: str | None) -> dict:
     first = next((r for r in ranks if r.get("versions")), {})
     devices = sorted({r["device"] for r in ranks if r.get("device")})
     return {
@@ -325,16 +327,17 @@ def execute(
     sweep: dict | None = None,
     run_id: str | None = None,
     display: RunDisplay | NoDisplay = NO_DISPLAY,
-) -> dict | None:
-    """Run this node's share of `cfg` (all of a one-node run). Node 0 then writes the run record to
-    out_dir/<run_id>.json and returns it; another node returns None. `sweep` ({"id", "repeat"}) ties the run
-    to the sweep that launched it; None for a single `harness run`. `display` is told each phase."""
+) -> dict:
+    """Run node 0's share of `cfg` (all of a one-node run), then write the run record to
+    out_dir/<run_id>.json and return it; another node's harness calls run_node (node 0 writes the record).
+    `sweep` ({"id", "repeat"}) ties the run to the sweep that launched it; None for a single `harness run`.
+    `display` is told each phase."""
     if cfg.nodes > 1 and not run_id:
         raise ValueError("a multi-node run needs a run id every node agrees on; a random one would split it")
+    if cfg.node_rank != 0:
+        raise ValueError("execute() runs node 0; another node calls run_node and writes no record")
     run_id = run_id or new_run_id(cfg)
     run_node(backend, cfg, Path(out_dir) / "logs" / run_id, argv, display)
-    if cfg.node_rank != 0:
-        return None
     display.phase("writing the record")
     return write_record(backend, cfg, Path(out_dir), run_id, sweep=sweep)
 
@@ -385,10 +388,10 @@ def write_record(
     result = merged_launch(markers)
     ranks = gather_ranks(run_dir, cfg.world_size)
     status, error = classify(result, ranks, cfg.world_size, run_dir)
-    if error and len(ranks) < cfg.world_size and absent_nodes(markers):
-        error["message"] += "; " + absent_nodes(markers)
+    if error and len(ranks) < cfg.world_size and (absent := absent_nodes(markers)):
+        error["message"] += "; " + absent
     incident = None
-    if status != "ok" and not cfg.commbench:
+    if status != "ok" and error is not None and not cfg.commbench:  # a failure comes with its error
         measured = gather_ranks(run_dir, cfg.world_size, ".measured")
         kept = measured_before_failure(result, ranks, measured, range(cfg.world_size))
         if kept is not None:  # every rank had measured: the failure came after, recorded as such
@@ -398,7 +401,8 @@ def write_record(
             ranks, incident = kept, {"phase": phase, "status": status, **error}
             status, error = "ok", None
 
-    isolated, comm_error = [], None
+    isolated: list[dict] = []
+    comm_error: str | None = None
     if status == "ok" and cfg.compute_method == "isolated" and cfg.world_size > 1:
         isolated, comm_error = gather_isolated(run_dir, cfg, markers)
     node0 = markers[0] or {}
@@ -460,7 +464,7 @@ def assemble_record(
     *,
     status: str = "ok",
     error: dict | None = None,
-    isolated_ranks: list[dict] = (),
+    isolated_ranks: Sequence[dict] = (),
     comm_error: str | None = None,
     incident: dict | None = None,
     launch: dict | None = None,
