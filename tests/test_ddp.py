@@ -148,8 +148,12 @@ def test_isolated_counterfactual_cross_check(out):
         "writing the record",
         "ok",
     )
+    # Two launches on a shared CPU machine: their step times differ by tens of percent from launch to
+    # launch (identical launches' sync-off steps spread 66-113 ms here), so a live check can only be gross:
+    # within a factor of two. That still fails a counterfactual that measured another workload or nothing;
+    # a subtler one (a wrong shard at N = 2 is 2x) needs recorded launches, not one live pair.
     isolated, sync_off = rec["summary"]["t_compute_s"], no_sync["summary"]["t_compute_s"]
-    assert abs(isolated / sync_off - 1) < 0.25, (isolated, sync_off)
+    assert 0.5 < isolated / sync_off < 2.0, (isolated, sync_off)
 
 
 def assert_phases(shown: str, *phases: str) -> None:
