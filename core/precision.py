@@ -149,6 +149,17 @@ def autocast_numerics(cfg: RunConfig, mechanism: str = "torch.autocast over fp32
     return dataclasses.replace(facts, **changes)
 
 
+def low_precision_module_numerics(cfg: RunConfig, mechanism: str, reason: str) -> Numerics:
+    """A stack that casts the module itself to the low precision (DeepSpeed's native bf16/fp16 section,
+    Paddle's O2): parameters in forward, the residual stream and the reduced gradients are all low
+    precision, the fp32 master weights live in the optimizer. `reason`: the option that chose it, which
+    the record names as the deviation from the definition (gradients not reduced in fp32)."""
+    low = cfg.precision
+    return autocast_numerics(
+        cfg, mechanism, forward_params=low, activations=low, grad_reduce=low, why={"grad_reduce": reason}
+    )
+
+
 def master_weights(precision: str, updated_dtype: str) -> str:
     """The master_weights fact from the dtype of the tensors the optimizer updates: in a low-precision run
     forward computes with a low-precision copy of them, so they are the master weights; in an fp32 run

@@ -22,7 +22,7 @@ from pathlib import Path
 from backends import interpreter
 from backends.base import WORKER_SCRIPT, Backend, LaunchPlan, Options, option, worker_python
 from backends.deepspeed_zero.comm import stage3_settings, zero_comm_pattern
-from core.precision import LOW_PRECISIONS, autocast_numerics
+from core.precision import LOW_PRECISIONS, autocast_numerics, low_precision_module_numerics
 from core.process import Process
 
 STAGES = (0, 1, 2, 3)
@@ -160,13 +160,10 @@ class DeepSpeed(Backend[DeepSpeedOptions]):
         if not native_low_precision(cfg):
             return autocast_numerics(cfg, "DeepSpeed torch_autocast section over fp32 parameters")
         low = cfg.precision
-        return autocast_numerics(
+        return low_precision_module_numerics(
             cfg,
             f"DeepSpeed {low} section: {low} module, fp32 master weights in the optimizer",
-            forward_params=low,
-            activations=low,
-            grad_reduce=low,
-            why={"grad_reduce": "--ds-mixed-precision native: DeepSpeed reduces the module's gradients"},
+            "--ds-mixed-precision native: DeepSpeed reduces the module's gradients",
         )
 
     def sharding(self, cfg):

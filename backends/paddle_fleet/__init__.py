@@ -21,7 +21,7 @@ from backends.base import (
     option,
     worker_python,
 )
-from core.precision import autocast_numerics
+from core.precision import autocast_numerics, low_precision_module_numerics
 from core.process import Process
 
 SHARDING = {0: "none", 1: "optimizer", 2: "gradients", 3: "parameters"}
@@ -87,13 +87,10 @@ class PaddleFleet(Backend[PaddleOptions]):
         if not self.master_weights(cfg):
             return autocast_numerics(cfg, "paddle.amp.auto_cast O1 over fp32 parameters")
         low = cfg.precision
-        return autocast_numerics(
+        return low_precision_module_numerics(
             cfg,
             f"paddle.amp.decorate O2: {low} parameters, fp32 master weights in the optimizer",
-            forward_params=low,
-            activations=low,
-            grad_reduce=low,
-            why={"grad_reduce": "--amp-level O2: Paddle reduces the gradients of its low-precision weights"},
+            "--amp-level O2: Paddle reduces the gradients of its low-precision weights",
         )
 
     def sharding(self, cfg):
