@@ -8,6 +8,7 @@ launches real multi-process training runs (`slow` marks the long ones).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -49,11 +50,19 @@ def out(tmp_path) -> Path:
     return tmp_path / "results"
 
 
+MACHINE_TESTS = "DISTBENCH_MACHINE_TESTS"
+
+
 def pytest_collection_modifyitems(items):
-    """Every test that is not a unit test is an integration test."""
+    """Every test that is not a unit test is an integration test. Tests that change the machine (`machine`:
+    they install packages or edit /etc/hosts) run only where the environment asks for them (.ci/run does, on
+    its throw-away machine), so a plain `pytest` on a developer's machine leaves it as it was."""
+    opted_in = os.environ.get(MACHINE_TESTS) == "1"
     for item in items:
         if not item.get_closest_marker("unit"):
             item.add_marker(pytest.mark.integration)
+        if item.get_closest_marker("machine") and not opted_in:
+            item.add_marker(pytest.mark.skip(reason=f"changes this machine: set {MACHINE_TESTS}=1 to run it"))
 
 
 @pytest.fixture(autouse=True)

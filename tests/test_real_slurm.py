@@ -16,6 +16,8 @@ from processes import leftovers
 
 from core.records import load_record
 
+pytestmark = pytest.mark.machine  # installs Slurm and munge, adds node names to /etc/hosts
+
 SCRIPT = REPO / "scripts" / "local_slurm.sh"
 RUN = "--device cpu --steps 3 --warmup 1 --threads-per-worker 1 --compute-method none --no-trace-comm".split()
 BACKENDS = ["torch-ddp", "torch-fsdp", "deepspeed", "horovod", "tf-mwms", "paddle-fleet"]  # ~2 min in all
