@@ -491,9 +491,10 @@ def judge_device_contract(records: dict[str, dict], gpu_names: list[str], device
 
 def judge_world1(probe: dict | None, device: str) -> list[Verdict]:
     """The world-1 probe: its profiled all-reduces read by torch_collectives (bytes known), and commbench's
-    bursts with their outputs checked as commbench checks them. On a GPU over NCCL; on the CPU rehearsal
-    the same probe runs over gloo, which proves its plumbing but not NCCL (NOT CHECKED, with what it saw)."""
-    names = ("trace-nccl-world1", "commbench-nccl-bursts")
+    torch collectives with their outputs checked as commbench checks them. On a GPU over NCCL; on the CPU
+    rehearsal the same probe runs over gloo, which proves its plumbing but not NCCL (NOT CHECKED, with what
+    it saw)."""
+    names = ("trace-nccl-world1", "commbench-nccl-world1")
     if probe is None or probe.get("error"):
         why = (probe or {}).get("error") or "the world-1 probe wrote no result"
         return [Verdict(FAIL, n, why[:300]) for n in names]
@@ -501,18 +502,18 @@ def judge_world1(probe: dict | None, device: str) -> list[Verdict]:
     if trace.outcome == PASS and device == "cuda":
         seen = probe.get("kernels") or "none (NCCL may launch none at world 1)"
         trace.text += f"; NCCL kernels seen: {seen}"
-    bursts = probe.get("bursts") or {}
-    bad = [f"{op}: {b['error']}" for op, b in bursts.items() if b.get("error")]
-    if not bursts or bad:
-        burst = Verdict(FAIL, names[1], "; ".join(bad) or "no burst ran")
+    timed = probe.get("commbench") or {}
+    bad = [f"{op}: {b['error']}" for op, b in timed.items() if b.get("error")]
+    if not timed or bad:
+        bench = Verdict(FAIL, names[1], "; ".join(bad) or "no commbench call ran")
     else:
-        burst = Verdict(
+        bench = Verdict(
             PASS,
             names[1],
-            ", ".join(f"{op} {b['us']:.1f} us" for op, b in bursts.items())
+            ", ".join(f"{op} {b['us']:.1f} us" for op, b in timed.items())
             + " per 256 KiB call (least of 5), outputs checked",
         )
-    verdicts = [trace, burst]
+    verdicts = [trace, bench]
     if device != "cuda":
         for v in verdicts:
             if v.outcome == PASS:
@@ -897,7 +898,7 @@ def run_all(ctx: Context) -> int:
             "ddp-gloo-2ranks-1gpu",
             "trace-gloo",
             "trace-nccl-world1",
-            "commbench-nccl-bursts",
+            "commbench-nccl-world1",
             "peak-reset-after-warmup",
         ):
             ctx.say(Verdict(NOT_CHECKED, n, skip))
@@ -1000,11 +1001,11 @@ def probe_gloo(device: str, out: Path) -> int:
         cfg = probe_config(device, 2, micro_batch=4, steps=4, warmup=2, trace_steps=2, timeout_s=120)
         os.environ["LOCAL_RANK"] = "0"  # both ranks on device 0: the trainer picks cuda:<LOCAL_RANK>
         dist.init_process_group("gloo", timeout=timedelta(seconds=120))  # the trainer then keeps this group
-        from backends.loop import run_training
+        from backends.loop import run_to_record
         from backends.torch_ddp.worker import make_trainer
 
         trainer = make_trainer(cfg)
-        record = run_training(trainer, cfg)
+        record = run_to_record(trainer, cfg, out / f"gloo-rank{rank}.events.jsonl")
         weights = trainer.final_weights()
         digest = hashlib.sha256(b"".join(weights[k].tobytes() for k in sorted(weights))).hexdigest()
         result.update(
@@ -1031,7 +1032,7 @@ def probe_memory(device: str, out: Path) -> int:
         cfg = probe_config(device, 1, micro_batch=8, steps=3, warmup=2, timeout_s=120)
         import torch
 
-        from backends.loop import run_training
+        from backends.loop import run_to_record
         from backends.torch_ddp.worker import make_trainer
 
         trainer = make_trainer(cfg)
@@ -1045,7 +1046,7 @@ def probe_memory(device: str, out: Path) -> int:
             return step(batches, sync_grads)
 
         trainer.step = step_with_transient
-        result["record"] = run_training(trainer, cfg)
+        result["record"] = run_to_record(trainer, cfg, out.with_suffix(".events.jsonl"))
         trainer.close()
     except Exception as e:  # noqa: BLE001
         result["error"] = f"{type(e).__name__}: {e}"
@@ -1055,7 +1056,7 @@ def probe_memory(device: str, out: Path) -> int:
 
 def probe_world1(device: str, out: Path) -> int:
     """Collectives at world 1 (NCCL on a GPU; gloo on a CPU, to rehearse the probe) beside matmuls under the
-    torch profiler the workers use, read by backends.comm_trace.torch_collectives; then commbench's bursts
+    torch profiler the workers use, read by backends.torch_trace.torch_collectives; then commbench's calls
     on the same process group, each output checked as commbench checks it."""
     result: dict = {}
     try:
@@ -1067,9 +1068,9 @@ def probe_world1(device: str, out: Path) -> int:
         import torch.distributed as dist
         from torch.autograd import profiler
 
-        from backends.comm_trace import torch_collectives
-        from backends.commbench import check_output, timed_bursts
+        from backends.commbench import check_output, timed_calls
         from backends.torch_ddp.collectives import TorchCollectives
+        from backends.torch_trace import torch_collectives
 
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
         cuda = device == "cuda"
@@ -1106,18 +1107,17 @@ def probe_world1(device: str, out: Path) -> int:
         bench = TorchCollectives.__new__(TorchCollectives)  # its __init__ would start a second group
         bench.comm, bench.device, bench.dtype, bench.world_size = dist, where, torch.float32, 1
         bench.cfg = SimpleNamespace(device=device)
-        result["bursts"] = {}
+        result["commbench"] = {}
         for op in ("all_reduce", "all_gather", "reduce_scatter"):
             try:
-                burst = [bench.prepare(op, 1 << 16, 1.0) for _ in range(8)]
-                bench.call_burst(op, burst)
+                buffers = bench.prepare(op, 1 << 16, 1.0)
+                bench.call(op, buffers)
                 bench.synchronize()
-                for got in bench.burst_results(op, burst):
-                    check_output(op, got, 1 << 16, 1, "fp32")
-                times = timed_bursts(bench, op, [bench.prepare(op, 1 << 16, 0.0) for _ in range(8)], 5)
-                result["bursts"][op] = {"us": min(times) * 1e6}
+                check_output(op, bench.result(op, buffers), 1 << 16, 1, "fp32")
+                times = timed_calls(bench, op, bench.prepare(op, 1 << 16, 0.0), 5)
+                result["commbench"][op] = {"us": min(times) * 1e6}
             except Exception as e:  # noqa: BLE001
-                result["bursts"][op] = {"error": f"{type(e).__name__}: {e}"[:200]}
+                result["commbench"][op] = {"error": f"{type(e).__name__}: {e}"[:200]}
         dist.destroy_process_group()
     except Exception as e:  # noqa: BLE001
         result["error"] = f"{type(e).__name__}: {e}"

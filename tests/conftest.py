@@ -79,15 +79,17 @@ def unit_tests_start_no_process(request, monkeypatch):
 
 
 def assert_traced_steps_follow_the_schedule(rec: dict, in_order: bool = True) -> None:
-    """Each traced step of every rank issued the collectives the prediction's schedule models for this
-    configuration (harness.predict.schedule): the same ops and sizes, in the same order where `in_order`
-    (FSDP2's prefetch interleaves its gathers otherwise), so the predicted communication is the stack's."""
+    """Each traced step of every rank issued the collectives the stack's schedule declares for this
+    configuration (its adapter's `schedule`, which the prediction replays and the analytic volume sums):
+    the same ops and sizes, in the same order where `in_order` (FSDP2's prefetch interleaves its gathers
+    otherwise), so the predicted communication is the stack's."""
     from collections import Counter
 
+    from backends import get_backend
     from core.config import RunConfig
-    from harness.predict.schedule import schedule
 
-    messages, _ = schedule(RunConfig.from_dict(rec["config"]))
+    cfg = RunConfig.from_dict(rec["config"])
+    messages = get_backend(cfg.backend).schedule(cfg).messages
     expected = [(m.op, m.size_bytes) for m in messages]
     for r in rec["ranks"]:
         trace = r["comm_trace"]

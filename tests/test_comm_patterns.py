@@ -1,5 +1,6 @@
-"""The analytic communication of each stack, term by term, against volumes worked out by hand: what each
-really sends under gradient accumulation, ZeRO-3's persistence and reuse settings and FSDP2's root."""
+"""The analytic communication of each stack (its schedule's terms summed), against volumes worked out by
+hand: what each really sends under gradient accumulation, ZeRO-3's persistence and reuse settings, the ZeRO
+optimizer's scalars and FSDP2's root."""
 
 import dataclasses
 
@@ -68,23 +69,27 @@ def test_horovod_fp16_compression_halves_the_bytes():
 
 def test_zero1_reduces_at_the_boundary_zero2_every_micro_batch():
     # DeepSpeed 0.19 reduces gradients with an all-reduce (2(N-1)/N = 1 of 4 B x TINY at N=2; the collective
-    # trace shows c10d::allreduce_ of every element), then all-gathers the updated parameters ((N-1)/N = 1/2)
-    assert volume("deepspeed", accum=3, zero_stage=1) == pytest.approx(TINY * 4 * (1 + 0.5))
-    assert volume("deepspeed", accum=3, zero_stage=2) == pytest.approx(TINY * 4 * (3 + 0.5))
+    # trace shows c10d::allreduce_ of every element), then all-gathers the updated parameters ((N-1)/N = 1/2);
+    # and once a step all-reduces two fp32 gradient-norm scalars (8 B at N=2)
+    norms = 2 * 4
+    assert volume("deepspeed", accum=3, zero_stage=1) == TINY * 4 * (1 + 0.5) + norms
+    assert volume("deepspeed", accum=3, zero_stage=2) == TINY * 4 * (3 + 0.5) + norms
     # bf16 under torch_autocast (the default) keeps fp32 parameters and gradients: the same bytes as fp32;
-    # a native bf16 module halves them
-    assert volume("deepspeed", accum=3, zero_stage=2, precision="bf16") == pytest.approx(TINY * 4 * (3 + 0.5))
-    assert volume(
-        "deepspeed", accum=3, zero_stage=2, precision="bf16", mixed_precision="native"
-    ) == pytest.approx(TINY * 2 * (3 + 0.5))
+    # a native bf16 module halves them, and adds a 1-byte overflow flag
+    assert volume("deepspeed", accum=3, zero_stage=2, precision="bf16") == TINY * 4 * (3 + 0.5) + norms
+    assert (
+        volume("deepspeed", accum=3, zero_stage=2, precision="bf16", mixed_precision="native")
+        == TINY * 2 * (3 + 0.5) + norms + 1
+    )
 
 
 def test_zero3_gathers_partitioned_tensors_per_micro_batch_and_persistent_ones_per_step():
     # tok_emb is the only tensor over the persistence threshold: one gather of it per micro-batch (reused in
     # backward); the persistent rest is gathered once after each optimizer step (its update is partitioned);
-    # and a reduce-scatter of every gradient per micro-batch
-    assert volume("deepspeed", accum=2, zero_stage=3) == pytest.approx(
-        0.5 * 4 * (2 * TINY_TOK_EMB + (TINY - TINY_TOK_EMB) + 2 * TINY)
+    # a reduce-scatter of every gradient per micro-batch; two fp64 gradient-norm scalars all-reduced a step
+    assert (
+        volume("deepspeed", accum=2, zero_stage=3)
+        == 0.5 * 4 * (2 * TINY_TOK_EMB + (TINY - TINY_TOK_EMB) + 2 * TINY) + 2 * 8
     )
 
 

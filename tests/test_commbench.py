@@ -14,15 +14,15 @@ import pytest
 from conftest import harness
 from processes import leftovers
 
-from backends.commbench import BURST_CALLS, WrongResult, check_output, expected_output
+from backends.commbench import WrongResult, check_output, expected_output
+from core.config import CommbenchSpec
+from core.records import load_records
 from harness.analyze.baseline import trim
 from harness.analyze.collectives import (
     call_time,
     commbench_rows,
     fit_alpha_beta,
-    matched_comm,
     op_time_index,
-    predicted_comm,
     summarize_commbench,
 )
 from harness.analyze.compare import compare_runs
@@ -235,7 +235,7 @@ OFFERED = {  # torch-fsdp's are torch-ddp's: the same module (torch_ddp/collecti
 def test_every_stack_s_collectives_are_timed_checked_and_recorded(backend, out):
     """Each stack's own API, through its own launcher: every op it offers here, at every size, on both
     ranks, each checked against the known answer first (a wrong one would fail the run)."""
-    record = commbench(out, "--backend", backend, *SMALL, "--under-load")
+    record = commbench(out, "--backend", backend, *SMALL)
     assert record["kind"] == "commbench" and record["status"] == "ok", record.get("error")
     ops = record["summary"]["ops"]
     assert len(ops) == OFFERED[backend] == len(record["config"]["commbench"]["ops"])
@@ -245,13 +245,7 @@ def test_every_stack_s_collectives_are_timed_checked_and_recorded(backend, out):
             assert p["time_s"]["n"] == 3 and p["busbw_Bps"] == pytest.approx(
                 p["bytes"] / p["time_s"]["median"] * bus_factor(op, 2)
             )
-            assert p["time_under_load_s"]["n"] == 3  # timed beside a compute thread too
-            assert p["time_burst_s"]["n"] == p["time_burst_under_load_s"]["n"] == 3  # and in bursts
     assert [len(r["collectives"]) for r in record["ranks"]] == [2 * OFFERED[backend]] * 2
-    mode = {"tf-mwms": "sequential", "paddle-fleet": "sequential", "horovod": "async, fused"}.get(
-        backend, "async"
-    )
-    assert [r["burst"] for r in record["ranks"]] == [{"calls": BURST_CALLS, "mode": mode}] * 2
     assert record["environment"]["versions"]
 
 
@@ -288,7 +282,6 @@ def test_commbench_records_go_to_report_results_and_compare_beside_training_reco
     proc = harness("report", out)
     assert proc.returncode == 0, proc.stderr
     assert "## Collectives (commbench)" in proc.stdout and "| torch-ddp | all_reduce |" in proc.stdout
-    assert "α µs per call in bursts" in proc.stdout
     proc = harness("results", out, "--kind", "commbench", "--csv", tmp_path / "cb.csv")
     assert proc.returncode == 0 and (tmp_path / "cb.csv").read_text().count("\n") == 1 + 2 * 2 * 2
     proc = harness(
@@ -301,8 +294,9 @@ def test_commbench_records_go_to_report_results_and_compare_beside_training_reco
 
 
 @unit
-def test_a_traced_call_is_priced_by_commbench_at_its_op_and_size():
-    """Inside the measured sizes log-log interpolation; beyond them the α-β fit."""
+def test_a_call_is_priced_by_commbench_at_its_op_and_size():
+    """Inside the measured sizes log-log interpolation between their medians; beyond them the α-β fit;
+    with one size measured, that size's median there and nothing elsewhere."""
     sizes = [1024, 4096, 16384]
     bench = summarize_commbench(synthetic_record("all_reduce", 2, sizes, [[[1e-4], [2e-4], [5e-4]]] * 2))
     assert call_time(bench, "all_reduce", 2048) == pytest.approx(np.sqrt(1e-4 * 2e-4))
@@ -311,181 +305,34 @@ def test_a_traced_call_is_priced_by_commbench_at_its_op_and_size():
         fit["alpha_s"] + (1 << 20) / fit["beta_busbw_Bps"]
     )
     assert call_time(bench, "all_gather", 2048) is None
-    assert call_time(bench, "all_reduce", 2048, under_load=True) is None  # not measured under load
-    calls = [
-        {"op": "all_reduce", "size_bytes": 4096, "time_s": t, "overlapped_s": None, "dtype": "float"}
-        for t in (6e-4, 2e-4)
-    ]
-    run = {"ranks": [{"comm_trace": {"steps": 1, "collectives": [calls[r]]}} for r in range(2)]}
-    priced = predicted_comm(run, {"summary": bench})["ops"]["all_reduce"]
-    assert priced["predicted_s_per_step"] == pytest.approx(2e-4)
-    assert priced["ratio"] == pytest.approx(3.0) and priced["least_waiting_ratio"] == pytest.approx(1.0)
+    single = summarize_commbench(synthetic_record("all_reduce", 2, [1 << 20], [[[1e-3, 3e-3, 2e-3]]] * 2))
+    assert call_time(single, "all_reduce", 1 << 20) == pytest.approx(2e-3)
+    assert call_time(single, "all_reduce", 1 << 21) is None
+
+
+EARLIER = Path(__file__).parent / "data" / "predict" / "torch-ddp"
 
 
 @unit
-def test_a_call_among_others_queued_back_to_back_is_priced_per_call_of_a_burst():
-    """Bursts are timed up to 64 KiB here: a call alone takes 1 ms, one of a burst 0.1 ms idle (medians,
-    log-log between sizes) and, beside compute, 0.2 ms of α plus S / 1 GB/s (the fit of the means). Above
-    the largest burst size, and in a record without bursts, a burst call is priced as a call alone."""
-    sizes = [1 << 10, 1 << 16, 1 << 20]
-    record = synthetic_record("all_gather", 2, sizes, [[[1e-3] * 5] * 3] * 2)
-    record["config"]["commbench"]["under_load"] = True
-    for rank in record["ranks"]:
-        for point in rank["collectives"]:
-            point["times_under_load"] = [3e-3] * 5
-            if point["bytes"] <= 1 << 16:
-                point["burst_times"] = [1e-4 + point["bytes"] / 2 / 1e9] * 5
-                point["burst_times_under_load"] = [1e-4 + point["bytes"] / 2 / 1e9] * 4 + [
-                    3e-4 + point["bytes"] / 2 / 1e9
-                ]
-    bench = summarize_commbench(record)
-    assert bench["ops"]["all_gather"]["points"][0]["time_burst_s"]["n"] == 5
-    assert "time_burst_s" not in bench["ops"]["all_gather"]["points"][2]
-    ends = [1e-4 + (1 << 9) / 1e9, 1e-4 + (1 << 15) / 1e9]  # log-log between the burst medians around it
-    assert call_time(bench, "all_gather", 1 << 12, burst=True) == pytest.approx(
-        np.exp(np.interp(12, [10, 16], np.log(ends)))
+def test_a_record_of_an_earlier_version_loads_and_reports_by_its_calls_alone(tmp_path, capsys):
+    """Records made before commbench dropped its CPU-only series hold calls timed beside a compute thread
+    (`under_load`, `times_under_load`) and 8 at a time (`burst_times`, each rank's `burst`), and a summary
+    with their figures. They still load, their settings still parse, and their figures come from the calls
+    timed alone: the summary, the prices, `harness results` and the report's table."""
+    (record,) = load_records([EARLIER], kind="commbench")
+    point = record["ranks"][0]["collectives"][0]
+    assert {"times_under_load", "burst_times"} <= set(point) and record["config"]["commbench"]["under_load"]
+    assert CommbenchSpec.from_dict(record["config"]["commbench"]).sizes[0] == 1024
+    summary = summarize_commbench(record)
+    first = summary["ops"]["all_reduce"]["points"][0]
+    assert set(first) == {"bytes", "time_s", "algbw_Bps", "busbw_Bps", "times_s"}
+    slowest = [max(r["collectives"][0]["times"][k] for r in record["ranks"]) for k in range(20)]
+    assert call_time(summary, "all_reduce", 1024) == pytest.approx(float(np.median(slowest)))
+    rows = commbench_rows([record])  # from the summary stored with the record, burst figures and all
+    assert len(rows) == 17 and rows["time_s"].iloc[0] == pytest.approx(
+        record["summary"]["ops"]["all_reduce"]["points"][0]["time_s"]["median"]
     )
-    assert call_time(bench, "all_gather", 512, burst=True) == pytest.approx(1e-4 + 256 / 1e9)  # the fit
-    assert call_time(bench, "all_gather", 1 << 12) == pytest.approx(1e-3)
-    loaded = call_time(bench, "all_gather", 1 << 12, under_load=True, burst=True)
-    assert loaded == pytest.approx(1.4e-4 + (1 << 12) / 2 / 1e9, rel=1e-6)
-    assert call_time(bench, "all_gather", 1 << 20, burst=True) == pytest.approx(1e-3)  # above the bursts
-    before_bursts = summarize_commbench(synthetic_record("all_gather", 2, sizes, [[[1e-3] * 5] * 3] * 2))
-    assert call_time(before_bursts, "all_gather", 1 << 12, burst=True) == pytest.approx(1e-3)
-    record.update(summary=bench, backend_info={"label": "torch-ddp"})  # what report and results read
-    record["config"]["device"] = "cpu"
-    rows = commbench_rows([record])
-    assert list(rows["time_burst_s"].isna()) == [False, False, True]
-    assert rows["time_burst_s"].iloc[0] == pytest.approx(ends[0])
-    assert rows["alpha_burst_s"].iloc[0] == pytest.approx(1e-4)
-
-
-@unit
-def test_calls_beside_a_compute_thread_are_priced_by_the_fit_of_their_means():
-    """Under load a call runs at once or waits for a time slice, so its times are a mixture: here 15 calls
-    of 0.4 ms and 5 of 4.4 ms at every size plus S / 1 GB/s. The median (the fast mode) would price the
-    step's calls 1 ms short each; the fit of the means gives α = 0.4 + 1 ms = 1.4 ms, β = 1 GB/s. The idle
-    series keeps its own medians and fit."""
-    sizes = [1 << 10, 1 << 16, 1 << 20, 1 << 22]
-    record = synthetic_record("all_reduce", 2, sizes, [[[1e-4 + s / 1e9] * 5 for s in sizes]] * 2)
-    record["config"]["commbench"]["under_load"] = True
-    for rank in record["ranks"]:
-        for point in rank["collectives"]:
-            wire = point["bytes"] / 1e9
-            point["times_under_load"] = [4e-4 + wire] * 15 + [4.4e-3 + wire] * 5
-    bench = summarize_commbench(record)
-    assert bench["under_load"]
-    fit = bench["ops"]["all_reduce"]["fit_under_load"]
-    assert fit["alpha_s"] == pytest.approx(1.4e-3, rel=1e-6) and fit["beta_busbw_Bps"] == pytest.approx(1e9)
-    assert call_time(bench, "all_reduce", 1 << 21, under_load=True) == pytest.approx(1.4e-3 + (1 << 21) / 1e9)
-    one_size = synthetic_record("all_reduce", 2, [1 << 20], [[[1e-3] * 5]] * 2)
-    for rank in one_size["ranks"]:
-        rank["collectives"][0]["times_under_load"] = [2e-3] * 3 + [5e-3]
-    single = summarize_commbench(one_size)  # no fit from one size: its mean, at that size only
-    assert call_time(single, "all_reduce", 1 << 20, under_load=True) == pytest.approx(2.75e-3)
-    assert call_time(single, "all_reduce", 1 << 21, under_load=True) is None
-    idle = [1e-4 + s / 1e9 for s in (1 << 20, 1 << 22)]  # log-log between the idle medians around it
-    assert call_time(bench, "all_reduce", 1 << 21) == pytest.approx(np.sqrt(idle[0] * idle[1]))
-
-
-@unit
-def test_a_run_s_calls_are_held_against_commbench_as_the_last_rank_to_arrive_saw_them():
-    """The matched cross-check. Commbench (2 ranks): idle 1 ms at 4 KiB and 2 ms at 16 KiB; under load
-    3 ms and 6 ms. The run: 3 traced steps, each an all-reduce of 4 KiB that ran beside compute (80% of
-    it) then one of 16 KiB that did not; rank 0 waited 5 ms for rank 1 in every call, so rank 1's times
-    are the calls'. Beside compute the statistic is commbench's there, a mean (3, 4, 8 ms: 5 ms); idle a
-    median (2, 2, 20 ms: 2 ms, the stalled call left out). Measured 7 ms against 3 + 2 = 5 ms priced."""
-    sizes = [4096, 16384]
-    record = synthetic_record("all_reduce", 2, sizes, [[[1e-3] * 5, [2e-3] * 5]] * 2)
-    record["config"]["commbench"]["under_load"] = True
-    for rank in record["ranks"]:
-        for point, t in zip(rank["collectives"], (3e-3, 6e-3)):
-            point["times_under_load"] = [t] * 5
-    bench = {"summary": summarize_commbench(record)}
-
-    def call(size, t, overlapped):
-        return {"op": "all_reduce", "size_bytes": size, "time_s": t, "overlapped_s": overlapped}
-
-    rank1 = [(3e-3, 2e-3), (4e-3, 2e-3), (8e-3, 20e-3)]
-    ranks = [[], []]
-    for beside, idle in rank1:
-        for r, wait in ((0, 5e-3), (1, 0.0)):
-            ranks[r] += [call(4096, beside + wait, 0.8 * (beside + wait)), call(16384, idle + wait, 0.0)]
-    run = {"ranks": [{"comm_trace": {"steps": 3, "collectives": calls}} for calls in ranks]}
-    matched = matched_comm(run, bench)
-    assert matched["statistic"] == "each call position's median or mean over steps"
-    assert (matched["calls_per_step"], matched["calls_beside_compute_per_step"]) == (2, 1)
-    assert matched["predicted_s_per_step"] == pytest.approx(5e-3)
-    assert matched["measured_s_per_step"] == pytest.approx(7e-3)
-    # a time rank 1 did not record: rank 0's (with its wait) is the only one there is, not zero
-    ranks[1][0] = {**ranks[1][0], "time_s": None}
-    assert matched_comm(run, bench)["measured_s_per_step"] == pytest.approx((8e-3 + 4e-3 + 8e-3) / 3 + 2e-3)
-    # ranks whose calls differ cannot be paired call by call
-    del ranks[0][-1]
-    assert matched_comm(run, bench) is None
-    # Horovod fuses what each cycle finds ready, so its steps differ: each call priced, the mean over steps
-    # (one rank's timeline, no overlap known: every call idle)
-    varying = [call(4096, 1e-3, None), call(16384, 3e-3, None), call(4096, 2e-3, None)]
-    run = {"ranks": [{"comm_trace": {"steps": 2, "collectives": varying}}]}
-    matched = matched_comm(run, bench)
-    assert matched["statistic"] == "mean over steps" and matched["calls_per_step"] == 1.5
-    assert matched["measured_s_per_step"] == pytest.approx(3e-3)
-    assert matched["predicted_s_per_step"] == pytest.approx(2e-3)
-
-
-@unit
-def test_the_compute_load_holds_a_core_while_the_calls_run_and_stops_after():
-    """The load is real CPU work beside the calls: its thread's own CPU clock runs while this thread only
-    sleeps, to 0.3 s (on a busy machine it gets less of a core, so the test waits longer, up to two
-    minutes), with matrix products done; and the thread is gone when the block ends."""
-    import threading
-    import time
-
-    from backends.commbench import ComputeLoad
-
-    with ComputeLoad() as load:
-        clock = time.pthread_getcpuclockid(load._thread.ident)
-        start = time.monotonic()
-        while time.clock_gettime(clock) < 0.3 and time.monotonic() < start + 120:
-            time.sleep(0.01)
-        used, wall = time.clock_gettime(clock), time.monotonic() - start
-    assert used >= 0.3 and load.products > 0, (used, load.products)
-    # Computing, it runs whenever it is scheduled: a tenth of a core even beside 19 other busy threads on
-    # two cores. A loop that sleeps between small steps stays far below.
-    assert used >= 0.1 * wall, (used, wall)
-    assert not any(t.name == "commbench-load" for t in threading.enumerate())
-
-
-@unit
-@pytest.mark.parametrize("flags, expected", [([], False), (["--under-load"], True)])
-def test_commbench_times_calls_under_load_when_asked(flags, expected):
-    """Idle calls only by default (the nccl-tests figures, in the time the issue allows); --under-load adds
-    the times beside a compute thread that the local prediction profile prices with."""
-    from harness.cli import make_parser
-    from harness.run.commbench import build_commbench_config
-
-    argv = ["commbench", "--backend", "torch-ddp", "--gpus", "2", "--device", "cpu", *flags]
-    cfg = build_commbench_config(make_parser().parse_args(argv))
-    assert cfg.commbench["under_load"] is expected
-
-
-@unit
-def test_the_cross_check_s_commbench_spans_the_powers_of_two_around_the_traced_sizes():
-    """scripts/comm_crosscheck.py times commbench only around what the run sent: DDP's two buckets on tiny
-    (3,230,720 and 1,048,576 B) between 1 MiB and 4 MiB, 5,000 B from 4 KiB, an 8-byte norm scalar from 1 KiB
-    (commbench's smallest); sizes asked for pass as they are."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[1] / "scripts" / "comm_crosscheck.py"
-    spec = importlib.util.spec_from_file_location("comm_crosscheck", path)
-    crosscheck = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(crosscheck)
-
-    def run(*sizes):
-        calls = [{"op": "all_reduce", "size_bytes": s} for s in sizes]
-        return {"ranks": [{"comm_trace": {"collectives": calls}}, {"comm_trace": None}]}
-
-    assert crosscheck.sizes_around(run(3_230_720, 1_048_576), "traced") == f"{1 << 20}:{1 << 22}"
-    assert crosscheck.sizes_around(run(8, 5000), "traced") == f"{1 << 10}:{1 << 13}"
-    assert crosscheck.sizes_around(run(5000, 3_230_720), "traced") == f"{1 << 12}:{1 << 22}"
-    assert crosscheck.sizes_around(run(3_230_720), "1K:64M") == "1K:64M"
+    (tmp_path / "old.json").write_text(json.dumps(record))
+    assert main(["report", str(tmp_path)]) == 0
+    report = capsys.readouterr().out
+    assert "## Collectives (commbench)" in report and "| torch-ddp | all_reduce |" in report

@@ -231,11 +231,11 @@ def test_two_ranks_over_gloo_must_stay_in_sync_and_trace_the_gradients():
 
 @pytest.mark.unit
 def test_the_world1_probe_passes_on_a_gpu_and_is_only_rehearsed_on_a_cpu():
-    probe = {"calls": [call()] * 5, "kernels": [], "bursts": {"all_reduce": {"us": 12.0}}}
+    probe = {"calls": [call()] * 5, "kernels": [], "commbench": {"all_reduce": {"us": 12.0}}}
     assert [v.outcome for v in gc.judge_world1(probe, "cuda")] == [gc.PASS, gc.PASS]
     on_cpu = gc.judge_world1(probe, "cpu")
     assert [v.outcome for v in on_cpu] == [gc.NOT_CHECKED] * 2 and "rehearsed over gloo" in on_cpu[0].text
-    bad = {**probe, "bursts": {"all_gather": {"error": "AssertionError: wrong output"}}}
+    bad = {**probe, "commbench": {"all_gather": {"error": "AssertionError: wrong output"}}}
     assert [v.outcome for v in gc.judge_world1(bad, "cuda")] == [gc.PASS, gc.FAIL]
     assert [v.outcome for v in gc.judge_world1({"error": "x"}, "cpu")] == [gc.FAIL, gc.FAIL]
 

@@ -1,4 +1,5 @@
-"""DeepSpeed ZeRO's analytic communication per step, as the engine behaves with the settings it is given.
+"""DeepSpeed ZeRO's communication per step, as the engine behaves with the settings it is given (the
+schedule itself, which the analytic volume and the prediction read: schedule.py).
 
 Stage 0 all-reduces the gradients at the accumulation boundary. Stages 1 and 2 reduce each gradient for
 its owner's partition (stage 1 at the boundary only, stage 2 in every backward) and all-gather the updated
@@ -25,8 +26,7 @@ record names them:
 
 from __future__ import annotations
 
-from backends.base import CommPattern, CommTerm, parameter_numels
-from core.config import RunConfig
+from backends.schedule import CommTerm
 
 PERSISTENCE_THRESHOLD = 100_000  # DeepSpeed's default stage3_param_persistence_threshold
 MAX_REUSE_DISTANCE = 1_000_000_000  # DeepSpeed's default stage3_max_reuse_distance
@@ -72,53 +72,11 @@ def step_scalars(stage: int, precision: str) -> list[CommTerm]:
     and 2 two fp32 scalars of the gradient norm (get_grad_norm_direct) and, with a bf16 module (DeepSpeed's
     native bf16, not torch_autocast over fp32 parameters), the 1-byte overflow flag (has_overflow); stage 3
     two fp64 scalars; stage 0 none. `precision`: the module's dtype (backends.deepspeed_zero's
-    module_precision). fp16 is taken to check overflow as bf16 does (not traced). Latency, not volume: the
-    prediction's schedule sends them; the analytic volume (zero_comm_pattern), which names the dtype
-    gradients and parameters travel in, leaves them out."""
+    module_precision). fp16 is taken to check overflow as bf16 does (not traced). A few bytes: their cost is
+    a collective's latency, not volume."""
     if stage in (1, 2):
         terms = [CommTerm("all_reduce", 1, 1, 1, "overflow flag")] if precision != "fp32" else []
         return terms + [CommTerm("all_reduce", 1, 4, 2, "gradient-norm scalars")]
     if stage == 3:
         return [CommTerm("all_reduce", 1, 8, 2, "gradient-norm scalars (fp64)")]
     return []
-
-
-def zero_comm_pattern(cfg: RunConfig, stage: int, dtype_bytes: int) -> CommPattern:
-    """The terms of a ZeRO `stage` run whose gradients and parameters travel in `dtype_bytes` elements."""
-    n, accum = cfg.spec.n_params, cfg.grad_accum
-    if stage == 0:
-        return CommPattern((CommTerm("all_reduce", n, dtype_bytes, 1, "gradients"),))
-    if stage in (1, 2):
-        return CommPattern(
-            (
-                CommTerm(
-                    "all_reduce",
-                    n,
-                    dtype_bytes,
-                    1 if stage == 1 else accum,
-                    "gradients (owner keeps its slice)",
-                ),
-                CommTerm("all_gather", n, dtype_bytes, 1, "updated parameters"),
-            ),
-            "gradients reduced by dist.all_reduce of each bucket (allreduce_no_retain / "
-            "buffered_reduce_fallback in DeepSpeed 0.19), not reduce-scatter",
-        )
-    numels = parameter_numels(cfg)
-    gathered = sum(partitioned(numels).values())
-    terms = [CommTerm("all_gather", gathered, dtype_bytes, accum, "partitioned parameters (forward)")]
-    again = regathered_for_backward(numels)
-    if again:
-        terms.append(CommTerm("all_gather", again, dtype_bytes, accum, "parameters re-gathered for backward"))
-    terms.append(CommTerm("reduce_scatter", n, dtype_bytes, accum, "gradients"))
-    persistent = n - gathered
-    if persistent:
-        terms.append(
-            CommTerm(
-                "all_gather", persistent, dtype_bytes, 1, "persistent parameters, after the optimizer step"
-            )
-        )
-    return CommPattern(
-        tuple(terms),
-        f"stage3_param_persistence_threshold={PERSISTENCE_THRESHOLD} ({persistent:,} elements in tensors "
-        f"kept whole on every rank), stage3_max_reuse_distance={MAX_REUSE_DISTANCE}",
-    )

@@ -13,7 +13,6 @@ from backends.torch_ddp.collectives import DTYPES
 
 class HorovodCollectives(Collectives):
     framework = "torch"
-    burst_mode = "async, fused"  # a cycle's tensors are negotiated once and fused (not broadcast, alltoall)
 
     def __init__(self, cfg):
         super().__init__(cfg)
@@ -45,21 +44,6 @@ class HorovodCollectives(Collectives):
     def unwrap(output):
         """alltoall returns (output, received splits)."""
         return output[0] if isinstance(output, tuple) else output
-
-    def call_burst(self, op, buffer_sets):
-        """Every call submitted to the background thread (hvd.*_async), then each handle synchronised: the
-        calls of one cycle are negotiated, and may be fused, together, as DistributedOptimizer's are."""
-        submit = {
-            "all_reduce": lambda t: hvd.allreduce_async(t, op=hvd.Sum),
-            "broadcast": lambda t: hvd.broadcast_async(t, root_rank=0),
-            "all_gather": hvd.allgather_async,
-            "reduce_scatter": lambda t: hvd.reducescatter_async(t, op=hvd.Sum),
-            "all_to_all": hvd.alltoall_async,
-        }[op]
-        self.burst_outputs = [hvd.synchronize(handle) for handle in [submit(b) for b in buffer_sets]]
-
-    def burst_results(self, op, buffer_sets):
-        return [self.unwrap(output).double().cpu().numpy() for output in self.burst_outputs]
 
     def result(self, op, buffers):
         return self.output.double().cpu().numpy()

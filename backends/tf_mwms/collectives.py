@@ -51,10 +51,6 @@ class TFCollectives(Collectives):
     def call(self, op, buffers):
         self.output = self.functions[op](buffers)
 
-    def burst_results(self, op, buffer_sets):
-        """Only the last call's output is kept (the base class's calls run one after another)."""
-        return [self.result(op, buffer_sets[-1])]
-
     def result(self, op, buffers):
         local = self.strategy.experimental_local_results(self.output)[0]
         return np.asarray(tf.cast(local, tf.float64)).reshape(-1)

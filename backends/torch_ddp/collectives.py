@@ -21,7 +21,6 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 class TorchCollectives(Collectives):
     framework = "torch"
-    burst_mode = "async"
 
     def __init__(self, cfg, comm=dist):
         super().__init__(cfg)
@@ -41,25 +40,20 @@ class TorchCollectives(Collectives):
             return (send, send)
         return (send, torch.empty(received, dtype=self.dtype, device=self.device))
 
-    def call(self, op, buffers, async_op=False):
+    def call(self, op, buffers):
         send, receive = buffers
         if op == "all_reduce":
-            return self.comm.all_reduce(send, async_op=async_op)
-        if op == "broadcast":
-            return self.comm.broadcast(send, 0, async_op=async_op)
-        if op == "all_gather":
-            return self.comm.all_gather_into_tensor(receive, send, async_op=async_op)
-        if op == "reduce_scatter":
-            return self.comm.reduce_scatter_tensor(receive, send, async_op=async_op)
-        if op == "all_to_all":
-            return self.comm.all_to_all_single(receive, send, async_op=async_op)
-        raise ValueError(f"unknown collective {op}")
-
-    def call_burst(self, op, buffer_sets):
-        """Every call queued with async_op=True, then each handle waited for, as ZeRO-3's coalesced
-        gathers and nccl-tests' iterations run."""
-        for work in [self.call(op, buffers, async_op=True) for buffers in buffer_sets]:
-            work.wait()
+            self.comm.all_reduce(send)
+        elif op == "broadcast":
+            self.comm.broadcast(send, 0)
+        elif op == "all_gather":
+            self.comm.all_gather_into_tensor(receive, send)
+        elif op == "reduce_scatter":
+            self.comm.reduce_scatter_tensor(receive, send)
+        elif op == "all_to_all":
+            self.comm.all_to_all_single(receive, send)
+        else:
+            raise ValueError(f"unknown collective {op}")
 
     def result(self, op, buffers):
         return buffers[1].double().cpu().numpy()

@@ -20,7 +20,7 @@ from rich.table import Table
 from backends import all_backends, backend_names, get_backend
 from core.config import PRECISIONS, InvalidConfig, RunConfig
 from core.process import available_cpus
-from core.records import SCHEMA_VERSION, git_commit, load_records, now_iso, write_json_atomic
+from core.records import SCHEMA_VERSION, git_commit, load_records, now_iso, write_record_atomic
 from harness.analyze.summary import fmt_bytes
 from harness.predict.hardware import CORNERS, ProfileError, catalogue, load_profile, local_profile
 from harness.predict.model import calibrate, predict_point
@@ -224,11 +224,6 @@ def cmd_predict(args) -> int:
     print_table(points, header)
     for note in calib.notes:
         print(f"note: {note}")
-    if profile.name == "local" and profile.device == "cpu" and not profile.under_load:
-        print(
-            "note: collectives priced at their idle times; a step's calls share the CPU with its compute "
-            "and take longer (`harness commbench --under-load` measures that)"
-        )
     if args.out:
         inputs = {
             "argv": list(args.argv),
@@ -240,7 +235,7 @@ def cmd_predict(args) -> int:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         for p in points:
             record = prediction_record(p["cfg"], p["prediction"], profile, calib, inputs)
-            write_json_atomic(Path(args.out) / f"{record['run_id']}.json", record)
+            write_record_atomic(Path(args.out) / f"{record['run_id']}.json", record)
             print(f"record: {Path(args.out) / (record['run_id'] + '.json')}")
     print(f"predicted {len(points)} rank count(s) in {time.perf_counter() - started:.2f} s")
     return EXIT_OK

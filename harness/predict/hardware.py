@@ -57,7 +57,6 @@ class Profile:
     step_cv: list = field(default_factory=lambda: [0.005, 0.01, 0.02])
     sources: list = field(default_factory=list)
     commbench: dict = field(default_factory=dict)  # local: {world_size: commbench summary} of one stack
-    under_load: bool = False  # local: collectives priced by commbench's times beside a compute thread
     path: str | None = None
 
     def to_dict(self) -> dict:
@@ -97,28 +96,24 @@ class Profile:
         tree = 2 * ((per_node - 1) * intra + math.log2(nodes) * inter)
         return base + min(ring, tree)
 
-    def collective_time(
-        self, op: str, size_bytes: float, world: int, corner: str, burst: bool = False
-    ) -> float:
-        """Seconds for one `op` of nccl-tests size `size_bytes` over `world` ranks; `burst`: one of calls
-        queued back to back (measured profiles price it from commbench's bursts; the catalogue's α-β
-        already is nccl-tests' back-to-back figure)."""
+    def collective_time(self, op: str, size_bytes: float, world: int, corner: str) -> float:
+        """Seconds for one `op` of nccl-tests size `size_bytes` over `world` ranks."""
         if world == 1 or not size_bytes:
             return 0.0
         if self.commbench:
-            return self.measured_call(op, size_bytes, world, burst)
+            return self.measured_call(op, size_bytes, world)
         return self.latency(op, world, corner) + size_bytes * bus_factor(op, world) / self.busbw(
             world, corner
         )
 
-    def measured_call(self, op: str, size_bytes: float, world: int, burst: bool = False) -> float:
+    def measured_call(self, op: str, size_bytes: float, world: int) -> float:
         summary = self.commbench.get(world)
         if summary is None:
             raise ProfileError(
                 f"profile {self.name}: no commbench record at {world} ranks (have: "
                 f"{', '.join(map(str, sorted(self.commbench)))}); run `harness commbench --gpus {world}`"
             )
-        t = call_time(summary, op, size_bytes, under_load=self.under_load, burst=burst)
+        t = call_time(summary, op, size_bytes)
         if t is None:
             raise ProfileError(
                 f"profile {self.name}: the commbench record at {world} ranks has no {op}, which this "
@@ -171,7 +166,7 @@ def local_profile(commbench_records: list[dict], backend: str, cpus: int | None)
         raise ProfileError(
             f"the local profile needs a commbench record of {backend} in --calibrate"
             + (f" (given: {', '.join(others)})" if others else "")
-            + f"; run `harness commbench --backend {backend} --gpus 2 --under-load`"
+            + f"; run `harness commbench --backend {backend} --gpus 2`"
         )
 
     def started(record):
@@ -187,15 +182,10 @@ def local_profile(commbench_records: list[dict], backend: str, cpus: int | None)
     skipped = [r["run_id"] for r in mine if device_of(r) != here]
     by_world = {r["config"]["world_size"]: summarize_commbench(r) for r in used}  # the latest per N
     device = here[0]
-    # A training step's collectives run beside its compute, which on a CPU holds the same cores: where
-    # every record timed its calls under load too, those times price the collectives.
-    under_load = all(summary.get("under_load") for summary in by_world.values())
-    timing = "calls timed beside a compute thread" if under_load else "calls timed on idle cores"
-    if skipped:
-        timing += f"; not used, of another device: {', '.join(skipped)}"
+    unused = f"; not used, of another device: {', '.join(skipped)}" if skipped else ""
     return Profile(
         name="local",
-        description=f"this machine as commbench measured {backend} ({here[1] or device}; {timing})",
+        description=f"this machine as commbench measured {backend} ({here[1] or device}{unused})",
         device=device,
         device_name=here[1] if device == "cuda" else None,  # calibration runs must match it
         # one machine: every rank count commbench measured here is one node
@@ -206,6 +196,5 @@ def local_profile(commbench_records: list[dict], backend: str, cpus: int | None)
         # On a GPU the catalogue's range.
         overlap_slowdown=[1.0, 1.0, 1.0] if device == "cpu" else [0.0, 0.05, 0.15],
         commbench=by_world,
-        under_load=under_load,
         sources=[r["run_id"] for r in used],
     )

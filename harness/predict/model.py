@@ -15,10 +15,11 @@ import numpy as np
 from scipy.stats import norm
 
 from backends import get_backend
+from backends.base import parameter_numels
+from backends.schedule import Message, Schedule, Steps
 from core.config import RunConfig
 from harness.analyze.metrics import summarize
 from harness.predict.hardware import CORNERS, Profile, ProfileError, pick
-from harness.predict.schedule import Message, Steps, parameter_numels, schedule, unit_of
 
 # Assumed when no calibration run is given (labelled so): model FLOPs utilisation of forward+backward,
 # [low, nominal, high]; dense transformer training at 1-10B parameters reports 30-55% (torchtitan, Megatron).
@@ -153,49 +154,35 @@ def activation_bytes(cfg: RunConfig, element_bytes: int) -> dict:
     return {"blocks": blocks, "logits": logits}
 
 
-def kept_gathered_blocks(cfg: RunConfig, numels: dict[str, int]) -> dict[int, int]:
-    """Blocks (index: elements) a sharded stack keeps gathered from their forward to their backward:
-    every block under FSDP with reshard_after_forward off; under ZeRO-3 the blocks whose reuse comes
-    within stage3_max_reuse_distance (the schedule's rule: those are not gathered again for backward)."""
-    from backends.deepspeed_zero.comm import regathered_blocks
-
-    blocks = {
-        i: sum(n for name, n in numels.items() if unit_of(name) == f"block.{i}")
-        for i in range(cfg.spec.n_layers)
-    }
-    options = get_backend(cfg.backend).options(cfg).to_dict()
-    if cfg.backend == "torch-fsdp":
-        return {} if options["reshard_after_forward"] else blocks
-    if cfg.backend == "deepspeed" and options["zero_stage"] == 3:
-        again = regathered_blocks(numels)
-        return {i: n for i, n in blocks.items() if i not in again}
-    return {}
-
-
-def memory(cfg: RunConfig, factor: float) -> dict:
+def memory(cfg: RunConfig, factor: float, plan: Schedule | None = None) -> dict:
     """Bytes per rank: model state by sharding (the spec's rule, as the summary's analytic value), the
     parameters a sharded stack gathers for the block it computes and the one it prefetches, the buffers
-    communication keeps, and activations (scaled by the activation factor)."""
+    communication keeps, and activations (scaled by the activation factor). `plan`: cfg's schedule, where
+    the caller has it."""
     backend = get_backend(cfg.backend)
     sharding = backend.sharding(cfg)
     scheme = backend.precision_scheme(cfg)
+    plan = plan or backend.schedule(cfg)
     element = 4 if cfg.precision == "fp32" else 2
     state = cfg.spec.model_state_bytes(cfg.precision, scheme, sharding, cfg.world_size)["total"]
     numels = parameter_numels(cfg)
-    largest_block = max(
-        sum(n for name, n in numels.items() if unit_of(name) == f"block.{i}")
-        for i in range(cfg.spec.n_layers)
-    )
+    blocks = [0] * cfg.spec.n_layers
+    for name, n in numels.items():
+        if name.startswith("blocks."):
+            blocks[int(name.split(".")[1])] += n
+    largest_block = max(blocks)
     gathered = 0.0
     if sharding == "parameters" and cfg.world_size > 1:
         root = cfg.spec.n_params - sum(n for name, n in numels.items() if name.startswith("blocks."))
-        kept = kept_gathered_blocks(cfg, numels)
-        # the blocks kept whole from forward to backward, at its start all at once; else two blocks in
-        # flight (the one computed and the one prefetched); the root; one block's full gradient
-        in_flight = 0 if len(kept) == cfg.spec.n_layers else 2 * largest_block
+        # the blocks the stack's schedule keeps whole from forward to backward (FSDP2 without
+        # reshard_after_forward; ZeRO-3's within stage3_max_reuse_distance), at its start all at once;
+        # else two blocks in flight (the one computed and the one prefetched); the root; one block's full
+        # gradient
+        kept = sum(blocks[i] for i in plan.kept_blocks)
+        in_flight = 0 if len(plan.kept_blocks) == cfg.spec.n_layers else 2 * largest_block
         # gathered in the dtype the stack gathers in (FSDP2's param_dtype; fp32 under DeepSpeed's autocast)
-        gather = next(t.dtype_bytes for t in backend.comm_pattern(cfg).terms if t.op == "all_gather")
-        gathered = (sum(kept.values()) + in_flight + root) * gather + largest_block * 4
+        gather = next(t.dtype_bytes for t in plan.terms if t.op == "all_gather")
+        gathered = (kept + in_flight + root) * gather + largest_block * 4
     buffers = 0.0
     if sharding == "none" and cfg.world_size > 1:
         buffers = cfg.spec.n_params * 4  # DDP/Paddle buckets and TF's pack are a copy of the gradients
@@ -241,7 +228,8 @@ def compute_durations(cfg: RunConfig, steps: Steps, profile: Profile, calib: Cal
 def predict_point(cfg: RunConfig, profile: Profile, calib: Calibration, tokens: float, price: float | None):
     """Every figure at every corner for one configuration (cfg.world_size ranks), and the N=1 reference
     of the same per-rank work for speedup."""
-    messages, how = schedule(cfg)
+    plan = get_backend(cfg.backend).schedule(cfg)
+    messages, how = plan.messages, plan.description
     steps = Steps(cfg)
     one = dataclasses.replace(cfg, world_size=1, nodes=1, gpus_per_node=1)
     spec = cfg.spec
@@ -252,7 +240,7 @@ def predict_point(cfg: RunConfig, profile: Profile, calib: Calibration, tokens: 
         result = replay(
             durations,
             messages,
-            lambda m, c=corner: profile.collective_time(m.op, m.size_bytes, cfg.world_size, c, m.burst),
+            lambda m, c=corner: profile.collective_time(m.op, m.size_bytes, cfg.world_size, c),
         )
         cv = calib.step_cv if calib.step_cv is not None else pick(profile.step_cv, corner, False)
         straggler = cv * result["compute_s"] * expected_slowest(cfg.world_size)
@@ -264,7 +252,7 @@ def predict_point(cfg: RunConfig, profile: Profile, calib: Calibration, tokens: 
         one_throughput = one.tokens_per_step / t_one
         per_device = throughput / cfg.world_size
         k = CORNERS.index(corner)
-        mem = memory(cfg, calib.activation_factor[k])
+        mem = memory(cfg, calib.activation_factor[k], plan)
         peak = profile.peak_flops.get(cfg.precision)
         train_s = tokens / throughput
         out["corners"][corner] = {

@@ -7,7 +7,6 @@ harness.analyze.collectives'.
 
 from __future__ import annotations
 
-import argparse
 import math
 import re
 import sys
@@ -28,6 +27,7 @@ from harness.run.options import (
     add_python_argument,
     check_out_dir,
     fault_spec,
+    hooks_from_args,
     os_error_line,
     worker_python,
 )
@@ -100,12 +100,6 @@ def build_commbench_config(args) -> RunConfig:
         raise UsageError(f"backend {backend.name} runs on one node only; drop --nodes/--hosts")
     per_node = n // layout["nodes"]
     device = resolve_device(args.device, per_node)
-    under_load = args.under_load
-    if under_load and device != "cpu":
-        raise UsageError(
-            f"--under-load loads the CPU beside each call; the ranks here run on {device}: "
-            "drop it (valid only with --device cpu)"
-        )
     probe = RunConfig(
         backend=backend.name, workload="tiny", spec=PRESETS["tiny"], world_size=n, device=device
     )
@@ -115,7 +109,6 @@ def build_commbench_config(args) -> RunConfig:
         dtype=args.dtype,
         iters=args.iters,
         warmup=args.warmup_iters,
-        under_load=under_load,
     )
     cfg = RunConfig(
         backend=backend.name,
@@ -132,7 +125,6 @@ def build_commbench_config(args) -> RunConfig:
         collective_timeout_s=args.collective_timeout,
         backend_options=backend.Options.from_args(args).to_dict(),
         python=worker_python(args, backend.name, [backend.name]),
-        fault=args.inject_fault,
         commbench=spec.to_dict(),
         **layout,
     )
@@ -165,9 +157,7 @@ def print_commbench(record: dict, stream=None) -> None:
     console.print(title, markup=False)
     for op, entry in s["ops"].items():
         table = Table(title=op, title_justify="left")
-        loaded = s.get("under_load")
-        columns = ["size", "time µs (median)", "p10", "p90", "algbw GB/s", "busbw GB/s"]
-        for col in columns + (["under load µs", "x idle"] if loaded else []):
+        for col in ["size", "time µs (median)", "p10", "p90", "algbw GB/s", "busbw GB/s"]:
             table.add_column(col, justify="right")
         for p in entry["points"]:
             t = p["time_s"]
@@ -179,9 +169,6 @@ def print_commbench(record: dict, stream=None) -> None:
                 gbps(p["algbw_Bps"]),
                 gbps(p["busbw_Bps"]),
             ]
-            if loaded:
-                u = p["time_under_load_s"]["median"]
-                row += [f"{u * 1e6:.1f}", f"{u / t['median']:.2f}" if t["median"] else "n/a"]
             table.add_row(*row)
         console.print(table)
         if fit := entry.get("fit"):
@@ -203,7 +190,7 @@ def cmd_commbench(args) -> int:
     check_out_dir(args.out)
     stop_on_sigterm()
     if cfg.node_rank:
-        node = run_node(backend, cfg, args.out / "logs" / args.run_id, sys.argv)
+        node = run_node(backend, cfg, args.out / "logs" / args.run_id, sys.argv, hooks=hooks_from_args(args))
         print(f"node {cfg.node_rank}: launcher exit codes {node['returncodes']}; node 0 writes the record")
         done = not node["timed_out"] and all(rc == 0 for rc in node["returncodes"])
         return EXIT_OK if done else EXIT_FAILED
@@ -213,11 +200,11 @@ def cmd_commbench(args) -> int:
     print(
         f"commbench: {backend.name} on {cfg.world_size} {cfg.device} ranks, "
         f"{len(bench['ops'])} op(s) x {len(bench['sizes'])} size(s) x "
-        f"{bench['iters']} calls" + (", idle and under load" if bench["under_load"] else ""),
+        f"{bench['iters']} calls",
         flush=True,
     )
     try:
-        record = execute(backend, cfg, args.out, sys.argv, run_id=args.run_id)
+        record = execute(backend, cfg, args.out, sys.argv, run_id=args.run_id, hooks=hooks_from_args(args))
     except OSError as exc:  # the results filesystem full, read-only or over quota; or a launcher's
         print(os_error_line(exc, args.out), file=sys.stderr)
         return EXIT_FAILED
@@ -248,13 +235,6 @@ def register(subparsers) -> None:
     p.add_argument("--iters", type=positive, default=20, help="timed calls per op and size")
     p.add_argument("--warmup-iters", type=int_at_least(0, "an integer >= 0"), default=5)
     p.add_argument("--device", default="auto", help="auto, cuda, cpu")
-    p.add_argument(
-        "--under-load",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="CPU ranks: also time each call beside a compute thread per rank, as a training step's calls "
-        "run (what `harness predict --hardware local` prices with; about doubles the run's time)",
-    )
     p.add_argument(
         "--threads-per-worker", type=positive, help="CPU threads per worker (default: cores / ranks)"
     )

@@ -1,7 +1,7 @@
 """The fault table: inject each fault into a 2-rank torch-ddp run and report what the record says and how
 long it took from the fault to the harness's exit (record written, every process gone).
 
-    .venv/bin/python scripts/fault_table.py [--backend torch-ddp] [--out /tmp/fault-table]
+    .venv/bin/python experiments/fault_table.py [--backend torch-ddp] [--out /tmp/fault-table]
 
 Time to detect = harness exit - the unix time the faulty rank printed just before faulting (for the
 harness stopped by SIGTERM: from the signal; for the full filesystem: from filling it). Run it on a
@@ -59,7 +59,7 @@ def wait_for_steps(out: Path, proc: subprocess.Popen, old: set, timeout_s: float
         if any(
             "step" in p.read_text(errors="replace")
             for d in set(out.glob("logs/*")) - old
-            for p in d.glob("rank0.log")
+            for p in d.glob("rank0.events.jsonl")
         ):
             return
         time.sleep(0.2)

@@ -1,6 +1,6 @@
 """Does a collective cost more right after a burst of compute than commbench's back-to-back calls?
 
-torch-ddp's matched cross-check (scripts/comm_crosscheck.py) prices its last bucket, issued after backward
+torch-ddp's matched cross-check (experiments/comm_crosscheck.py) prices its last bucket, issued after backward
 with nothing beside it, at commbench's idle time, and the traced call takes about 1.7x that. commbench
 times each call from a barrier with the processes otherwise idle; DDP's last bucket is issued the moment
 backward's tens of milliseconds of compute end. This probe times one all-reduce between two gloo ranks
@@ -21,11 +21,11 @@ Each call is taken as the last rank to arrive saw it (the least time over ranks)
 `--skew-ms` makes rank 1 pause that much longer than rank 0, so rank 0 waits for it (a step's ranks
 arrive apart).
 
-    .venv/bin/python scripts/after_compute_probe.py --calls 80 --burst-ms 20,50 [--skew-ms 3] \\
+    .venv/bin/python experiments/after_compute_probe.py --calls 80 --burst-ms 20,50 [--skew-ms 3] \\
         [--settle-ms 2,10] [--cpu-time]
 
-`scripts/busy_burst_controls.py` times the same pauses before a fixed loop on a core and before loopback TCP
-round trips, with no gloo: the controls.
+`experiments/busy_burst_controls.py` times the same pauses before a fixed loop on a core and before
+loopback TCP round trips, with no gloo: the controls.
 
 Run it on a quiet machine: it is a timing.
 """

@@ -2,11 +2,11 @@
 2-rank run measured (harness.predict.validate.predict_repeats): the table of the prediction issue's
 own-runs validation.
 
-    .venv/bin/python scripts/predict_validation.py --out /tmp/predict-validation [--cases torch-ddp,...]
+    .venv/bin/python experiments/predict_validation.py --out /tmp/predict-validation [--cases torch-ddp,...]
         [--repeats 5] [--fixtures tests/data/predict]
 
 Per case: `harness run --gpus 1`, then `--gpus 2` and `--gpus 1` again, `--repeats` times (fp32, 1 thread
-per worker, no trace), and `harness commbench --gpus 2 --under-load` of the ops the stack uses. The
+per worker, no trace), and `harness commbench --gpus 2` of the ops the stack uses. The
 prediction is set beside the median of the 2-rank launches, with their range: identical launches on a
 2-core VM differ by more than the bounds. Existing records in OUT are reused with --reuse. `--fixtures`
 copies each case's records (JSON only) to DIR/<case>, where tests/test_predict.py reads them.
@@ -64,7 +64,7 @@ def measure(case: str, out: Path, repeats: int) -> None:
     for gpus in ["1"] + ["2", "1"] * repeats:
         harness("run", *flags, *RUN, *shape, "--gpus", gpus, "--out", str(out))
     backend_flags = flags[:2]  # commbench takes the backend only
-    sizes = ["--sizes", "1K:64M", "--device", "cpu", "--under-load"]  # as calls run beside compute
+    sizes = ["--sizes", "1K:64M", "--device", "cpu"]
     harness("commbench", *backend_flags, "--gpus", "2", "--ops", ops, *sizes, "--out", str(out))
 
 

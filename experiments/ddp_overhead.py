@@ -1,11 +1,11 @@
 """Benchmark (not a test): `harness run --backend torch-ddp` against the plain DDP loop, interleaved.
 
-python tests/perf/ddp_overhead.py [--gpus 2] [--repeats 10] [--steps 30]
-Reports (1) the adapter's median step time / the plain loop's, with a bootstrap 90% interval over launches
-(identical launches differ by a few percent on a small VM, so one launch each says little), and (2) the
-harness's own work inside the timed region (fetching the rank's batch: the recorded data wait) as a
-fraction of the step. Both sides run with the same process settings (threads, allocator: the ones the
-harness gives every worker) and alternate launches so drift affects both. Run it on a quiet machine.
+python experiments/ddp_overhead.py [--gpus 2] [--repeats 10] [--steps 30]
+Reports the adapter's median step time / the plain loop's, with a bootstrap 90% interval over launches
+(identical launches differ by a few percent on a small VM, so one launch each says little), and both
+sides' minor page faults per step. Both sides run with the same process settings (threads, allocator: the
+ones the harness gives every worker) and alternate launches so drift affects both. Run it on a quiet
+machine.
 """
 
 import argparse
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from core.process import free_port, process_settings  # noqa: E402
 from harness.analyze.metrics import per_step_max  # noqa: E402
@@ -34,7 +34,7 @@ def plain(gpus, steps, warmup, threads, micro) -> tuple[list[float], float]:
                 "torch.distributed.run",
                 f"--nproc-per-node={gpus}",
                 f"--master-port={free_port()}",
-                str(REPO / "tests/perf/plain_ddp.py"),
+                str(REPO / "experiments/plain_ddp.py"),
                 str(out),
                 "--steps",
                 str(steps),
@@ -54,7 +54,7 @@ def plain(gpus, steps, warmup, threads, micro) -> tuple[list[float], float]:
         return per_step_max(ranks, "step_times"), max(r["minor_faults_per_step"] for r in ranks)
 
 
-def harness(gpus, steps, warmup, threads, micro) -> tuple[list[float], list[float], float]:
+def harness(gpus, steps, warmup, threads, micro) -> tuple[list[float], float]:
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run(
             [
@@ -86,7 +86,6 @@ def harness(gpus, steps, warmup, threads, micro) -> tuple[list[float], list[floa
         rec = json.loads(next(Path(tmp).glob("*.json")).read_text())
         return (
             per_step_max(rec["ranks"], "step_times"),
-            per_step_max(rec["ranks"], "data_wait"),
             rec["summary"]["minor_faults_per_step"],
         )
 
@@ -112,15 +111,14 @@ def main():
     p.add_argument("--micro-batch", type=int, default=8)
     args = p.parse_args()
     threads = max(1, (os.cpu_count() or 1) // args.gpus)
-    plain_runs, harness_runs, data_t, faults = [], [], [], {"plain": [], "harness": []}
+    plain_runs, harness_runs, faults = [], [], {"plain": [], "harness": []}
     shape = (args.gpus, args.steps, args.warmup, threads, args.micro_batch)
     for i in range(args.repeats):
         steps, f = plain(*shape)
         plain_runs.append(steps)
         faults["plain"].append(f)
-        steps, data, f = harness(*shape)
+        steps, f = harness(*shape)
         harness_runs.append(steps)
-        data_t += data
         faults["harness"].append(f)
         print(
             f"launch pair {i + 1}/{args.repeats}: plain {np.median(plain_runs[-1]) * 1e3:.1f} ms, "
@@ -130,7 +128,6 @@ def main():
     plain_t, harness_t = np.concatenate(plain_runs), np.concatenate(harness_runs)
     ratio = np.median(harness_t) / np.median(plain_t)
     low, high = ratio_interval(plain_runs, harness_runs)
-    own = np.median(data_t) / np.median(harness_t)
     print(
         f"{args.gpus} workers x {threads} thread(s), {args.repeats} launches each x {args.steps} steps; "
         f"process settings {process_settings(threads)}"
@@ -142,10 +139,6 @@ def main():
     print(
         f"adapter / plain step time: {ratio:.4f} ({(ratio - 1) * 100:+.2f}%), "
         f"90% interval over launches [{low:.4f}, {high:.4f}]"
-    )
-    print(
-        f"harness work inside the timed region (batch fetch): {np.median(data_t) * 1e3:.3f} ms = "
-        f"{own * 100:.2f}% of a step"
     )
     print(
         f"minor page faults per step (median over launches): plain {np.median(faults['plain']):,.0f}, "

@@ -1,5 +1,5 @@
-"""Controls for scripts/after_compute_probe.py: is what slows a gloo call right after a burst of compute the
-CPU itself, or the network stack, rather than the collective's own threads?
+"""Controls for experiments/after_compute_probe.py: is what slows a gloo call right after a burst of
+compute the CPU itself, or the network stack, rather than the collective's own threads?
 
 Two plain processes (no framework), one per core, start every round together from a barrier, then pause
 B ms (none, sleep, or a bare Python loop, the probe's "spin") and then, interleaved round by round:
@@ -10,7 +10,7 @@ B ms (none, sleep, or a bare Python loop, the probe's "spin") and then, interlea
 - tcp: K round trips of an M-byte message over one loopback TCP connection (TCP_NODELAY), rank 0 sending
   first: is the kernel's network path slower after the burst.
 
-    python3 scripts/busy_burst_controls.py --burst-ms 50 --rounds 60 --bytes 1048576 --trips 2
+    python3 experiments/busy_burst_controls.py --burst-ms 50 --rounds 60 --bytes 1048576 --trips 2
 
 Run it on a quiet machine: it is a timing. Any Python 3 runs it (it imports no framework).
 """

@@ -1,6 +1,6 @@
 """A plain, hand-written DDP training loop of the spec's GPT: the yardstick for the adapter's overhead.
 
-torchrun --nproc-per-node N tests/perf/plain_ddp.py OUT.json --micro-batch 8 --steps 20 --warmup 3
+torchrun --nproc-per-node N experiments/plain_ddp.py OUT.json --micro-batch 8 --steps 20 --warmup 3
 Same model, weights, data, optimizer and threads as `harness run --backend torch-ddp`, with none of the
 harness: batches are made before the loop, and a step is zero_grad, forward, backward, step, loss.item().
 """
@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402

@@ -1,0 +1,119 @@
+"""DeepSpeed ZeRO's collectives in a step, stage by stage (framework-free; the engine's settings and what
+the traces showed: comm.py)."""
+
+from __future__ import annotations
+
+from backends.base import parameter_numels
+from backends.deepspeed_zero.comm import (
+    MAX_REUSE_DISTANCE,
+    PERSISTENCE_THRESHOLD,
+    partitioned,
+    regathered_blocks,
+    step_scalars,
+)
+from backends.schedule import Call, Schedule, Steps, Term, unit_of
+from core.config import RunConfig
+from workloads.spec import OPTIMIZER
+
+BUCKET_ELEMENTS = 500_000_000  # DeepSpeed's reduce_bucket_size (and allgather_bucket_size) default
+
+
+def chunks(elements: int) -> list[int]:
+    """A reduction of `elements` in reduce_bucket_size buckets."""
+    full, rest = divmod(elements, BUCKET_ELEMENTS)
+    return [BUCKET_ELEMENTS] * full + ([rest] if rest else [])
+
+
+def scalar_terms(steps: Steps, stage: int, module_precision: str) -> list[Term]:
+    """The optimizer's scalar all-reduces (comm.step_scalars), after the gradients' reduction and before
+    the update, nothing beside them."""
+    reduced = steps.last_backward(steps.last)
+    return [
+        Term(
+            t.op, t.what, t.dtype_bytes, t.per_step, [Call(t.elements, reduced, steps.optimizer)] * t.per_step
+        )
+        for t in step_scalars(stage, module_precision)
+    ]
+
+
+def zero_schedule(cfg: RunConfig, stage: int, element_bytes: int, module_precision: str) -> Schedule:
+    """Gradients and parameters travel in `element_bytes` elements (the engine's communication dtype);
+    `module_precision` decides the optimizer's scalars. Stages 0-2 run with overlap_comm off (DeepSpeed's
+    default below stage 3), so a bucket's reduction holds up the compute that follows it: stage 0 and 1
+    reduce at the accumulation boundary, stage 2 after every micro-batch's backward; stages 1 and 2
+    all-gather the updated parameters after the step (all_gather_dp_groups: one all_gather_into_tensor per
+    parameter group, allgather_bucket_size unused)."""
+    if stage == 3:
+        return zero3(cfg, element_bytes, module_precision)
+    steps = Steps(cfg)
+    n = cfg.spec.n_params
+    micros = range(cfg.grad_accum) if stage == 2 else [steps.last]
+    reductions = [
+        Call(size, steps.last_backward(m), steps.last_backward(m) + 1, "gradients")
+        for m in micros
+        for size in chunks(n)
+    ]
+    what = "gradients" if stage == 0 else "gradients (owner keeps its slice)"
+    terms = [Term("all_reduce", what, element_bytes, len(micros), reductions)]
+    terms += scalar_terms(steps, stage, module_precision)
+    if stage == 0:
+        return Schedule(tuple(terms), "ZeRO-0: reductions hold up compute (overlap_comm off)")
+    shapes = cfg.spec.parameter_shapes()
+    numels = parameter_numels(cfg)
+    decay = sum(numels[name] for name, shape in shapes.items() if OPTIMIZER.decays(shape))
+    groups = [Call(size, steps.optimizer, None) for size in (decay, n - decay)]  # one per parameter group
+    terms.append(Term("all_gather", "updated parameters", element_bytes, 1, groups))
+    return Schedule(
+        tuple(terms),
+        f"ZeRO-{stage}: reductions hold up compute (overlap_comm off)",
+        "gradients reduced by dist.all_reduce of each bucket (allreduce_no_retain / buffered_reduce_fallback "
+        "in DeepSpeed 0.19), not reduce-scatter",
+    )
+
+
+def zero3(cfg: RunConfig, element_bytes: int, module_precision: str) -> Schedule:
+    """Stage 3 (overlap_comm on) gathers each unit's partitioned parameters one unit ahead of its forward,
+    for every micro-batch (the head's weight is the tied embedding, already gathered); gathers again, before
+    their backward, the blocks whose reuse is beyond stage3_max_reuse_distance (the others stay gathered:
+    `kept_blocks`); reduce-scatters gradients in reduce_bucket_size buckets as each backward ends; and
+    after the step gathers every persistent parameter (`_post_step`'s all_gather(persistent_parameters),
+    whose _allgather_params_coalesced launches one all_gather_into_tensor per parameter: 51 a step on tiny,
+    as its comm trace shows), each priced as a call of its own."""
+    steps = Steps(cfg)
+    numels = parameter_numels(cfg)
+    part = partitioned(numels)
+    again = regathered_blocks(numels)
+    units = ["embed", *(f"block.{i}" for i in range(cfg.spec.n_layers))]
+    reduces, gathers, regathers = [], [], []
+    for m in range(cfg.grad_accum):
+        for k, unit in enumerate(units):
+            size = sum(x for name, x in part.items() if unit_of(name) == unit)
+            issued = steps.at("forward", units[k - 1] if k else "embed", m) - 1
+            if size:
+                gathers.append(Call(size, issued, steps.at("forward", unit, m), "params"))
+        for i, size in sorted(again.items()):
+            before = steps.at("backward", f"block.{i}", m)
+            regathers.append(Call(size, before - 2, before, "re-gather"))
+        end = steps.last_backward(m)
+        reduces += [Call(size, end, end + 1) for size in chunks(cfg.spec.n_params)]
+    persistent = [
+        Call(size, steps.optimizer, None, "persistent parameter")
+        for name, size in numels.items()
+        if name not in part
+    ]
+    accum = cfg.grad_accum
+    terms = [  # reductions first: a micro-batch's end issues them before the next one's first gathers
+        Term("reduce_scatter", "gradients", element_bytes, accum, reduces),
+        Term("all_gather", "partitioned parameters (forward)", element_bytes, accum, gathers),
+        Term("all_gather", "parameters re-gathered for backward", element_bytes, accum, regathers),
+        *scalar_terms(steps, 3, module_precision),
+        Term("all_gather", "persistent parameters, after the optimizer step", element_bytes, 1, persistent),
+    ]
+    held = sum(numels.values()) - sum(part.values())
+    return Schedule(
+        tuple(terms),
+        "ZeRO-3: prefetched per-block gathers",
+        f"stage3_param_persistence_threshold={PERSISTENCE_THRESHOLD} ({held:,} elements in tensors kept "
+        f"whole on every rank), stage3_max_reuse_distance={MAX_REUSE_DISTANCE}",
+        kept_blocks=frozenset(range(cfg.spec.n_layers)) - set(again),
+    )
