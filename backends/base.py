@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Generic, TypeVar
 
 from backends import interpreter
+from backends.schedule import CommPattern, Schedule, gradients_after_backward
 from core.config import COLLECTIVE_OPS, RunConfig
 from core.precision import Numerics, autocast_numerics
 from core.process import REPO_ROOT, Process, process_settings
@@ -129,36 +130,21 @@ OptionsT = TypeVar("OptionsT", bound=Options)
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 
 
-@dataclass(frozen=True)
-class CommTerm:
-    """One kind of collective a stack issues in every step: `op` over a tensor of `elements` elements of
-    `dtype_bytes` bytes each (the whole tensor: under all_gather / reduce_scatter each rank holds 1/N of
-    it), `per_step` times per optimizer step. harness.analyze.metrics turns terms into bytes per rank."""
-
-    op: str
-    elements: int
-    dtype_bytes: int
-    per_step: int
-    what: str
-
-
-@dataclass(frozen=True)
-class CommPattern:
-    """The analytic communication of one configuration, as the stack really behaves: its terms, and what
-    the model of it assumes (settings it depends on)."""
-
-    terms: tuple[CommTerm, ...]
-    assumptions: str = ""
-
-
 def parameter_numels(cfg: RunConfig) -> dict[str, int]:
     """Elements of every parameter tensor of the spec, by neutral name (blocks.<i>.* are the blocks')."""
     return {name: math.prod(shape) for name, shape in cfg.spec.parameter_shapes().items()}
 
 
-def gradient_allreduce(cfg: RunConfig, dtype_bytes: int) -> CommPattern:
-    """Data parallelism that all-reduces the gradients once per step (accumulating without sync)."""
-    return CommPattern((CommTerm("all_reduce", cfg.spec.n_params, dtype_bytes, 1, "gradients"),))
+@dataclass
+class Check:
+    """One line of `harness doctor`: what was checked, the command that checks it by hand, what was expected
+    and what was found."""
+
+    name: str
+    command: str
+    expected: str
+    got: str
+    status: str  # "ok" | "FAIL" | "warn" (shown, does not fail the doctor)
 
 
 @dataclass
@@ -180,6 +166,10 @@ class Backend(ABC, Generic[OptionsT]):
     framework: str = ""  # "torch" | "tensorflow" | "paddle"
     launcher: str = ""  # human-readable, for `harness list` and reports
     also_requires: tuple[str, ...] = ()  # importable modules needed besides the framework itself
+    # The pyproject.toml extra that installs this stack (`pip install -e '.[<extra>]'`, which `harness list`
+    # prints where the stack is missing); a stack that pip alone cannot install also has
+    # scripts/install_<extra>.sh, run after the extra.
+    extra: str = ""
     compute_methods: tuple[str, ...] = ("isolated",)  # first = default for compute_method "auto"
     multi_node: bool = True
     mixed_precision: str = "autocast"  # how bf16/fp16 is implemented: "autocast" | "master"
@@ -190,6 +180,20 @@ class Backend(ABC, Generic[OptionsT]):
     # whether its worker times the optimizer step on its own (Trainer.timed_optimizer_step): where it cannot,
     # a process with no peer runs no optimizer-timed steps
     times_optimizer: bool = True
+    # The Kubeflow job kind `harness k8s` writes for it, by how its pods learn their node rank: "PyTorchJob"
+    # (MASTER_ADDR and RANK; any launcher with a master and node ranks fits), "TFJob" (TF_CONFIG),
+    # "PaddleJob" (the replica index), or "MPIJob" (node 0's launcher reaches the others over ssh:
+    # starts_remote_ranks); "" where no Kubeflow job runs it.
+    kubeflow_job: str = ""
+    # A framework-free module that reads the stack's trace files, for `harness trace`: it defines FILE_FORMAT
+    # (a name for help and errors) and read_trace_file(raw, world) -> backends.comm_trace.TraceFile, raising
+    # NotThisFormat for another format; "" where the stack's trace is no file a user holds.
+    trace_reader: str = ""
+    # Lower-case words of this stack's error messages that say a rank failed because of another: it gave up
+    # waiting in a collective (timeout) or lost its connection (lost). harness.run.runner tells a failure's
+    # cause from its effects by them, besides the words of the transports every stack uses (gloo, NCCL, TCP).
+    peer_timeout_texts: tuple[str, ...] = ()
+    peer_lost_texts: tuple[str, ...] = ()
     # Every adapter names its options class, the base Options when it has none (a subclass of
     # Backend[ThatClass], so that options() is typed as it).
     Options: type[OptionsT]
@@ -245,6 +249,12 @@ class Backend(ABC, Generic[OptionsT]):
     def validate(self, cfg: RunConfig) -> None:
         """Raise InvalidConfig if this configuration cannot run as asked; called before anything launches."""
 
+    def doctor_checks(self, python: str | None, required: bool) -> list[Check]:
+        """`harness doctor`'s checks of what this stack needs beyond its imports (which the doctor checks for
+        every stack): `python` is its workers' interpreter (None: the harness's), `required` whether the
+        user named this stack (a problem then fails the doctor, else it warns)."""
+        return []
+
     def label(self, cfg: RunConfig) -> str:
         """Name shown in tables: distinguishes variants such as ZeRO stages."""
         return self.name
@@ -253,9 +263,16 @@ class Backend(ABC, Generic[OptionsT]):
         """What this configuration shards across ranks: none | optimizer | gradients | parameters."""
         return "none"
 
+    def schedule(self, cfg: RunConfig) -> Schedule:
+        """The collectives of one step as this stack issues them (backends.schedule): the one declaration
+        the analytic volume (comm_pattern) and the prediction's replay both read. An adapter with its own
+        overrides this in backends/<stack>/schedule.py; the default all-reduces every fp32 gradient once a
+        step, in one call after backward."""
+        return gradients_after_backward(cfg, 4)
+
     def comm_pattern(self, cfg: RunConfig) -> CommPattern:
-        """What this configuration sends per step (the analytic volume); fp32 gradients, once per step."""
-        return gradient_allreduce(cfg, 4)
+        """What this configuration sends per step (the analytic volume): its schedule's terms, summed."""
+        return self.schedule(cfg).comm_pattern()
 
     def settings(self, cfg: RunConfig) -> dict:
         """The framework's own configuration this run hands it (e.g. DeepSpeed's config), for the record."""
@@ -312,6 +329,11 @@ class Backend(ABC, Generic[OptionsT]):
 def device_mask(devices: list[str]) -> dict[str, str]:
     """The environment that shows a launcher exactly these physical GPUs (nothing on CPU)."""
     return {CUDA_MASK: ",".join(devices)} if devices else {}
+
+
+# What torch.distributed's errors say when a peer is gone (ProcessGroupNCCL aborting its communicator), for
+# the adapters of the stacks that run on it (Backend.peer_lost_texts)
+TORCH_DISTRIBUTED_PEER_LOST = ("communicator was aborted",)
 
 
 def torchrun(backend: Backend, cfg: RunConfig, run_dir: Path, port: int, devices: list[str]) -> LaunchPlan:

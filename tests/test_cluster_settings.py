@@ -26,7 +26,7 @@ from backends.horovod_torch.build_env import CPU_ENV, MissingPiece, build_env, c
 from harness.cli import main
 from harness.run.doctor import interface_check, ipv4_interfaces
 from harness.run.runner import isolated_plans, node_plan
-from harness.run.schedulers import JOB_KINDS, manifest
+from harness.run.schedulers import job_kinds, manifest
 
 INSTALL_HOROVOD = REPO / "scripts" / "install_horovod.sh"
 
@@ -214,7 +214,7 @@ def pods(job: dict) -> list[dict]:
 @pytest.mark.unit
 @pytest.mark.parametrize("gpus", [True, False], ids=["gpu", "cpu"])
 @pytest.mark.parametrize("nodes", [1, 2])
-@pytest.mark.parametrize("backend", list(JOB_KINDS))
+@pytest.mark.parametrize("backend", list(job_kinds()))
 def test_every_pod_gets_a_memory_backed_dev_shm_and_the_network_settings(backend, nodes, gpus):
     """A container's /dev/shm is 64 MiB without a volume; NCCL's shared-memory transport needs more. Every pod
     of every kind mounts a memory-backed emptyDir there, gets the NCCL/Gloo interface settings given where
@@ -242,9 +242,9 @@ def test_every_pod_gets_a_memory_backed_dev_shm_and_the_network_settings(backend
             assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
             env = {e["name"]: e.get("value") for e in c["env"]}
             assert {k: env.get(k) for k in NETWORK} == NETWORK
-            if JOB_KINDS[backend] == "PaddleJob":  # its own entry (the node rank) is kept
+            if job_kinds()[backend] == "PaddleJob":  # its own entry (the node rank) is kept
                 assert "NODE_RANK" in env
-    schema = closed(json.loads((CRDS / CRD_FILES[JOB_KINDS[backend]]).read_text()))
+    schema = closed(json.loads((CRDS / CRD_FILES[job_kinds()[backend]]).read_text()))
     errors = [e.message for e in jsonschema.Draft7Validator(schema).iter_errors(job)]
     assert not errors, errors
 

@@ -14,19 +14,17 @@ from datetime import datetime
 
 import pytest
 
-from backends.comm_trace import (
+from backends.comm_trace import tcp_counters, wire_bytes
+from backends.horovod_torch.trace import horovod_collectives, timeline_events
+from backends.paddle_fleet.trace import (
     captured_stderr,
     glog_entries,
     glog_levels,
-    horovod_collectives,
     paddle_reducer_collectives,
     paddle_reducer_groups,
-    tcp_counters,
-    tf_collectives,
-    timeline_events,
-    torch_collectives,
-    wire_bytes,
 )
+from backends.tf_mwms.trace import tf_collectives
+from backends.torch_trace import torch_collectives
 from harness.analyze.metrics import measured_comm
 from harness.analyze.summary import measured_comm_text
 

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 from conftest import harness
 
+from backends.deepspeed_zero import STALE_LOCK_S, extensions_lock_check
 from core.process import free_port
 from harness.cli import main
-from harness.run.doctor import STALE_LOCK_S, data_check, extensions_lock_check, import_check
+from harness.run.doctor import data_check, import_check
 
 
 def test_doctor_runs_every_check_and_fails_on_an_unreachable_host_and_a_busy_port(tmp_path):

@@ -1,6 +1,6 @@
 """The torch trace reader on GPU traces, and `harness trace`, without a GPU.
 
-Real kineto traces of NCCL jobs on A100s (../shared/gpu-traces, from Holistic Trace Analysis's test data;
+Real kineto traces of NCCL jobs on A100s (tests/data/gpu-traces, from Holistic Trace Analysis's test data;
 its README says what each holds): every expected figure is computed here from the raw events (the NCCL
 kernels' own durations and args, ProcessGroupNCCL's nccl:<op> annotations), not by the reader. Hand-made
 traces cover what the files do not: two communicators (DeepSpeed clones the world group) whose kernels
@@ -18,12 +18,12 @@ import shutil
 import pytest
 from conftest import REPO
 
-from backends.comm_trace import torch_collectives
+from backends.torch_trace import torch_collectives
 from harness.cli import main
 
 pytestmark = pytest.mark.unit
 
-TRACES = REPO.parent / "shared" / "gpu-traces"
+TRACES = REPO / "tests" / "data" / "gpu-traces"
 DDP = "a100_ddp_2rank_nccl2.17_rank0.json.gz"
 MIXED = "a100_16rank_mixed_collectives_rank0.json.gz"
 SAMPLED = ["a100_128rank_sampled_rank0.json.gz", "a100_128rank_sampled_rank1.json.gz"]
@@ -39,10 +39,8 @@ ANNOTATIONS = {
 
 
 def trace_path(name: str):
-    path = TRACES / name
-    if not path.is_file():
-        pytest.skip(f"the real GPU traces are not at {TRACES} (shared/gpu-traces beside the repository)")
-    return path
+    """A trace of the repository's own test data: a missing file fails the test, it never skips."""
+    return TRACES / name
 
 
 @functools.cache  # read once per session; nothing here changes a trace

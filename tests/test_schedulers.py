@@ -16,9 +16,11 @@ import yaml
 from conftest import REPO, harness
 from processes import leftovers
 
-from backends import get_backend
+import backends
+from backends import all_backends, get_backend
+from backends.torch_ddp import TorchDDP
 from harness.cli import main
-from harness.run.schedulers import JOB_KINDS, manifest
+from harness.run.schedulers import job_kinds, manifest
 
 RUN = (
     "--backend torch-ddp --steps 3 --warmup 1 --compute-method none "
@@ -124,6 +126,24 @@ def test_sbatch_script_for_a_sweep_on_one_node():
     )
 
 
+class NoKubeflowJob(TorchDDP):
+    """A registered stack whose adapter names no Kubeflow job kind."""
+
+    name = "no-kubeflow-x"
+    kubeflow_job = ""
+
+
+@pytest.mark.unit
+def test_the_job_kind_is_the_adapter_s_and_one_it_lacks_is_one_usage_line(monkeypatch, capsys):
+    assert job_kinds() == {b.name: b.kubeflow_job for b in all_backends()}  # every shipped stack names one
+    monkeypatch.setitem(backends.ADAPTERS, NoKubeflowJob.name, "test_schedulers:NoKubeflowJob")
+    assert NoKubeflowJob.name not in job_kinds()
+    code = main(["k8s", "--image", "img", "run", "--backend", NoKubeflowJob.name, "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"no Kubeflow job kind for backend '{NoKubeflowJob.name}'; backends with one: torch-ddp" in err
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
@@ -163,9 +183,9 @@ NODE_RANK_SOURCE = {
 }
 
 
-@pytest.mark.parametrize("backend", list(JOB_KINDS))
+@pytest.mark.parametrize("backend", list(job_kinds()))
 def test_kubeflow_manifest_has_the_required_fields_of_its_kind(backend):
-    kind = JOB_KINDS[backend]
+    kind = job_kinds()[backend]
     job = yaml.safe_load(
         yaml.safe_dump(
             manifest(backend, "bench-1", "reg/distbench:1", 3, 8, ["--workload", "small"], "shared-results")
@@ -308,13 +328,13 @@ CRD_FILES = {
 @pytest.mark.unit
 @pytest.mark.parametrize("gpus", [True, False], ids=["gpu", "cpu"])
 @pytest.mark.parametrize("nodes", [1, 2])
-@pytest.mark.parametrize("backend", list(JOB_KINDS))
+@pytest.mark.parametrize("backend", list(job_kinds()))
 def test_every_manifest_validates_against_its_operator_s_real_crd_schema(backend, nodes, gpus):
     """What the API server checks on `kubectl apply`: the manifest, as written (YAML), against the CRD's
     structural schema; unknown fields fail too, as the server prunes or rejects them."""
     import jsonschema
 
-    kind = JOB_KINDS[backend]
+    kind = job_kinds()[backend]
     schema = json.loads((CRDS / CRD_FILES[kind]).read_text())
     job = yaml.safe_load(
         yaml.safe_dump(

@@ -16,12 +16,24 @@ gets the same configuration. This package is not called `deepspeed` because the 
 """
 
 import os
+import shlex
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from backends import interpreter
-from backends.base import WORKER_SCRIPT, Backend, LaunchPlan, Options, option, worker_python
-from backends.deepspeed_zero.comm import stage3_settings, zero_comm_pattern
+from backends.base import (
+    TORCH_DISTRIBUTED_PEER_LOST,
+    WORKER_SCRIPT,
+    Backend,
+    Check,
+    LaunchPlan,
+    Options,
+    option,
+    worker_python,
+)
+from backends.deepspeed_zero.comm import stage3_settings
+from backends.deepspeed_zero.schedule import zero_schedule
 from core.precision import LOW_PRECISIONS, autocast_numerics, low_precision_module_numerics
 from core.process import Process
 
@@ -46,6 +58,26 @@ def extensions_dir(python: str | None = None) -> Path | None:
         return Path(os.environ["TORCH_EXTENSIONS_DIR"])
     prefix = interpreter.venv_prefix(python)
     return prefix / EXTENSIONS_SUBDIR if prefix else None
+
+
+STALE_LOCK_S = 15 * 60  # no JIT build of one op takes this long here; a lock this old is a killed build's
+
+
+def extensions_lock_check(root: Path | None, required: bool, now: float) -> Check:
+    """torch's JIT build guards each op's folder with a `lock` file and waits, with no limit, while one is
+    there; a build that was killed leaves it, and every DeepSpeed run then hangs until its timeout."""
+    root = root or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "torch_extensions"
+    stale = sorted(
+        lock for lock in root.glob("**/lock") if lock.is_file() and now - lock.stat().st_mtime > STALE_LOCK_S
+    )
+    got = f"{len(stale)} stale, remove with: rm {shlex.join(map(str, stale))}" if stale else "none"
+    return Check(
+        "DeepSpeed op build locks",
+        f"find {root} -name lock",
+        f"no lock older than {STALE_LOCK_S // 60} min (a killed build's)",
+        got,
+        "ok" if not stale else ("FAIL" if required else "warn"),
+    )
 
 
 SHARDING = {0: "none", 1: "optimizer", 2: "gradients", 3: "parameters"}
@@ -136,12 +168,20 @@ class DeepSpeed(Backend[DeepSpeedOptions]):
     module with fp32 master weights (--ds-mixed-precision native)."""
 
     name, framework, launcher, also_requires = "deepspeed", "torch", "deepspeed", ("deepspeed",)
+    extra = "deepspeed"
     collective_api = "deepspeed.comm"
     compute_methods = ("isolated",)
+    kubeflow_job = "PyTorchJob"  # its launcher takes the master and node rank as torchrun's does
+    trace_reader = "backends.torch_trace"
+    peer_lost_texts = TORCH_DISTRIBUTED_PEER_LOST
     Options = DeepSpeedOptions
 
     def stage(self, cfg) -> int:
         return self.options(cfg).zero_stage
+
+    def doctor_checks(self, python, required):
+        """No stale lock of a killed JIT build of DeepSpeed's ops in the workers' environment."""
+        return [extensions_lock_check(extensions_dir(python), required, time.time())]
 
     def label(self, cfg):
         return (
@@ -176,12 +216,12 @@ class DeepSpeed(Backend[DeepSpeedOptions]):
             "mixed_precision": "autocast; master (--ds-mixed-precision native)",
         }
 
-    def comm_pattern(self, cfg):
+    def schedule(self, cfg):
         """Gradients are reduced, and ZeRO-3 parameters gathered, in the engine's communication dtype:
-        the model's dtype (fp32 under autocast, bf16/fp16 for a native low-precision module); the terms
-        per stage: comm.py."""
+        the model's dtype (fp32 under autocast, bf16/fp16 for a native low-precision module); the calls
+        per stage: schedule.py."""
         element = ELEMENT_BYTES[cfg.precision] if native_low_precision(cfg) else 4
-        return zero_comm_pattern(cfg, self.stage(cfg), element)
+        return zero_schedule(cfg, self.stage(cfg), element, module_precision(cfg))
 
     def settings(self, cfg):
         """The engine's configuration, as handed to deepspeed.initialize (gradient_clipping included)."""

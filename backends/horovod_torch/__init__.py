@@ -18,10 +18,10 @@ from backends.base import (
     LaunchPlan,
     Options,
     device_mask,
-    gradient_allreduce,
     option,
     worker_python,
 )
+from backends.horovod_torch.schedule import horovod_schedule
 from core.precision import autocast_numerics
 from core.process import Process
 
@@ -52,9 +52,12 @@ class Horovod(Backend[HorovodOptions]):
     counterfactual. Node 0's horovodrun starts every node's workers."""
 
     name, framework, launcher, also_requires = "horovod", "torch", "horovodrun", ("horovod",)
+    extra = "horovod"  # then scripts/install_horovod.sh builds Horovod itself
     collective_api = "horovod.torch"
     compute_methods = ("isolated",)
     starts_remote_ranks = True
+    kubeflow_job = "MPIJob"  # its launcher pod's horovodrun starts the worker pods' ranks over ssh
+    peer_lost_texts = ("horovod has been shut down",)
     Options = HorovodOptions
 
     def available_in(self, where):
@@ -84,10 +87,10 @@ class Horovod(Backend[HorovodOptions]):
     def label(self, cfg):
         return self.name + ("-fp16comp" if self.options(cfg).compression == "fp16" else "")
 
-    def comm_pattern(self, cfg):
+    def schedule(self, cfg):
         """Gradients are fp32 (autocast keeps fp32 parameters), unless compressed to fp16 for the wire;
-        all-reduced once per step (backward_passes_per_step = the accumulation steps)."""
-        return gradient_allreduce(cfg, 2 if self.options(cfg).compression == "fp16" else 4)
+        fused and all-reduced during backward: schedule.py."""
+        return horovod_schedule(cfg, 2 if self.options(cfg).compression == "fp16" else 4)
 
     def numerics(self, cfg):
         """torch.autocast as DDP; --hvd-compression fp16 casts the fp32 gradients to fp16 for the

@@ -12,15 +12,13 @@ from typing import Literal
 from backends.base import (
     WORKER_SCRIPT,
     Backend,
-    CommPattern,
-    CommTerm,
     LaunchPlan,
     Options,
     device_mask,
-    gradient_allreduce,
     option,
     worker_python,
 )
+from backends.paddle_fleet.schedule import fleet_schedule
 from core.precision import autocast_numerics, low_precision_module_numerics
 from core.process import Process
 
@@ -60,8 +58,10 @@ class PaddleFleet(Backend[PaddleOptions]):
     name = "paddle-fleet"
     framework = "paddle"
     launcher = "paddle.distributed.launch"
+    extra = "paddle"
     collective_api = "paddle.distributed"
     compute_methods = ("no_sync", "isolated")
+    kubeflow_job = "PaddleJob"
     Options = PaddleOptions
 
     def compute_methods_for(self, options):
@@ -99,45 +99,10 @@ class PaddleFleet(Backend[PaddleOptions]):
     def features(self):
         return {**super().features(), "sharding": list(SHARDING.values())}
 
-    def comm_pattern(self, cfg):
-        """Gradients travel in the parameters' dtype: fp32 under O1, bf16/fp16 under O2. Plain data parallel
-        all-reduces once per step (no_sync before the last micro-batch). Stage 1 reduces gradients to their
-        owners in the optimizer step and broadcasts the updated parameters (an all-reduce's volume, once
-        per step), and on CPU gloo's reduce also gathers each reduced chunk to its owner; stages 2 and 3
-        reduce gradients in backward hooks, every micro-batch, and stage 3 gathers parameters for forward
-        and for backward (stages 2 and 3 run only on GPU: assumed, not yet measured)."""
-        dtype_bytes = 2 if self.master_weights(cfg) else 4
-        stage, n, accum = self.options(cfg).sharding_stage, cfg.spec.n_params, cfg.grad_accum
-        if stage == 0:
-            return gradient_allreduce(cfg, dtype_bytes)
-        terms = [CommTerm("reduce_scatter", n, dtype_bytes, 1 if stage == 1 else accum, "gradients")]
-        if stage == 3:
-            terms.append(
-                CommTerm("all_gather", n, dtype_bytes, 2 * accum, "parameters (forward and backward)")
-            )
-        else:
-            terms.append(CommTerm("all_gather", n, dtype_bytes, 1, "updated parameters"))
-        if stage == 1 and cfg.device != "cuda":
-            # gloo's reduce (gloo/reduce.cc) is a ring reduce-scatter and then a gather of each rank's chunk
-            # to the root, so a rank also sends its reduced chunk of every tensor it does not own: on
-            # average (n-1)/n x S/n, an all-gather's bytes for S/n (1/(2n) of the two terms above)
-            terms.append(
-                CommTerm(
-                    "all_gather",
-                    n // cfg.world_size,
-                    dtype_bytes,
-                    1,
-                    "reduced chunks gathered to each gradient's owner (gloo's reduce)",
-                )
-            )
-            note = (
-                "on CPU gloo's reduce is a ring reduce-scatter then a gather to the root: each rank also "
-                "sends its 1/n chunk of every gradient it does not own, counted as an all-gather of 1/n of "
-                "the gradients (the same bytes; 1 + 1/(2n) times the reduce-scatter and all-gather)"
-            )
-        else:
-            note = "" if stage == 1 else "stages 2/3: per-micro-batch reduction assumed"
-        return CommPattern(tuple(terms), note)
+    def schedule(self, cfg):
+        """Gradients travel in the parameters' dtype: fp32 under O1, bf16/fp16 under O2; the collectives
+        per stage: schedule.py."""
+        return fleet_schedule(cfg, self.options(cfg).sharding_stage, 2 if self.master_weights(cfg) else 4)
 
     def collective_ops(self, cfg):
         """Paddle's gloo process group (CPU) implements no reduce_scatter or all_to_all."""

@@ -17,10 +17,10 @@ from backends.base import (
     Backend,
     LaunchPlan,
     Options,
-    gradient_allreduce,
     option,
     worker_python,
 )
+from backends.tf_mwms.schedule import mwms_schedule
 from core.config import InvalidConfig
 from core.precision import LOW_PRECISIONS, autocast_numerics
 from core.process import Process, free_port
@@ -155,9 +155,15 @@ class TFMultiWorkerMirrored(Backend[TFOptions]):
     name = "tf-mwms"
     framework = "tensorflow"
     launcher = "TF_CONFIG per worker process"
+    extra = "tf"
     collective_api = "tf.distribute replica context (MWMS)"
     compute_methods = ("isolated",)  # MWMS has no switch that turns the gradient all-reduce off
     times_optimizer = False  # the gradient all-reduce and the update are one traced function
+    kubeflow_job = "TFJob"
+    # TensorFlow's error classes (gRPC's DeadlineExceeded and Unavailable) and its collective executor's
+    # abort, as its messages name them
+    peer_timeout_texts = ("deadline exceeded", "deadlineexceeded")
+    peer_lost_texts = ("unavailableerror", "collective ops is aborted")
     Options = TFOptions
 
     def validate(self, cfg):
@@ -193,10 +199,10 @@ class TFMultiWorkerMirrored(Backend[TFOptions]):
             activations=cfg.precision,
         )
 
-    def comm_pattern(self, cfg):
+    def schedule(self, cfg):
         """Gradients of the fp32 variables (also under a mixed policy), accumulated in local buffers and
-        all-reduced once per step by apply_gradients."""
-        return gradient_allreduce(cfg, 4)
+        all-reduced once per step by apply_gradients: schedule.py."""
+        return mwms_schedule(cfg)
 
     def commbench_label(self, cfg):
         return self.name + variant(cfg)

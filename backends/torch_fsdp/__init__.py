@@ -7,27 +7,20 @@ runs in it (param_dtype; no autocast); gradients are reduce-scattered in fp32 (r
 suite's bf16 definition (core.precision) and torchtitan's default have it, unless --fp32-reduce off.
 """
 
-import math
 from dataclasses import dataclass
 
-from backends.base import Backend, CommPattern, CommTerm, Options, on_off, option, torchrun
-from core.config import RunConfig
+from backends.base import (
+    TORCH_DISTRIBUTED_PEER_LOST,
+    Backend,
+    Options,
+    on_off,
+    option,
+    torchrun,
+)
+from backends.torch_fsdp.schedule import fsdp_schedule
 from core.precision import LOW_PRECISIONS, autocast_numerics
 
 ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-EMBEDDINGS = ("tok_emb", "pos_emb")
-
-
-def gathered_numels(cfg: RunConfig) -> dict[str, int]:
-    """Elements each parameter's all-gather returns (and its reduce-scatter takes) under FSDP2, by neutral
-    name: FSDP2 cuts a parameter on dim 0 into world-size chunks padded to the first one's length, so dim
-    0 counts as rounded up to a multiple of N. Dim 0 in PyTorch's layout: a Linear's out_features (the
-    neutral spec stores the transpose, workloads/spec.py), an embedding's rows."""
-    world, out = cfg.world_size, {}
-    for name, shape in cfg.spec.parameter_shapes().items():
-        dim0 = shape[1] if len(shape) == 2 and name not in EMBEDDINGS else shape[0]
-        out[name] = math.prod(shape) // dim0 * (-(-dim0 // world) * world)
-    return out
 
 
 @dataclass(frozen=True)
@@ -54,11 +47,15 @@ class TorchFSDP(Backend[FSDPOptions]):
     name = "torch-fsdp"
     framework = "torch"
     launcher = "torchrun"
+    extra = "torch"
     collective_api = "torch.distributed (FSDP2's)"
     # With gradient sync off FSDP would still all-gather every parameter, so only the isolated
     # counterfactual measures compute without communication.
     compute_methods = ("isolated",)
     mixed_precision = "autocast"  # fp32 state, low-precision compute: the same bytes as autocast
+    kubeflow_job = "PyTorchJob"
+    trace_reader = "backends.torch_trace"
+    peer_lost_texts = TORCH_DISTRIBUTED_PEER_LOST
     Options = FSDPOptions
 
     def label(self, cfg):
@@ -93,25 +90,12 @@ class TorchFSDP(Backend[FSDPOptions]):
     def sharding(self, cfg):
         return "parameters"
 
-    def comm_pattern(self, cfg):
-        """Per micro-batch, each block's parameters are all-gathered in the compute dtype for forward and,
-        when resharded after forward, again for backward; the root's (embeddings, final LayerNorm) once,
-        as FSDP2 never reshards the root after forward. Parameters are resharded after every backward, so
-        each micro-batch gathers again. Gradients are reduce-scattered in reduce_dtype once per step
-        (gradient sync off on the earlier micro-batches). Each tensor counts as FSDP2 pads its shards
-        (gathered_numels)."""
+    def schedule(self, cfg):
+        """Parameters gathered in the compute dtype (param_dtype), gradients reduce-scattered in
+        reduce_dtype: schedule.py."""
         opts = self.options(cfg)
-        gather = ELEMENT_BYTES[cfg.precision]
-        numels = gathered_numels(cfg)
-        blocks = sum(n for name, n in numels.items() if name.startswith("blocks."))
-        root = sum(numels.values()) - blocks
-        block_gathers = 2 if opts.reshard_after_forward else 1
-        return CommPattern(
-            (
-                CommTerm("all_gather", root, gather, cfg.grad_accum, "root parameters (embeddings, ln_f)"),
-                CommTerm("all_gather", blocks, gather, block_gathers * cfg.grad_accum, "block parameters"),
-                CommTerm("reduce_scatter", sum(numels.values()), self.reduce_bytes(cfg), 1, "gradients"),
-            )
+        return fsdp_schedule(
+            cfg, ELEMENT_BYTES[cfg.precision], self.reduce_bytes(cfg), opts.reshard_after_forward
         )
 
     def launch(self, cfg, run_dir, port, devices):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from backends import all_backends
+from backends import REFERENCE_BACKEND, all_backends
 from core.precision import DEFINITION_TEXT
 from core.records import DEFAULT_OUT, load_records, write_atomic
 from harness.analyze.analysis import DEFAULT_NOISE_CV, aggregate, contexts, runs_table
@@ -302,9 +302,10 @@ def advice(r, at: pd.DataFrame, ref_label: str | None, noise_cv: float) -> str:
 
 
 def memory_reference(at: pd.DataFrame) -> str | None:
-    """The yardstick for model state: plain replicated data parallelism if measured, else the heaviest."""
-    if "torch-ddp" in set(at["label"]):
-        return "torch-ddp"
+    """The yardstick for model state: plain replicated data parallelism (the suite's REFERENCE_BACKEND) if
+    measured, else the heaviest."""
+    if REFERENCE_BACKEND in set(at["label"]):
+        return REFERENCE_BACKEND
     states = at.dropna(subset=["model_state_bytes"])
     return states.loc[states["model_state_bytes"].idxmax(), "label"] if len(states) else None
 
@@ -540,8 +541,7 @@ def commbench_sections(records: list[dict], with_figures: bool) -> list[Section]
             "Each stack's own collective API, started by its launcher: per size, the median over calls of "
             "the slowest rank's time (from a barrier to the device idle); algbw = size / time and busbw = "
             "algbw x 2(n-1)/n (all_reduce), (n-1)/n (all_gather, reduce_scatter, all_to_all) or 1 "
-            "(broadcast), as nccl-tests defines them; α and β fitted to t = α + size·busfactor/β; α per call "
-            "in bursts: fitted to the time per call of 8 calls queued back to back (up to 1 MiB). "
+            "(broadcast), as nccl-tests defines them; α and β fitted to t = α + size·busfactor/β. "
             "Repeated records: the median of their medians."
         ],
     )
@@ -572,7 +572,6 @@ def commbench_sections(records: list[dict], with_figures: bool) -> list[Section]
                     label,
                     op,
                     num(value(last.alpha_s) and last.alpha_s * 1e6, "{:,.1f}"),
-                    num(value(last.alpha_burst_s) and last.alpha_burst_s * 1e6, "{:,.1f}"),
                     num(value(last.beta_busbw_Bps) and last.beta_busbw_Bps / 1e9, "{:.3g}"),
                     nbytes(last.bytes),
                     num(last.busbw_Bps / 1e9, "{:.3g}"),
@@ -585,7 +584,6 @@ def commbench_sections(records: list[dict], with_figures: bool) -> list[Section]
                     "stack",
                     "op",
                     "α µs",
-                    "α µs per call in bursts",
                     "β GB/s (bus)",
                     "largest size",
                     "busbw GB/s there",

@@ -1,6 +1,7 @@
-"""`harness trace FILE...`: the collectives of PyTorch profiler (kineto) traces, one file per rank, read
-by the same reader the torch workers use for their records (backends.comm_trace.torch_collectives), so a
-trace from any job, on GPU or CPU, can be checked without running anything.
+"""`harness trace FILE...`: the collectives of the trace files a stack's profiler writes (PyTorch profiler
+(kineto) traces), one file per rank, read by the reader its adapter names (Backend.trace_reader), the same
+one its workers use for their records, so a trace from any job, on GPU or CPU, can be checked without
+running anything.
 
 Per file and op: calls, bytes (nccl-tests' size S summed over the calls), time (the NCCL kernels', or on
 CPU the gloo work's), algbw = S / time and busbw = S x the op's bus factor / time, summed over the calls
@@ -20,7 +21,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from backends.comm_trace import is_nccl_kernel, torch_collectives
+from backends import all_backends, load
+from backends.comm_trace import NotThisFormat
 from harness.analyze.metrics import bus_factor
 from harness.usage import EXIT_OK, UsageError, positive
 
@@ -29,9 +31,16 @@ def one_line(exc: Exception) -> str:
     return " ".join(str(exc).split())
 
 
-def load_trace(path: Path) -> dict:
-    """The trace document of one file (JSON, or gzip-compressed JSON as torch writes *.json.gz); a file
-    that is missing or is no profiler trace is a usage error naming it."""
+def trace_readers() -> list:
+    """The modules that read the stacks' trace files (each adapter's trace_reader, once each), in the
+    registry's order."""
+    names = dict.fromkeys(b.trace_reader for b in all_backends() if b.trace_reader)
+    return [load(name) for name in names]
+
+
+def file_bytes(path: Path) -> bytes:
+    """What one file holds, decompressed where it is gzip (torch writes *.json.gz); a file that is missing
+    or cut short is a usage error naming it."""
     if not path.is_file():
         raise UsageError(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
     raw = path.read_bytes()
@@ -40,13 +49,7 @@ def load_trace(path: Path) -> dict:
             raw = gzip.decompress(raw)
         except (OSError, EOFError, zlib.error) as exc:
             raise UsageError(f"{path}: not a readable gzip file ({one_line(exc)})") from None
-    try:
-        doc = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UsageError(f"{path}: not JSON ({one_line(exc)})") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
-        raise UsageError(f"{path}: not a PyTorch profiler trace (no traceEvents list)")
-    return doc
+    return raw
 
 
 def op_figures(calls: list[dict]) -> dict[str, dict]:
@@ -81,22 +84,27 @@ def op_figures(calls: list[dict]) -> dict[str, dict]:
 
 
 def read_file(path: Path, world: int | None) -> dict:
-    doc = load_trace(path)
-    info = doc.get("distributedInfo") or {}
-    world_size = info.get("world_size") or world
-    if not world_size:
-        raise UsageError(f"{path}: the trace names no world size (no distributedInfo); give --world N")
-    events = doc["traceEvents"]
-    gpu = any(e.get("ph") == "X" and "name" in e and is_nccl_kernel(e) for e in events)
-    calls = torch_collectives(events, world_size)
-    return {
-        "file": str(path),
-        "rank": info.get("rank"),
-        "world_size": world_size,
-        "timed_by": "NCCL kernels" if gpu else "gloo work events",
-        "ops": op_figures(calls),
-        "collectives": calls,
-    }
+    """One rank's trace file, read by the first stack's reader whose format it is; a file no reader takes is
+    a usage error with every reader's reason."""
+    raw = file_bytes(path)
+    reasons = []
+    for reader in trace_readers():
+        try:
+            found = reader.read_trace_file(raw, world)
+        except NotThisFormat as exc:
+            reasons.append(str(exc))
+            continue
+        except ValueError as exc:
+            raise UsageError(f"{path}: {one_line(exc)}") from None
+        return {
+            "file": str(path),
+            "rank": found.rank,
+            "world_size": found.world_size,
+            "timed_by": found.timed_by,
+            "ops": op_figures(found.collectives),
+            "collectives": found.collectives,
+        }
+    raise UsageError(f"{path}: {'; '.join(reasons) or 'no installed stack reads trace files'}")
 
 
 def text(x, spec: str) -> str:
@@ -145,12 +153,12 @@ def cmd_trace(args) -> int:
 
 
 def register(subparsers) -> None:
+    formats = ", ".join(reader.FILE_FORMAT for reader in trace_readers())
     p = subparsers.add_parser(
-        "trace", help="collectives in PyTorch profiler traces: calls, bytes, time, algbw/busbw, overlap"
+        "trace",
+        help=f"collectives in the stacks' trace files ({formats}): calls, bytes, time, algbw/busbw, overlap",
     )
-    p.add_argument(
-        "files", nargs="+", type=Path, help="torch.profiler traces (.json or .json.gz), one per rank"
-    )
+    p.add_argument("files", nargs="+", type=Path, help="trace files, one per rank (gzip-compressed or not)")
     p.add_argument("--json", action="store_true", help="print one JSON document (per file: ops and calls)")
     p.add_argument(
         "--world", type=positive, help="ranks in the job, for traces without distributedInfo.world_size"

@@ -17,19 +17,16 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
 from backends import all_backends, backend_names, get_backend, interpreter
-from backends.base import NETWORK_SETTINGS, network_settings
-from backends.deepspeed_zero import extensions_dir
+from backends.base import NETWORK_SETTINGS, Check, network_settings
 from core.process import REPO_ROOT, free_port
 from core.records import DEFAULT_OUT
-from harness.run.devices import visible_gpus
+from harness.run.devices import gpu_query, visible_gpus
 from harness.run.nodes import add_node_arguments, node_layout, requested_world
 from harness.usage import EXIT_FAILED, EXIT_OK, choice, positive
 from workloads.data import Shard, make_source, micro_batches
@@ -39,17 +36,7 @@ MIN_FREE_BYTES = 1 << 30  # results are small, but logs and weight dumps are not
 IMPORT_TIMEOUT_S = 180
 COLLECTIVE_TIMEOUT_S = 120
 CONNECT_TIMEOUT_S = 3.0
-STALE_LOCK_S = 15 * 60  # no JIT build of one op takes this long here; a lock this old is a killed build's
 PROBE = REPO_ROOT / "backends" / "allreduce_probe.py"
-
-
-@dataclass
-class Check:
-    name: str
-    command: str
-    expected: str
-    got: str
-    status: str  # "ok" | "FAIL" | "warn" (shown, does not fail the doctor)
 
 
 def run(argv: list[str], timeout: float) -> tuple[int | None, str]:
@@ -106,9 +93,7 @@ def device_check(device: str, per_node: int) -> Check:
             True,
             f"{'CPU workers' if device == 'cpu' else 'any (auto: GPUs if visible, else CPU)'}",
         )
-    return Check(
-        "devices", "nvidia-smi --query-gpu=name --format=csv,noheader", expected, got, "ok" if ok else "FAIL"
-    )
+    return Check("devices", shlex.join(gpu_query(("name",))), expected, got, "ok" if ok else "FAIL")
 
 
 def collective_check(backend: str, n: int = 2, python: str | None = None) -> Check:
@@ -246,23 +231,6 @@ def disk_check(out: Path) -> Check:
     )
 
 
-def extensions_lock_check(root: Path | None, required: bool, now: float) -> Check:
-    """torch's JIT build guards each op's folder with a `lock` file and waits, with no limit, while one is
-    there; a build that was killed leaves it, and every DeepSpeed run then hangs until its timeout."""
-    root = root or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "torch_extensions"
-    stale = sorted(
-        lock for lock in root.glob("**/lock") if lock.is_file() and now - lock.stat().st_mtime > STALE_LOCK_S
-    )
-    got = f"{len(stale)} stale, remove with: rm {shlex.join(map(str, stale))}" if stale else "none"
-    return Check(
-        "DeepSpeed op build locks",
-        f"find {root} -name lock",
-        f"no lock older than {STALE_LOCK_S // 60} min (a killed build's)",
-        got,
-        "ok" if not stale else ("FAIL" if required else "warn"),
-    )
-
-
 IFF_LOOPBACK = 0x8  # in /sys/class/net/<interface>/flags
 NET_DIR = Path("/sys/class/net")
 
@@ -340,8 +308,8 @@ def cmd_doctor(args) -> int:
     with ThreadPoolExecutor(max_workers=len(modules) or 1) as pool:  # one subprocess per framework, at once
         checks += list(pool.map(lambda mp: import_check(mp[0], mp in required, mp[1]), modules))
     checks.append(device_check(device, per_node))
-    if any(b.name == "deepspeed" for b in backends):
-        checks.append(extensions_lock_check(extensions_dir(pythons.get("deepspeed")), named, time.time()))
+    for b in backends:  # what each stack checks of its own
+        checks += b.doctor_checks(pythons.get(b.name), named)
     torch_python = next(
         (pythons[b.name] for b in backends if b.framework == "torch" and b.name in pythons), None
     )

@@ -3,9 +3,9 @@
 How the nodes agree without a coordinator of our own:
 - every node gets the same layout (--nodes, --gpus-per-node, --hosts/--hostfile, --master ADDR:PORT) and the
   same --run-id; only --node-rank differs (or it is found from this host's place in --hosts);
-- so every node writes into the same run dir, out/logs/<run_id>/ on a shared filesystem: its ranks'
-  rankN.json, its launcher log, and node<R>.json, written when the node starts and again when its launcher
-  has exited (exit codes, timed out or not);
+- so every node writes into the same run dir, out/logs/<run_id>/ on a shared filesystem: its ranks' event
+  streams rankN.events.jsonl, its launcher log, and node<R>.json, written when the node starts and again
+  when its launcher has exited (exit codes, timed out or not);
 - node 0 then waits for every node that has started to finish, gathers all ranks' records and writes the
   record. A node whose marker never shows up shares no filesystem with node 0 (or never ran): node 0 writes
   what it has, and `harness collect` completes the record once the other nodes' run dirs are copied over.
@@ -20,6 +20,7 @@ import socket
 import time
 from pathlib import Path
 
+from backends import all_backends
 from core.config import RunConfig
 from core.records import write_json_atomic
 from harness.run.launch import LaunchResult, stopped
@@ -63,7 +64,8 @@ def add_node_arguments(p) -> None:
         action="store_true",
         help="this harness only starts the ranks on the hosts (an MPIJob's launcher pod, which has no GPU "
         "of its own): the device is the hosts', given as --device cuda or cpu and not checked here; for "
-        "backends whose launcher reaches the other hosts (horovod), with --compute-method none",
+        "backends whose launcher reaches the other hosts "
+        f"({', '.join(b.name for b in all_backends() if b.starts_remote_ranks)}), with --compute-method none",
     )
     g.add_argument(
         "--master",
@@ -180,7 +182,7 @@ def check_run_id(run_id: str | None, cfg: RunConfig, out_dir: Path) -> None:
         raise UsageError(f"--run-id '{run_id}': use letters, digits, '.', '_' and '-' (up to 128)")
     run_dir = Path(out_dir) / "logs" / run_id
     if (Path(out_dir) / f"{run_id}.json").exists() or (
-        cfg.node_rank == 0 and any(run_dir.glob("rank*.json"))
+        cfg.node_rank == 0 and any(run_dir.glob("rank*.events.jsonl"))
     ):
         raise UsageError(f"run id '{run_id}' was used before in {out_dir}: give a new --run-id")
 

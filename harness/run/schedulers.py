@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from backends import get_backend
+from backends import all_backends, get_backend
 from backends.base import network_settings
 from core.process import REPO_ROOT
 from harness.run import commands, sweep
@@ -28,17 +28,11 @@ from harness.run.nodes import LAYOUT_FLAGS, requested_world
 from harness.run.options import build_config
 from harness.usage import EXIT_OK, Parser, UsageError, positive
 
-# The Kubeflow job kind that runs each backend, and how its pods learn their node rank: the
-# training-operator (v1.9) serves PyTorchJob, TFJob and PaddleJob (kubeflow.org/v1); MPIJob v2beta1 is
-# served by the standalone mpi-operator v2 (the training-operator's MPIJob is v1: no sshAuthMountPath).
-JOB_KINDS = {
-    "torch-ddp": "PyTorchJob",
-    "torch-fsdp": "PyTorchJob",
-    "deepspeed": "PyTorchJob",
-    "horovod": "MPIJob",
-    "tf-mwms": "TFJob",
-    "paddle-fleet": "PaddleJob",
-}
+# The Kubeflow job kinds a backend's adapter may name (Backend.kubeflow_job), by how their pods learn their
+# node rank: the training-operator (v1.9) serves PyTorchJob, TFJob and PaddleJob (kubeflow.org/v1); MPIJob
+# v2beta1 is served by the standalone mpi-operator v2 (the training-operator's MPIJob is v1: no
+# sshAuthMountPath).
+KUBEFLOW_JOB_KINDS = ("PyTorchJob", "TFJob", "PaddleJob", "MPIJob")
 KUBEFLOW_V1 = "kubeflow.org/v1"
 MPI_API = "kubeflow.org/v2beta1"
 REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
@@ -369,7 +363,7 @@ def manifest(
     operator's rank variables (our launchers set their own), and runs the harness for its node. Every pod
     gets a memory-backed /dev/shm (SHM_VOLUME) and, in its environment, `network` (the NCCL/Gloo
     interface settings given where the manifest is written)."""
-    kind = JOB_KINDS[backend]
+    kind = job_kind(backend)
     run = shlex.join(
         [
             "harness",
@@ -470,19 +464,36 @@ def manifest(
     }
 
 
+def job_kinds() -> dict[str, str]:
+    """Backend -> the Kubeflow job kind its adapter names (Backend.kubeflow_job), for those that name one."""
+    return {b.name: b.kubeflow_job for b in all_backends() if b.kubeflow_job in KUBEFLOW_JOB_KINDS}
+
+
+def job_kind(backend: str) -> str:
+    """The Kubeflow job kind of `backend`; a usage error where its adapter names none (or one this file
+    cannot write)."""
+    kind = get_backend(backend).kubeflow_job
+    if kind not in KUBEFLOW_JOB_KINDS:
+        raise UsageError(
+            f"no Kubeflow job kind for backend '{backend}'"
+            + (f" (its adapter names '{kind}', not one of {', '.join(KUBEFLOW_JOB_KINDS)})" if kind else "")
+            + f"; backends with one: {', '.join(job_kinds())}"
+        )
+    return kind
+
+
 def cmd_k8s(args) -> int:
     harness_args = strip_separator(args.harness_args)
     run_args = checked_command("run", harness_args, args.nodes, args.gpus_per_node)
     backend = run_args.backend
-    if backend not in JOB_KINDS:
-        raise UsageError(f"no Kubeflow job kind for backend '{backend}'; known: {', '.join(JOB_KINDS)}")
-    if JOB_KINDS[backend] == "MPIJob" and run_args.compute_method not in ("auto", "none"):
+    kind = job_kind(backend)
+    if kind == "MPIJob" and run_args.compute_method not in ("auto", "none"):
         raise UsageError(
             f"--compute-method {run_args.compute_method}: an MPIJob's launcher pod runs no rank, so no "
             "isolated counterfactual either; the job runs with --compute-method none (no exposed ratio)"
         )
     name = args.name or f"distbench-{backend}-{uuid.uuid4().hex[:6]}"
-    check_job_name(name, JOB_KINDS[backend], args.nodes)
+    check_job_name(name, kind, args.nodes)
     job = manifest(
         backend,
         name,
