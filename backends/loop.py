@@ -6,6 +6,8 @@ imports a framework.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
 import platform
 import resource
@@ -15,6 +17,7 @@ import sys
 import time
 import traceback
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -22,8 +25,9 @@ import psutil
 
 from backends import get_backend
 from core.config import RunConfig
+from core.events import MEASURED, PHASE_END, PHASE_START, RESULT, STEP, EventLog, rank_record, read_events
+from core.hooks import NO_HOOKS, TestHooks
 from core.process import seen_process_settings
-from core.records import write_json_atomic
 from workloads.data import Shard, make_source, micro_batches
 
 # Environment variables through which the launchers tell a process its rank, in the order we trust them.
@@ -115,9 +119,10 @@ def rank_from_env() -> int:
     return 0
 
 
-def inject_fault(cfg: RunConfig, rank: int, step: int) -> None:
-    """Test-only: make one rank fail in a chosen way at a chosen step, so failure handling is testable."""
-    fault = cfg.fault
+def inject_fault(hooks: TestHooks, rank: int, step: int) -> None:
+    """Test-only (core.hooks): make one rank fail in a chosen way at a chosen step, so failure handling is
+    testable."""
+    fault = hooks.fault
     if not fault or fault["rank"] != rank or fault["step"] != step:
         return
     kind = fault["kind"]
@@ -161,6 +166,17 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
+@functools.cache
+def this_process() -> psutil.Process:
+    return psutil.Process()
+
+
+def rss_bytes() -> int:
+    """The process's resident memory now: one read of /proc/self/statm, cheap enough for every step's
+    event (written after the step's clock has stopped)."""
+    return this_process().memory_info().rss
+
+
 def minor_page_faults() -> int:
     """Page faults of this process served without I/O so far. Re-faulting memory the allocator gave back
     costs step time on CPU, so the loop records them per measured step."""
@@ -201,147 +217,219 @@ def optimizer_timed_steps(cfg: RunConfig) -> int:
 TRACE_LOST = "lost: the rank ended while its collective trace ran or stopped, after its measured steps"
 
 
-def run_training(trainer: Trainer, cfg: RunConfig, weights_path: Path | None = None, checkpoint=None) -> dict:
-    """The timing rules every backend shares; returns the raw rank record.
+@dataclass(frozen=True)
+class Phase:
+    """One stretch of the timed loop, as data. run_training runs every phase alike, step after step, each
+    step timed by the same rules; a phase says only how its steps run and what the record keeps of them.
+    Announced in the rank's events (core.events.PHASE_START) with this description."""
 
-    A step is timed from a device-synchronised boundary to the next: taking this rank's micro-batches
-    (recorded separately as data wait), the framework's step, and the loss read-back. The micro-batches are
-    prepared before the step's clock starts, as a prefetching data loader would have them ready (their
-    preparation time is recorded as data_prep). Warm-up steps are run and dropped; allocator peaks and the
-    peak RSS are reset after them. Then, if the trainer can switch gradient sync off, `compute_steps` more
-    steps run with sync off (after the measured ones, since they let replicas drift); the first of those is
-    dropped too, as the switch can itself trigger one-off work. `weights_path`: where to save the final
-    weights of the measured steps (before the sync-off steps move them). A process with no peer instead runs
-    `optimizer_timed_steps` more, each timing its optimizer step between device synchronisations
-    (Trainer.timed_optimizer_step), so no synchronisation enters the measured steps. Last, after memory is
-    read, `trace_steps` more run under the stack's profiler for the collective trace
-    (Trainer.trace_collectives); their times are recorded apart, as profiling slows them. Before them the
-    record of everything measured goes to `checkpoint` (with its trace TRACE_LOST), so a rank that dies
-    while tracing still has its measurements on file, and after them the record with its trace; after
-    compute-only steps one synced step re-aligns the ranks first.
+    name: str
+    """warm-up | measured | optimizer-timed | compute-only | traced: the events' `phase`."""
+    steps: int
+    """Steps it runs, its `settle` steps included; 0 where it does not apply to this rank."""
+    sync_grads: bool = True
+    """False: gradient synchronisation switched off (Trainer.step's sync_grads), for t_compute."""
+    time_optimizer: bool = False
+    """Trainer.timed_optimizer_step times each optimizer step between device synchronisations."""
+    traced: bool = False
+    """Its kept steps run under the stack's profiler (Trainer.trace_collectives), after the record of
+    everything measured is on file (core.events.MEASURED): profiling slows steps, so nothing else is taken
+    from them but the trace."""
+    measured: bool = False
+    """The run's measured steps: allocator peaks and peak RSS are reset before them, minor page faults
+    counted over them, model state and final weights read after them."""
+    settle: int = 0
+    """Leading steps run and dropped: the one-off work switching sync off can trigger; before a trace, the
+    synced step that re-aligns ranks a sync-off phase let drift, so the first traced call does not take up
+    that skew as its time (outside the profiler)."""
+    keeps: dict[str, str] = field(default_factory=dict)
+    """What the rank record keeps of its kept steps: step event field -> the record's list."""
+
+
+def training_phases(trainer: Trainer, cfg: RunConfig) -> list[Phase]:
+    """The timed loop of this rank, in order. Compute-only steps come after the measured ones, since they
+    let replicas drift; a process with no peer times its optimizer in steps of its own, so no
+    synchronisation enters its measured steps; the collective trace comes last."""
+    alone = cfg.process_group_size == 1
+    compute = bool(
+        trainer.can_skip_grad_sync and cfg.compute_method == "no_sync" and not alone and cfg.compute_steps
+    )
+    trace = bool(cfg.trace_comm and cfg.trace_steps and not alone)
+    return [
+        Phase("warm-up", cfg.warmup, keeps={"loss": "warmup_losses"}),
+        Phase(
+            "measured",
+            cfg.steps,
+            measured=True,
+            keeps={"step_time_s": "step_times", "loss": "losses", "data_prep_s": "data_prep"},
+        ),
+        Phase(
+            "optimizer-timed",
+            optimizer_timed_steps(cfg) if alone else 0,
+            time_optimizer=True,
+            keeps={
+                "step_time_s": "optimizer_timed_step_times",
+                "optimizer_step_time_s": "optimizer_step_times",
+            },
+        ),
+        Phase(
+            "compute-only",
+            cfg.compute_steps + 1 if compute else 0,
+            sync_grads=False,
+            settle=1 if compute else 0,
+            keeps={"step_time_s": "compute_only_step_times"},
+        ),
+        Phase(
+            "traced", cfg.trace_steps + compute if trace else 0, traced=True, settle=int(compute and trace)
+        ),
+    ]
+
+
+def run_training(
+    trainer: Trainer,
+    cfg: RunConfig,
+    events: EventLog,
+    hooks: TestHooks = NO_HOOKS,
+    weights_path: Path | None = None,
+) -> dict:
+    """The timing rules every backend shares: runs training_phases and returns the rank's result record,
+    without its per-step series, which its step events carry (core.events.rank_record joins them).
+
+    A step is timed from a device-synchronised boundary to the next: the framework's step and the loss
+    read-back, nothing else. Its micro-batches are prepared before its clock starts, as a prefetching data
+    loader would have them ready (the preparation's time is kept as data_prep), and its event is written
+    after its clock has stopped. Warm-up steps are run and dropped (their losses kept). `weights_path`:
+    where to save the final weights of the measured steps (before later phases move them). The memory
+    figures are read after the last untraced phase; before a traced phase the record of everything measured
+    goes to the events (its trace TRACE_LOST), so a rank that dies while tracing still has its
+    measurements on file, and again after it with its trace, should the teardown that follows fail.
     """
     source = make_source(cfg.spec.vocab_size, cfg.spec.seq_len, cfg.global_batch, cfg.seed, cfg.data_path)
     shard = data_shard(cfg, trainer.rank)
+    # the tokens this process's group steps over: the run's, or an isolated worker's one rank's share
+    group_tokens = cfg.tokens_per_step * cfg.process_group_size / cfg.world_size
+    next_step = 0
+    measured: dict = {"peak_rss_scope": "process lifetime"}
 
-    def timed_step(step: int, sync_grads: bool) -> tuple[float, float, float, float]:
+    def timed_step(step: int, sync_grads: bool) -> tuple[float, float, float]:
+        """(step time, loss, batch preparation time) of one step."""
         t_prep = time.perf_counter()
-        prepared = micro_batches(source, shard, step)
+        batches = micro_batches(source, shard, step)
         t_prep = time.perf_counter() - t_prep
         trainer.synchronize()
         t0 = time.perf_counter()
-        batches = prepared
-        t_data = time.perf_counter() - t0
         loss = trainer.step(batches, sync_grads=sync_grads)
-        if cfg.step_delay_s:
-            time.sleep(cfg.step_delay_s)
+        if hooks.step_delay_s:
+            time.sleep(hooks.step_delay_s)
         trainer.synchronize()
-        return time.perf_counter() - t0, t_data, loss, t_prep
+        return time.perf_counter() - t0, loss, t_prep
 
-    step_times, data_wait, data_prep, losses, warmup_losses = [], [], [], [], []
-    peak_rss_scope = "process lifetime"
-    for step in range(cfg.warmup + cfg.steps):
-        if step == cfg.warmup:
+    def run_steps(phase: Phase, count: int, kept: bool) -> list[float]:
+        nonlocal next_step
+        times = []
+        for step in range(next_step, next_step + count):
+            inject_fault(hooks, trainer.rank, step)
+            timed_before = len(trainer.optimizer_times)
+            t, loss, t_prep = timed_step(step, phase.sync_grads)
+            next_step = step + 1
+            step_event = {
+                "phase": phase.name,
+                "step": step,
+                "loss": loss,
+                "step_time_s": t,
+                "tokens_per_s": group_tokens / t if t > 0 else None,
+                "data_prep_s": t_prep,
+                "rss_bytes": rss_bytes(),
+                "kept": kept,
+            }
+            if len(trainer.optimizer_times) > timed_before:
+                step_event["optimizer_step_time_s"] = sum(trainer.optimizer_times[timed_before:])
+            events.emit(STEP, **step_event)
+            times.append(t)
+        return times
+
+    def result() -> dict:
+        """Everything measured but the per-step series, once every untraced phase has run."""
+        return {
+            "rank": trainer.rank,
+            "host": socket.gethostname(),
+            "device": trainer.device_name,
+            "local_rank": trainer.local_rank,
+            "pid": os.getpid(),
+            "status": "ok",
+            "comm_trace": None,
+            "math_mode": trainer.math_mode(),
+            "memory": {
+                "peak_rss": peak_rss_bytes(),
+                "peak_rss_scope": measured["peak_rss_scope"],
+                **trainer.memory(),
+            },
+            "model_state_bytes": measured["model_state"],
+            "minor_faults_per_step": measured["minor_faults_per_step"],
+            "versions": {"python": platform.python_version(), **trainer.versions()},
+            "interpreter": sys.executable,  # the environment this rank ran in (RunConfig.python)
+            "threads": cfg.threads_per_worker,
+            "process_settings": seen_process_settings(),
+        }
+
+    record: dict | None = None
+    for phase in training_phases(trainer, cfg):
+        if phase.traced and phase.steps:
+            record = result()
+            events.emit(MEASURED, record={**record, "comm_trace": {"method": None, "reason": TRACE_LOST}})
+        events.emit(PHASE_START, phase=phase.name, first_step=next_step, **phase_fields(phase))
+        started, first = time.perf_counter(), next_step
+        if phase.measured:
             trainer.reset_peak_memory()
-            peak_rss_scope = "after warm-up" if reset_peak_rss() else "process lifetime"
+            measured["peak_rss_scope"] = "after warm-up" if reset_peak_rss() else "process lifetime"
             faults_at_start = minor_page_faults()
-        inject_fault(cfg, trainer.rank, step)
-        t, t_data, loss, t_prep = timed_step(step, True)
-        if step < cfg.warmup:
-            warmup_losses.append(loss)
-        else:
-            step_times.append(t)
-            data_wait.append(t_data)
-            data_prep.append(t_prep)
-            losses.append(loss)
-        if trainer.rank == 0:
-            print(
-                f"step {step:4d} loss {loss:.4f} time {t * 1e3:8.1f} ms"
-                f"{' (warm-up)' if step < cfg.warmup else ''}",
-                flush=True,
+        trainer.time_optimizer = phase.time_optimizer
+        run_steps(phase, phase.settle, kept=False)
+        if phase.traced and phase.steps and record is not None:
+            record["comm_trace"] = trainer.trace_collectives(
+                lambda phase=phase: run_steps(phase, phase.steps - phase.settle, kept=True)
             )
-    minor_faults_per_step = (minor_page_faults() - faults_at_start) / cfg.steps
-    model_state = trainer.model_state_bytes()  # after a full step, so gradients and moments exist
-    model_state["total"] = sum(model_state.values())
-    weights = trainer.final_weights() if weights_path else None  # collective for sharded models: all ranks
-    if weights is not None and weights_path is not None and trainer.rank == 0:
-        np.savez(weights_path, **weights)
-
-    first = cfg.warmup + cfg.steps
-    optimizer_timed_times = []  # the whole steps, to set beside the measured ones (their synchronisations)
-    if cfg.process_group_size == 1:  # no peer: a 1-rank run or an isolated-counterfactual worker
-        timed_steps = optimizer_timed_steps(cfg)
-        trainer.time_optimizer = True
-        for step in range(first, first + timed_steps):
-            t, _, loss, _ = timed_step(step, True)
-            optimizer_timed_times.append(t)
-            if trainer.rank == 0:
-                print(f"step {step:4d} loss {loss:.4f} time {t * 1e3:8.1f} ms (optimizer-timed)", flush=True)
+            events.emit(MEASURED, record=record)
+        else:
+            run_steps(phase, phase.steps - phase.settle, kept=True)
         trainer.time_optimizer = False
-        first += timed_steps
+        if phase.measured:
+            measured["minor_faults_per_step"] = (minor_page_faults() - faults_at_start) / phase.steps
+            state = trainer.model_state_bytes()  # after a full step, so gradients and moments exist
+            measured["model_state"] = {**state, "total": sum(state.values())}
+            weights = trainer.final_weights() if weights_path else None  # collective when sharded: all ranks
+            if weights is not None and weights_path is not None and trainer.rank == 0:
+                np.savez(weights_path, **weights)
+        events.emit(
+            PHASE_END,
+            phase=phase.name,
+            steps=next_step - first,
+            elapsed_s=time.perf_counter() - started,
+            memory={"rss_bytes": rss_bytes(), **trainer.memory()},
+        )
+    return record if record is not None else result()
 
-    compute_times = []
-    if (
-        trainer.can_skip_grad_sync
-        and cfg.compute_method == "no_sync"
-        and cfg.process_group_size > 1
-        and cfg.compute_steps
-    ):
-        for step in range(first, first + cfg.compute_steps + 1):
-            t, _, loss, _ = timed_step(step, False)
-            if step > first:
-                compute_times.append(t)
-            if trainer.rank == 0:
-                print(f"step {step:4d} loss {loss:.4f} time {t * 1e3:8.1f} ms (compute-only)", flush=True)
-        first += cfg.compute_steps + 1
 
-    memory = {"peak_rss": peak_rss_bytes(), "peak_rss_scope": peak_rss_scope, **trainer.memory()}
-    record = {
-        "rank": trainer.rank,
-        "host": socket.gethostname(),
-        "device": trainer.device_name,
-        "local_rank": trainer.local_rank,
-        "pid": os.getpid(),
-        "status": "ok",
-        "step_times": step_times,
-        "data_wait": data_wait,
-        "data_prep": data_prep,
-        "losses": losses,
-        "warmup_losses": warmup_losses,
-        "compute_only_step_times": compute_times,
-        "optimizer_step_times": list(trainer.optimizer_times),
-        "optimizer_timed_step_times": optimizer_timed_times,
-        "comm_trace": None,
-        "math_mode": trainer.math_mode(),
-        "memory": memory,
-        "model_state_bytes": model_state,
-        "minor_faults_per_step": minor_faults_per_step,
-        "versions": {"python": platform.python_version(), **trainer.versions()},
-        "interpreter": sys.executable,  # the environment this rank ran in (RunConfig.python)
-        "threads": cfg.threads_per_worker,
-        "process_settings": seen_process_settings(),
-    }
-    if cfg.trace_comm and cfg.trace_steps and cfg.process_group_size > 1:
-        if checkpoint:
-            checkpoint({**record, "comm_trace": {"method": None, "reason": TRACE_LOST}})
-        if compute_times:  # steps without a collective let the ranks drift apart: one synced step, untimed,
-            timed_step(first, True)  # so the first traced call does not take up that skew as its time
-            first += 1
-        traced = range(first, first + cfg.trace_steps)
-
-        def traced_steps() -> list[float]:
-            times = []
-            for step in traced:
-                inject_fault(cfg, trainer.rank, step)
-                t, _, loss, _ = timed_step(step, True)
-                times.append(t)
-                if trainer.rank == 0:
-                    print(f"step {step:4d} loss {loss:.4f} time {t * 1e3:8.1f} ms (traced)", flush=True)
-            return times
-
-        record["comm_trace"] = trainer.trace_collectives(traced_steps)
-        if checkpoint:  # again with the trace, should the teardown that follows fail (a peer gone)
-            checkpoint(record)
+def run_to_record(trainer: Trainer, cfg: RunConfig, path: Path, hooks: TestHooks = NO_HOOKS) -> dict:
+    """run_training in this process, into the event stream at `path`, ended with its result as a worker
+    ends it; returns the rank record the harness folds from that stream. For probes and tests that run
+    the loop without a worker process."""
+    events = EventLog(path, trainer.rank)
+    try:
+        events.emit(RESULT, record=run_training(trainer, cfg, events, hooks))
+    finally:
+        events.close()
+    record = rank_record(read_events(path))
+    if record is None:  # the result was just written
+        raise RuntimeError(f"{path}: no result in the stream just written")
     return record
+
+
+def phase_fields(phase: Phase) -> dict:
+    """A phase's description but its name, for its PHASE_START event."""
+    fields = dataclasses.asdict(phase)
+    del fields["name"]
+    return fields
 
 
 class Terminated(BaseException):
@@ -361,26 +449,26 @@ def record_termination() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def record_failure(path: Path, exc: BaseException) -> None:
-    """Write the record of a rank that raised, deaf to SIGTERM while it writes: a rank that failed because
-    a peer died is sent SIGTERM by its launcher moments later, and a Terminated raised while this record is
-    written would leave no record at all, so the rank would be taken for the one that died. A SIGTERM that
+def record_failure(events: EventLog, exc: BaseException) -> None:
+    """Write the result of a rank that raised, deaf to SIGTERM while it writes: a rank that failed because
+    a peer died is sent SIGTERM by its launcher moments later, and a Terminated raised while this result is
+    written would leave none at all, so the rank would be taken for the one that died. A SIGTERM that
     lands before the handler is switched off raises Terminated once (the handler then ignores the next),
-    so the record is written again. Afterwards SIGTERM ends the process, so a rank stuck on its way out
+    so the result is written again. Afterwards SIGTERM ends the process, so a rank stuck on its way out
     is still ended by its launcher."""
     try:
-        write_failure_record(path, exc)
+        write_failure_record(events, exc)
     except Terminated:
-        write_failure_record(path, exc)
+        write_failure_record(events, exc)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def write_failure_record(path: Path, exc: BaseException) -> None:
-    """record_failure's one attempt: SIGTERM off, then the record."""
+def write_failure_record(events: EventLog, exc: BaseException) -> None:
+    """record_failure's one attempt: SIGTERM off, then the result event."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     record = failure_record(exc)
     print(record["traceback"], file=sys.stderr, flush=True)
-    write_json_atomic(path, record)
+    events.emit(RESULT, record=record)
 
 
 def failure_record(exc: BaseException) -> dict:

@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 
 from backends import get_backend
-from backends.comm_trace import torch_collectives
 from backends.loop import Trainer, cpu_name
+from backends.torch_trace import torch_collectives
 from core.config import RunConfig
 from core.precision import checked, dtype_name, master_weights, tf32_switches
 from workloads.torch_model import GPT, Block
@@ -189,7 +189,7 @@ class TorchTrainer(Trainer):
         """torch's profiler (kineto) over the traced steps, CPU ops with input shapes and, on GPU, CUDA
         kernels: every collective the stack issues through torch.distributed (DDP's buckets, FSDP2's
         gathers and reduce-scatters, ZeRO's through deepspeed.comm) as c10d ops, timed by their gloo work or
-        NCCL kernel (backends.comm_trace). Entered through torch.autograd.profiler.profile, the profiler
+        NCCL kernel (backends.torch_trace). Entered through torch.autograd.profiler.profile, the profiler
         torch.profiler.profile wraps: the wrapper's start imports torch._inductor (about 2 s per run on a
         CPU VM) to read a CUDA-graphs setting that does not concern this trace."""
         from torch.autograd import profiler

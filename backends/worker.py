@@ -2,15 +2,16 @@
 
 It sends this rank's stdout/stderr (the framework's native logs too) to RUN_DIR/rank{R}.log, builds the
 backend's Trainer and runs the shared timed loop (or, for `harness commbench`, its Collectives and their
-timing loop), and writes RUN_DIR/rank{R}.json atomically — also when the
-rank fails, so the harness can say which rank broke and why. Before a training rank's collective trace it
-also writes RUN_DIR/rank{R}.measured.json, everything measured (again with the trace, before teardown),
-which the harness keeps if the rank dies while tracing or tearing down.
+timing loop), and writes what happens to its event stream RUN_DIR/rank{R}.events.jsonl (core.events): its
+start, the loop's phases and steps, everything measured before its collective trace, and its result, also
+when the rank fails, so the harness can say which rank broke and why. Test hooks (core.hooks) come from
+RUN_DIR/test_hooks.json where the harness wrote one.
 """
 
 import importlib
 import json
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -20,8 +21,9 @@ from backends import get_backend  # noqa: E402
 from backends.commbench import run_collectives  # noqa: E402
 from backends.loop import rank_from_env, record_failure, record_termination, run_training  # noqa: E402
 from core.config import RunConfig  # noqa: E402
+from core.events import RESULT, RUN_START, EventLog, events_path  # noqa: E402
+from core.hooks import TestHooks  # noqa: E402
 from core.process import die_with_parent  # noqa: E402
-from core.records import write_json_atomic  # noqa: E402
 
 
 def redirect_output(log_path: Path) -> None:
@@ -37,27 +39,35 @@ def main(run_dir: Path) -> int:
     record_termination()
     rank = rank_from_env()
     redirect_output(run_dir / f"rank{rank}.log")
-    cfg = RunConfig.from_dict(json.loads((run_dir / "config.json").read_text()))
+    events = EventLog(events_path(run_dir, rank), rank)
     try:
+        cfg = RunConfig.from_dict(json.loads((run_dir / "config.json").read_text()))
+        hooks = TestHooks.read(run_dir)
+        events.emit(
+            RUN_START,
+            kind="commbench" if cfg.commbench else "training",
+            backend=cfg.backend,
+            world_size=cfg.world_size,
+            process_group_size=cfg.process_group_size,
+            isolated_index=cfg.isolated_index,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            test_hooks=hooks.to_dict(),
+        )
         backend = get_backend(cfg.backend)
         if cfg.commbench:  # `harness commbench`: time the stack's collectives instead of training
             comm = importlib.import_module(backend.collectives_module).make_collectives(cfg)
-            record = run_collectives(comm, cfg)
+            record = run_collectives(comm, cfg, hooks)
             comm.close()
         else:
             trainer = importlib.import_module(backend.worker_module).make_trainer(cfg)
-            measured_path = run_dir / f"rank{rank}.measured.json"
-            record = run_training(
-                trainer,
-                cfg,
-                run_dir / "weights_rank0.npz" if cfg.dump_weights else None,
-                checkpoint=lambda measured: write_json_atomic(measured_path, measured),
-            )
+            weights = run_dir / "weights_rank0.npz" if cfg.dump_weights else None
+            record = run_training(trainer, cfg, events, hooks, weights)
             trainer.close()
+        events.emit(RESULT, record=record)
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a recorded result
-        record_failure(run_dir / f"rank{rank}.json", exc)
+        record_failure(events, exc)
         return 1
-    write_json_atomic(run_dir / f"rank{rank}.json", record)
     return 0
 
 

@@ -14,7 +14,6 @@ from workloads.spec import ModelSpec
 PRECISIONS = ("fp32", "bf16", "fp16")
 DEVICES = ("auto", "cuda", "cpu")
 COMPUTE_METHODS = ("auto", "no_sync", "isolated", "none")
-FAULT_KINDS = ("raise", "exit", "sigkill", "sigstop", "hang", "oom")
 # The collectives `harness commbench` measures, by the names nccl-tests and torch.distributed share.
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
 COMMBENCH_DTYPES = {"fp32": 4, "bf16": 2}  # element bytes
@@ -72,8 +71,6 @@ class RunConfig:
     # Set only for the isolated counterfactual: this worker runs alone (world 1) on data shard
     # `isolated_index` of the real N-rank run.
     isolated_index: int | None = None
-    step_delay_s: float = 0.0  # test-only injected per-step slowdown (regression tests); 0 in real use
-    fault: dict | None = None  # test-only fault injection {"rank", "step", "kind"}; see backends.base
     dump_weights: bool = False  # rank 0 saves its final weights (neutral names) for equivalence tests
     # Set for `harness commbench`: the workers time collectives (CommbenchSpec's fields) instead of training.
     commbench: dict | None = None
@@ -144,11 +141,6 @@ class CommbenchSpec:
     """Timed calls per op and size; the figures are medians over them."""
     warmup: int = 5
     """Untimed calls first (connection set-up, buffer registration, algorithm selection)."""
-    under_load: bool = False
-    """Also time every call while each rank runs one compute thread beside it (matrix products at the
-    worker's thread count). On a CPU a training step's collectives share the cores with its compute, and
-    there a call takes longer than on idle cores (its threads wait to be scheduled); the local prediction
-    profile prices collectives with these times. CPU only."""
 
     @property
     def element_bytes(self) -> int:
@@ -159,7 +151,13 @@ class CommbenchSpec:
 
     @classmethod
     def from_dict(cls, d: dict) -> CommbenchSpec:
-        return cls(**{**d, "ops": tuple(d["ops"]), "sizes": tuple(d["sizes"])})
+        """From a record's config; settings this version no longer has (`under_load`, from records that
+        also timed calls beside a compute thread) are left out."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(
+            **{k: v for k, v in d.items() if k in known}
+            | {"ops": tuple(d["ops"]), "sizes": tuple(d["sizes"])}
+        )
 
 
 def migrate_config(d: dict) -> dict:

@@ -1,5 +1,6 @@
 """Hand-made run records with known answers, built the way the runner builds them: raw rank records in the
-shape backends.loop.run_training (and failure_record) returns, assembled by harness.run.runner.assemble_record
+shape the runner folds from a rank's events (core.events.rank_record), assembled by
+harness.run.runner.assemble_record
 with the registered adapter, so the record schema and the summary live only in the runner and
 harness.analyze.metrics. Lets analysis/report/compare tests cover every backend without launching one.
 
@@ -9,8 +10,8 @@ nothing here is computed by the code under test, so a broken formula cannot agre
 from __future__ import annotations
 
 from backends import get_backend
-from core.config import RunConfig
-from harness.run.runner import assemble_record
+from core.config import CommbenchSpec, RunConfig
+from harness.run.runner import assemble_commbench_record, assemble_record
 from workloads.spec import PRESETS, ModelSpec
 
 DEVICE = "cpu: Test CPU"
@@ -82,13 +83,12 @@ def rank_record(
     device: str = DEVICE,
     compute_times: list[float] = (),
     losses: list[float] | None = None,
-    data_wait: float = 0.0,
     peak_rss: int = 400 << 20,
     state_total: float = TINY_MODEL_STATE,
     allocated: int | None = None,
     versions: dict | None = None,
 ) -> dict:
-    """A raw rank record of a rank that finished, in the shape backends.loop.run_training returns."""
+    """A raw rank record of a rank that finished, in the shape the runner folds from its events."""
     n = len(step_times)
     memory = {"peak_rss": peak_rss}
     if allocated is not None:
@@ -101,7 +101,6 @@ def rank_record(
         "pid": 1000 + rank,
         "status": "ok",
         "step_times": list(map(float, step_times)),
-        "data_wait": [data_wait] * n,
         "losses": losses if losses is not None else [7.0 - 0.1 * i for i in range(n)],
         "warmup_losses": [7.1],
         "compute_only_step_times": list(compute_times),
@@ -263,8 +262,8 @@ def make_record(
     else:
         culprit = min(1, gpus - 1)
         stopped = "Terminated: stopped by SIGTERM (from its launcher or the harness)"
-        ranks = [
-            failed_rank(r, status)
+        ranks = [  # a rank says failed or oom of itself; timeout and crashed are verdicts on the run
+            failed_rank(r, status if status == "oom" else "failed")
             if r == culprit
             else failed_rank(r, "failed", stopped, terminated=True, peak_rss=peak_rss)
             for r in range(gpus)
@@ -285,3 +284,57 @@ def make_record(
 
 def tokens_per_step(gpus: int, micro_batch: int = 8, workload: str = "tiny") -> int:
     return micro_batch * gpus * PRESETS[workload].seq_len
+
+
+def call_time(op: str, size: int) -> float:
+    """A commbench call's seconds, fixed by hand: 50 us of latency plus the size at 1 GB/s."""
+    return 50e-6 + size / 1e9
+
+
+def commbench_rank(rank: int, spec: CommbenchSpec, *, device: str = DEVICE) -> dict:
+    """A raw rank record of a commbench rank that finished, in the shape backends.commbench returns: every
+    op at every size, each of its `iters` calls taking call_time."""
+    return {
+        "rank": rank,
+        "host": "testhost",
+        "device": device,
+        "pid": 1000 + rank,
+        "status": "ok",
+        "collectives": [
+            {"op": op, "bytes": size, "times": [call_time(op, size)] * spec.iters}
+            for op in spec.ops
+            for size in spec.sizes
+        ],
+        "versions": VERSIONS,
+        "threads": 1,
+        "process_settings": None,
+    }
+
+
+def make_commbench_record(
+    label: str = "torch-ddp",
+    gpus: int = 2,
+    *,
+    ops: tuple[str, ...] = ("all_reduce", "all_gather"),
+    sizes: tuple[int, ...] = (1024, 65536, 1 << 20),
+    status: str = "ok",
+) -> dict:
+    """The record `harness commbench` would write for these calls (a failed one: rank 0 raised)."""
+    spec = CommbenchSpec(ops=ops, sizes=sizes, iters=4, warmup=1)
+    cfg = config(label, gpus, commbench=spec.to_dict(), threads_per_worker=1)
+    run_id = f"test-{label}-commbench-n{gpus}-{status}"
+    if status == "ok":
+        ranks, error = [commbench_rank(r, spec) for r in range(gpus)], None
+    else:
+        ranks = [failed_rank(0)] + [commbench_rank(r, spec) for r in range(1, gpus)]
+        error = {"rank": 0, "message": ranks[0]["error"], "log_tail": []}
+    return assemble_commbench_record(
+        get_backend(cfg.backend),
+        cfg,
+        run_id,
+        ranks,
+        status=status,
+        error=error,
+        launch={"returncodes": [0 if status == "ok" else 1], "elapsed_s": 1.0, "log_dir": f"logs/{run_id}"},
+        environment=environment(DEVICE, gpus),
+    )

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from record_factory import assemble, config, environment, make_record, rank_record
 
+from core.events import PHASE_START, STEP, EventLog, events_path
 from core.records import write_json_atomic
 from harness.analyze.analysis import aggregate, runs_table
 from harness.analyze.export import github_benchmark, run_name, write_tensorboard
@@ -29,7 +30,7 @@ MEAN_LOSS = [5.0, 4.0, 3.0, 2.0]
 
 def two_rank_record() -> dict:
     cfg = config("torch-ddp", 2, steps=4, warmup=1, micro_batch=8, compute_method="none")
-    ranks = [rank_record(r, RANK_TIMES[r], losses=RANK_LOSSES[r], data_wait=0.01 * (r + 1)) for r in (0, 1)]
+    ranks = [rank_record(r, RANK_TIMES[r], losses=RANK_LOSSES[r]) for r in (0, 1)]
     return assemble(cfg, "run-a", ranks, environment=environment(world=2))
 
 
@@ -53,7 +54,7 @@ def test_tensorboard_export_round_trips_every_steps_figures(tmp_path):
     np.testing.assert_allclose(
         [v for _, v in scalars["throughput/tokens_per_s"]], [2048 / t for t in SLOWEST], rtol=1e-6
     )
-    np.testing.assert_allclose([v for _, v in scalars["time/data_wait_s"]], [0.02] * 4, rtol=1e-6)
+    assert sorted(scalars) == ["loss", "throughput/tokens_per_s", "time/step_s"]
 
 
 @pytest.mark.subprocess
@@ -159,15 +160,23 @@ def test_github_benchmark_leaves_out_what_was_not_measured():
 
 
 @contextlib.contextmanager
-def following_a_log(cfg, tmp_path):
-    """A plain-line display that follows rank 0's log from launch to the writing of the record: yields
-    the log (open for writing), the display and what it printed."""
+def following_a_stream(tmp_path):
+    """A plain-line display that follows rank 0's event stream from launch to the writing of the record:
+    yields the stream's writer, the display and what it printed."""
     stream = io.StringIO()
-    with RunDisplay(cfg, live=False, stream=stream) as display:
-        display.phase("launching", log=tmp_path / "rank0.log")
-        with open(tmp_path / "rank0.log", "w") as f:
-            yield f, display, stream
+    with RunDisplay(live=False, stream=stream) as display:
+        display.phase("launching", events=events_path(tmp_path, 0))
+        log = EventLog(events_path(tmp_path, 0), 0)
+        yield log, display, stream
         display.phase("writing the record")
+
+
+def phase(log: EventLog, name: str, steps: int) -> None:
+    log.emit(PHASE_START, phase=name, steps=steps)
+
+
+def step(log: EventLog, name: str, index: int, loss: float, ms: float, tokens: int = 2048) -> None:
+    log.emit(STEP, phase=name, step=index, loss=loss, step_time_s=ms / 1e3, tokens_per_s=tokens / (ms / 1e3))
 
 
 def shown(stream) -> tuple[list[str], list[str]]:
@@ -177,18 +186,23 @@ def shown(stream) -> tuple[list[str], list[str]]:
 
 
 def test_plain_progress_names_each_phase_and_reads_only_whole_lines(tmp_path):
-    cfg = config("torch-ddp", 2, steps=4, warmup=1, compute_steps=2, compute_method="no_sync")
-    with following_a_log(cfg, tmp_path) as (f, display, stream):
-        f.write("[W socket] some framework noise\n")
-        f.write("step    0 loss 7.0000 time    100.0 ms (warm-up)\n")
-        for step in range(1, 5):
-            f.write(f"step {step:4d} loss {7 - step:.4f} time    200.0 ms\n")
-        f.write("step    5 loss 3.0000 time    150.0 ms (compute-only)\n")
-        f.write("step    6 loss 3.0000 time    1")  # still being written: not read yet
-        f.flush()
+    """Phases as rank 0's stream announces them (one that runs no step here is not shown), steps counted
+    in theirs; a line still being written is read once it is whole."""
+    with following_a_stream(tmp_path) as (log, display, stream):
+        phase(log, "warm-up", 1)
+        step(log, "warm-up", 0, 7.0, 100.0)
+        phase(log, "measured", 4)
+        for i in range(1, 5):
+            step(log, "measured", i, 7 - i, 200.0)
+        phase(log, "optimizer-timed", 0)
+        phase(log, "compute-only", 3)
+        step(log, "compute-only", 5, 3.0, 150.0)
+        with open(log.path, "ab") as f:
+            f.write(b'{"event": "step", "phase": "compute-only", "step": 6, "loss": 3.0, "step_t')
         display.poll()
         assert "compute-only 1/3" in stream.getvalue() and "2/3" not in stream.getvalue()
-        f.write("50.0 ms (compute-only)\n")
+        with open(log.path, "ab") as f:
+            f.write(b'ime_s": 0.15, "tokens_per_s": 13653.3}\n')
     lines, phases = shown(stream)
     assert phases == ["launching", "warm-up", "measured", "compute-only", "writing the record"]
     # 2,048 tokens a step in 200 ms
@@ -199,13 +213,15 @@ def test_plain_progress_names_each_phase_and_reads_only_whole_lines(tmp_path):
 def test_plain_progress_shows_a_one_rank_runs_optimizer_timed_steps_as_their_own_phase(tmp_path):
     """A process with no peer times its optimizer in steps after the measured ones: they are shown as
     their own phase, not counted as measured steps past the total."""
-    cfg = config("torch-ddp", 1, steps=3, warmup=1)
-    with following_a_log(cfg, tmp_path) as (f, _, stream):
-        f.write("step    0 loss 7.0000 time    100.0 ms (warm-up)\n")
-        for step in range(1, 4):
-            f.write(f"step {step:4d} loss {7 - step:.4f} time    200.0 ms\n")
-        for step in range(4, 7):
-            f.write(f"step {step:4d} loss {7 - step:.4f} time    210.0 ms (optimizer-timed)\n")
+    with following_a_stream(tmp_path) as (log, _, stream):
+        phase(log, "warm-up", 1)
+        step(log, "warm-up", 0, 7.0, 100.0)
+        phase(log, "measured", 3)
+        for i in range(1, 4):
+            step(log, "measured", i, 7 - i, 200.0)
+        phase(log, "optimizer-timed", 3)
+        for i in range(4, 7):
+            step(log, "optimizer-timed", i, 7 - i, 210.0)
     lines, phases = shown(stream)
     assert phases == ["launching", "warm-up", "measured", "timing the optimizer", "writing the record"]
     assert any(line.startswith("  measured 3/3: step 3") for line in lines)

@@ -20,6 +20,8 @@ from processes import leftovers
 
 from backends import loop
 from backends.loop import record_termination
+from core.events import EventLog, events_path, rank_record, read_events
+from core.hooks import TestHooks
 from core.records import load_record, load_records
 
 RUN = (
@@ -88,8 +90,9 @@ def test_a_rank_that_failed_still_writes_its_record_when_its_launcher_then_sends
                     return real_signal(signum, handler)
 
                 mp.setattr(loop.signal, "signal", signal_after_a_sigterm)
-            loop.record_failure(tmp_path / "rank0.json", error)
-        record = json.loads((tmp_path / "rank0.json").read_text())
+            loop.record_failure(EventLog(events_path(tmp_path, 0), 0), error)
+        record = rank_record(read_events(events_path(tmp_path, 0)))
+        assert record is not None and record["status"] == "failed"
         assert record["error"].startswith("RuntimeError: Connection closed by peer")
         assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
     finally:
@@ -142,34 +145,52 @@ def test_a_run_is_kept_only_if_every_rank_had_measured_before_it_failed():
 @pytest.mark.unit
 @pytest.mark.parametrize("traced", [False, True], ids=["died tracing", "died tearing down"])
 def test_the_record_names_the_phase_the_culprit_died_in(tmp_path, traced, monkeypatch):
-    """write_record from a run dir as the ranks leave it: rank 1 exited without a record, rank 0 then
-    failed on its lost peer, both had measured. The culprit is rank 1; the phase is the collective trace
-    if its measured record is the one from before the trace, teardown if it had rewritten it after. The
-    run is ok, with no error; a commbench run is never kept so."""
+    """write_record from a run dir as the ranks leave it: rank 1 exited without a result (its stream ends
+    in a torn line), rank 0 then failed on its lost peer, both had measured. The culprit is rank 1; the
+    phase is the collective trace if its last measured event is the one from before the trace, teardown if
+    it had written it again after. The run is ok, with no error, its test hooks named at the top; a
+    commbench run is never kept so."""
     import dataclasses
 
+    from record_factory import environment, rank_record
+
     from backends import get_backend
-    from core.config import RunConfig
+    from core.config import CommbenchSpec, RunConfig
     from harness.run import runner
     from harness.run.runner import write_record
     from workloads.spec import PRESETS
 
-    monkeypatch.setattr(runner, "environment", lambda *args: {})  # its platform and git probes: processes
+    # the runner's platform and git probes start processes
+    monkeypatch.setattr(runner, "environment", lambda *args: environment(world=2))
 
-    cfg = RunConfig("torch-ddp", "tiny", PRESETS["tiny"], 2, "cpu")
+    cfg = RunConfig("torch-ddp", "tiny", PRESETS["tiny"], 2, "cpu", compute_method="none")
     run_dir = tmp_path / "logs" / "r1"
     run_dir.mkdir(parents=True)
     marker = {"node_rank": 0, "finished": True, "returncodes": [1], "timed_out": False, "stopped": None}
     (run_dir / "node0.json").write_text(json.dumps({**marker, "elapsed_s": 9.0, "ranks_ok": True}))
     trace = {"method": "torch profiler (kineto)", "steps": 1, "collectives": []} if traced else None
+    measured = {"step_time_s": "step_times", "loss": "losses"}
     for r in (0, 1):
-        rank = {"rank": r, "status": "ok", "step_times": [0.1], "losses": [7.0], "host": "h", "device": "cpu"}
-        rank["comm_trace"] = trace or {"method": None, "reason": loop.TRACE_LOST}
-        (run_dir / f"rank{r}.measured.json").write_text(json.dumps(rank))
+        log = EventLog(events_path(run_dir, r), r)
+        log.emit("phase_start", phase="warm-up", steps=0, keeps={"loss": "warmup_losses"})
+        log.emit("phase_start", phase="measured", steps=1, keeps=measured)
+        log.emit("step", phase="measured", step=0, loss=7.0, step_time_s=0.1, kept=True)
+        log.emit(
+            "phase_start", phase="compute-only", steps=0, keeps={"step_time_s": "compute_only_step_times"}
+        )
+        series = ("step_times", "losses", "warmup_losses", "compute_only_step_times")
+        rank = {k: v for k, v in rank_record(r, [0.1]).items() if k not in series}
+        log.emit("measured", record={**rank, "comm_trace": {"method": None, "reason": loop.TRACE_LOST}})
+        if traced:
+            log.emit("measured", record={**rank, "comm_trace": trace})
     failed = {"rank": 0, "status": "failed", "error": "RuntimeError: Connection closed by peer"}
-    (run_dir / "rank0.json").write_text(json.dumps(failed))
+    EventLog(events_path(run_dir, 0), 0).emit("result", record=failed)
+    with open(events_path(run_dir, 1), "a") as torn:
+        torn.write('{"event": "result", "record": {"rank": 1, "sta')
+    TestHooks(fault={"rank": 1, "step": 1, "kind": "sigkill"}).write(run_dir)
     record = write_record(get_backend("torch-ddp"), cfg, tmp_path, "r1", wait=False)
     assert (record["status"], record["error"]) == ("ok", None)
+    assert record["test_hooks"] == {"fault": {"rank": 1, "step": 1, "kind": "sigkill"}}
     phase = "teardown" if traced else "collective trace"
     assert (record["incident"]["rank"], record["incident"]["status"], record["incident"]["phase"]) == (
         1,
@@ -177,7 +198,7 @@ def test_the_record_names_the_phase_the_culprit_died_in(tmp_path, traced, monkey
         phase,
     )
     assert [r["step_times"] for r in record["ranks"]] == [[0.1], [0.1]]
-    commbench = dataclasses.replace(cfg, commbench={"ops": ["all_reduce"], "sizes": [1024]})
+    commbench = dataclasses.replace(cfg, commbench=CommbenchSpec(("all_reduce",), (1024,)).to_dict())
     assert write_record(get_backend("torch-ddp"), commbench, tmp_path, "r1", wait=False)["status"] != "ok"
 
 
@@ -426,7 +447,7 @@ def test_a_harness_stopped_by_sigterm_writes_a_timeout_record_naming_who_stopped
     environment) and the ranks that had not finished, exits 1, and leaves no process behind."""
     argv = [*RUN, "--steps", "200", "--step-delay", "0.05", "--timeout", "120", "--out", str(results)]
     before = set(results.glob("*.json")) if results.exists() else set()
-    older_runs = set(results.glob("logs/*"))  # this module's earlier runs: their logs have steps too
+    older_runs = set(results.glob("logs/*"))  # this module's earlier runs: their streams have steps too
     proc = subprocess.Popen(
         [sys.executable, "-m", "harness", "run", *argv],
         cwd=REPO,
@@ -437,10 +458,8 @@ def test_a_harness_stopped_by_sigterm_writes_a_timeout_record_naming_who_stopped
     )
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline and proc.poll() is None:
-        logs = [
-            d / "rank0.log" for d in set(results.glob("logs/*")) - older_runs if (d / "rank0.log").exists()
-        ]
-        if any("step" in p.read_text() for p in logs):
+        streams = [events_path(d, 0) for d in set(results.glob("logs/*")) - older_runs]
+        if any(e["event"] == "step" for p in streams for e in read_events(p)):
             break
         time.sleep(0.2)
     assert proc.poll() is None, "the run ended before it could be stopped"
@@ -487,7 +506,7 @@ def test_a_results_filesystem_that_fills_up_is_reported_and_leaves_nothing_half_
     )
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline and not any(
-        "step" in p.read_text() for p in out.glob("logs/*/rank0.log")
+        e["event"] == "step" for p in out.glob("logs/*/rank0.events.jsonl") for e in read_events(p)
     ):
         time.sleep(0.2)
     subprocess.run(["dd", "if=/dev/zero", f"of={out / 'filler'}", "bs=64k"], capture_output=True)  # to full
@@ -511,16 +530,65 @@ def test_a_results_filesystem_that_fills_up_is_reported_and_leaves_nothing_half_
 def test_a_record_that_cannot_be_written_is_kept_in_the_temp_dir_and_says_so(small_filesystem):
     """Space for the ranks but not for the record: nothing half-written where it was asked, the record
     kept in the temp dir, and the line the commands print says both."""
+    from record_factory import make_record
+
     from harness.run.runner import record_line, save_record
 
     subprocess.run(["dd", "if=/dev/zero", f"of={small_filesystem / 'filler'}", "bs=64k"], capture_output=True)
-    record = {"run_id": "full-1", "status": "ok", "data": "x" * 10_000}
+    record = make_record(gpus=2)
+    record["run_id"] = "full-1"
+    record["environment"]["padding"] = "x" * 10_000  # more than the filled filesystem has left
     target = small_filesystem / "full-1.json"
     saved = save_record(record, target)
     kept = Path(saved["unwritten"]["kept_at"])
     assert not target.exists() and sorted(p.name for p in small_filesystem.iterdir()) == ["filler"]
-    assert json.loads(kept.read_text())["data"] == "x" * 10_000
+    assert json.loads(kept.read_text())["environment"]["padding"] == "x" * 10_000
     assert record_line(saved, target) == (
         f"record: NOT written to {target} (No space left on device); kept at {kept}"
     )
     kept.unlink()
+
+
+@pytest.mark.unit
+def test_a_run_with_test_hooks_says_so_in_its_record_summary_and_comparison(tmp_path):
+    """Test hooks are no part of the configuration: the record names them at its top level, its summary
+    opens with them, and a comparison names a slowed side (older records kept them in their config)."""
+    import io
+
+    from record_factory import config, environment, make_record, rank_record
+
+    from backends import get_backend
+    from core.config import RunConfig
+    from harness.analyze.compare import env_differences
+    from harness.analyze.summary import print_summary
+    from harness.run.options import hooks_from_args
+    from harness.run.runner import assemble_record
+
+    hooks = TestHooks(fault={"rank": 1, "step": 2, "kind": "hang"}, step_delay_s=0.05)
+    hooks.write(tmp_path)
+    assert TestHooks.read(tmp_path) == hooks and TestHooks.read(tmp_path / "none") == TestHooks()
+    assert not TestHooks(step_delay_s=0.0).active and TestHooks().to_dict() is None
+    args = type("Args", (), {"inject_fault": hooks.fault, "step_delay": 0.05})()
+    assert hooks_from_args(args) == hooks
+    cfg = config("torch-ddp", 1)
+    slowed = assemble_record(
+        get_backend("torch-ddp"),
+        cfg,
+        "slowed",
+        [rank_record(0, [0.1] * 4)],
+        environment=environment(),
+        test_hooks=hooks.to_dict(),
+    )
+    assert slowed["test_hooks"] == {"fault": hooks.fault, "step_delay_s": 0.05}
+    assert "fault" not in slowed["config"] and "step_delay_s" not in slowed["config"]
+    printed = io.StringIO()
+    print_summary(slowed, printed)
+    assert "TEST HOOKS (not a real run)" in printed.getvalue()
+    real, old = make_record(), make_record()
+    old["config"]["step_delay_s"] = 0.02
+    assert RunConfig.from_dict(old["config"]).to_dict() == RunConfig.from_dict(real["config"]).to_dict()
+    assert env_differences([real], [slowed]) == [
+        "step_delay_s: 0.0 -> 0.05",
+        "fault: None -> {'rank': 1, 'step': 2, 'kind': 'hang'}",
+    ]
+    assert env_differences([real], [old]) == ["step_delay_s: 0.0 -> 0.02"]

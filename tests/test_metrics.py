@@ -40,7 +40,6 @@ def record(world=2, step_times=None, compute=None, device="cpu: test", method="n
             r,
             step_times[r],
             device=device,
-            data_wait=0.001,
             peak_rss=100 + r,
             losses=[5.0 + r, 4.0 + r, 3.0 + r][: len(step_times[r])],
             state_total=TINY_STATE,

@@ -45,7 +45,7 @@ def test_trains_like_torch_ddp_with_a_full_record(out, ddp_losses, backend, gpus
     assert rec["status"] == "ok" and rec["error"] is None
     assert [r["rank"] for r in rec["ranks"]] == list(range(gpus))
     for r in rec["ranks"]:
-        assert len(r["step_times"]) == len(r["losses"]) == len(r["data_wait"]) == STEPS
+        assert len(r["step_times"]) == len(r["losses"]) == len(r["data_prep"]) == STEPS
         assert r["memory"]["peak_rss"] > 50e6 and r["device"].startswith("cpu")
         state = r["model_state_bytes"]  # fp32 params, grads and AdamW moments, unsharded
         assert (state["params"], state["grads"]) == (4 * N, 4 * N)

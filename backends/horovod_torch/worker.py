@@ -13,8 +13,8 @@ import horovod
 import horovod.torch as hvd
 import torch
 
-from backends.comm_trace import horovod_collectives, timeline_events
 from backends.horovod_torch import HorovodOptions, local_rank
+from backends.horovod_torch.trace import horovod_collectives, timeline_events
 from backends.torch_common import TorchTrainer, joined
 from workloads.torch_model import make_optimizer
 

@@ -17,16 +17,15 @@ import paddle.distributed as dist
 from paddle.distributed import fleet
 
 from backends import get_backend
-from backends.comm_trace import (
+from backends.comm_trace import tcp_counters, wire_bytes
+from backends.loop import Trainer, cpu_name
+from backends.paddle_fleet import PaddleOptions
+from backends.paddle_fleet.trace import (
     captured_stderr,
     glog_levels,
     paddle_reducer_collectives,
     paddle_reducer_groups,
-    tcp_counters,
-    wire_bytes,
 )
-from backends.loop import Trainer, cpu_name
-from backends.paddle_fleet import PaddleOptions
 from core.config import RunConfig
 from core.precision import checked, dtype_name, master_weights, tf32_switches
 from workloads.paddle_model import GPT, make_optimizer
@@ -225,10 +224,10 @@ class FleetTrainer(Trainer):
     def trace_collectives(self, run_steps) -> dict:
         """paddle.profiler (CPU target) records no event for DataParallel's gloo all-reduce (a traced tiny
         step held 1,422 events, none of them communication). So on CPU Paddle's own reducer log (VLOG 3)
-        times each fused all-reduce (backends.comm_trace.paddle_reducer_collectives), and the kernel's TCP
-        counters of this rank's connections, read before and after the traced steps, give the bytes gloo
-        sent (nothing else talks during steps). Sharding stage 1 reduces and broadcasts outside the
-        reducer, and a Paddle whose log reads otherwise gives no call of a known size: bytes on the wire
+        times each fused all-reduce (backends.paddle_fleet.trace.paddle_reducer_collectives), and the
+        kernel's TCP counters of this rank's connections, read before and after the traced steps, give the
+        bytes gloo sent (nothing else talks during steps). Sharding stage 1 reduces and broadcasts outside
+        the reducer, and a Paddle whose log reads otherwise gives no call of a known size: bytes on the wire
         only, with neither op nor time. On GPU NCCL does not use those sockets
         inside a node, and the profiler's NCCL path is not built: no trace."""
         if self.cfg.device != "cpu":

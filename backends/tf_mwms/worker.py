@@ -23,9 +23,9 @@ import tensorflow as tf  # noqa: E402
 from tensorflow.python.eager import context as tf_context  # noqa: E402
 
 from backends import get_backend  # noqa: E402
-from backends.comm_trace import TF_OPS, tf_collectives  # noqa: E402
 from backends.loop import Trainer, cpu_name  # noqa: E402
 from backends.tf_mwms import TFOptions, communication  # noqa: E402
+from backends.tf_mwms.trace import TF_OPS, tf_collectives  # noqa: E402
 from core.config import RunConfig  # noqa: E402
 from core.precision import checked, dtype_name, master_weights, tf32_switches  # noqa: E402
 from workloads.tf_model import GPT, make_optimizer  # noqa: E402

@@ -58,9 +58,17 @@ CONFIG_FIELDS = (
     "activation_checkpointing",
     "backend_options",
     "compute_method",
-    "step_delay_s",
     "commbench",
 )
+# Test hooks (core.hooks) a run ran with: a side slowed or faulted on purpose is named, never taken for code.
+HOOK_DEFAULTS = {"step_delay_s": 0.0, "fault": None}
+
+
+def hook_value(run: dict, name: str):
+    """A run's test hook `name`: from its top-level test_hooks, or, in a record from before they left the
+    configuration, from its config."""
+    hooks = run.get("test_hooks") or {}
+    return hooks.get(name, run["config"].get(name, HOOK_DEFAULTS[name]))
 
 
 # ---- matching -----------------------------------------------------------------------------------------
@@ -320,6 +328,7 @@ def env_differences(base_runs: list[dict], cand_runs: list[dict]) -> list[str]:
         (n, lambda r, n=n: r["environment"].get("versions", {}).get(n)) for n in names if n != "python"
     ]
     getters += [(f, lambda r, f=f: r["config"].get(f)) for f in CONFIG_FIELDS]
+    getters += [(h, lambda r, h=h: hook_value(r, h)) for h in HOOK_DEFAULTS]
     out = []
     for name, get in getters:
         vb, vc = values(base_runs, get), values(cand_runs, get)

@@ -32,7 +32,6 @@ CURVES = {
     "loss": "loss",
     "step_time_s": "time/step_s",
     "tokens_per_s": "throughput/tokens_per_s",
-    "data_wait_s": "time/data_wait_s",
 }
 
 

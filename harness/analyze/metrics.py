@@ -264,15 +264,14 @@ def tokens_per_step(cfg: dict) -> int:
 
 def per_step_series(record: dict) -> dict[str, list[float]]:
     """The run's curves over its measured steps, as the summary derives them: the loss averaged over the
-    ranks, the step time and data wait of the slowest rank, and the tokens per second that step time
-    gives. Empty lists where no rank reported."""
+    ranks, the step time of the slowest rank, and the tokens per second that step time gives. Empty lists
+    where no rank reported."""
     ranks = [r for r in record.get("ranks", []) if r.get("status") == "ok"]
     step_times = per_step_max(ranks, "step_times")
     return {
         "loss": [float(np.mean(step)) for step in zip(*[r["losses"] for r in ranks])] if ranks else [],
         "step_time_s": step_times,
         "tokens_per_s": [tokens_per_step(record["config"]) / t for t in step_times if t > 0],
-        "data_wait_s": per_step_max(ranks, "data_wait"),
     }
 
 
@@ -339,7 +338,6 @@ def summarize(record: dict) -> dict:
         cfg["precision"], info.get("precision_scheme"), info.get("sharding", "none"), world
     )
     measured_state = rank_max("model_state_bytes", "total")
-    data_wait = stats(per_step_max(ranks, "data_wait"))["median"]
     data_prep = stats(per_step_max(ranks, "data_prep"))["median"]
     return {
         "step_time_s": t,
@@ -347,8 +345,6 @@ def summarize(record: dict) -> dict:
         "throughput_tokens_per_s": throughput,
         "throughput_samples_per_s": samples_per_step / t_step if t_step else None,
         "per_device_tokens_per_s": per_device,
-        "data_wait_s": data_wait,
-        "data_wait_fraction": data_wait / t_step if (data_wait is not None and t_step) else None,
         "data_prep_s": data_prep,
         "loss_first": losses[0] if losses else None,
         "loss_last": losses[-1] if losses else None,

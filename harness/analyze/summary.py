@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 from rich.console import Console
@@ -135,8 +136,8 @@ def print_summary(record: dict, stream=None) -> None:
         ),
         (
             "data",
-            f"wait {fmt(s['data_wait_s'] and s['data_wait_s'] * 1e3, '{:.2f}')} ms per step in the step; "
-            f"prepared beforehand in {fmt(s.get('data_prep_s') and s['data_prep_s'] * 1e3, '{:.2f}')} ms",
+            f"{fmt(s.get('data_prep_s') and s['data_prep_s'] * 1e3, '{:.2f}')} ms per step to prepare, "
+            "before the step's clock starts",
         ),
         (
             "host page faults",
@@ -152,6 +153,8 @@ def print_summary(record: dict, stream=None) -> None:
                 f"{o['cpus']} CPU(s): step times include the contention",
             )
         )
+    if record.get("test_hooks"):  # never a real measurement: a fault or a slowdown injected on purpose
+        rows.insert(0, ("TEST HOOKS (not a real run)", json.dumps(record["test_hooks"], sort_keys=True)))
     if record.get("error"):
         err = record["error"]
         rows.append(("error", f"rank {err.get('rank')}: {err.get('message')}"))

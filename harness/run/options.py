@@ -11,7 +11,8 @@ import tempfile
 from pathlib import Path
 
 from backends import all_backends, backend_names, get_backend, interpreter
-from core.config import COMPUTE_METHODS, DEVICES, FAULT_KINDS, PRECISIONS, InvalidConfig, RunConfig
+from core.config import COMPUTE_METHODS, DEVICES, PRECISIONS, InvalidConfig, RunConfig
+from core.hooks import FAULT_KINDS, TestHooks
 from core.process import available_cpus
 from harness.run.devices import resolve_device
 from harness.run.nodes import add_node_arguments, node_layout
@@ -23,6 +24,7 @@ DEFAULT_OUT = Path("results")
 
 
 def fault_spec(text: str) -> dict:
+    """--inject-fault RANK:STEP:KIND, a test hook (core.hooks)."""
     try:
         rank, step, kind = text.split(":")
         fault = {"rank": int(rank), "step": int(step), "kind": kind}
@@ -31,6 +33,14 @@ def fault_spec(text: str) -> dict:
     if kind not in FAULT_KINDS:
         raise argparse.ArgumentTypeError(f"unknown fault kind '{kind}'; valid: {', '.join(FAULT_KINDS)}")
     return fault
+
+
+def hooks_from_args(args) -> TestHooks:
+    """The test hooks the testing flags set (--inject-fault, and --step-delay where the command has it):
+    kept out of the RunConfig, the runner hands them to the workers (core.hooks)."""
+    return TestHooks(
+        fault=getattr(args, "inject_fault", None), step_delay_s=getattr(args, "step_delay", None) or 0.0
+    )
 
 
 def check_out_dir(out: Path) -> None:
@@ -269,8 +279,6 @@ def build_config(
         launcher_only=launcher_only,
         backend_options=options.to_dict(),
         python=worker_python(args, backend.name, backends_in_use or [backend.name], check_devices),
-        fault=args.inject_fault,
-        step_delay_s=args.step_delay,
         dump_weights=args.dump_weights,
     )
     try:

@@ -1,17 +1,16 @@
 """What a run is doing while it runs: its phase, step i of n, the latest loss, step time and tokens/s, elapsed
 time and ETA.
 
-Read from what rank 0 already writes (its per-step line in rank0.log, printed after the step's clock has
-stopped), by a thread of the harness process that polls the file: nothing enters a worker's timed region.
-On a terminal it is a live rich display; otherwise, or with --quiet, plain lines (one per phase and a few
-per phase for the steps), so CI logs stay readable. The runner tells it the phases it alone knows
-(launching, the isolated counterfactual's launches, writing the record); the worker's lines tell the rest
-(warm-up, measured, timing the optimizer, compute-only, tracing collectives).
+Read from rank 0's event stream (core.events: its phases as they start, each step after the step's clock
+has stopped), by a thread of the harness process that polls the file: nothing enters a worker's timed
+region. On a terminal it is a live rich display; otherwise, or with --quiet, plain lines (one per phase
+and a few per phase for the steps), so CI logs stay readable. The runner tells it the phases it alone
+knows (launching, the isolated counterfactual's launches, writing the record); the worker's events tell
+the rest (warm-up, measured, timing the optimizer, compute-only, tracing collectives).
 """
 
 from __future__ import annotations
 
-import re
 import sys
 import threading
 import time
@@ -21,18 +20,13 @@ from typing import TextIO
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
-from backends.loop import optimizer_timed_steps
-from core.config import RunConfig
+from core.events import PHASE_START, STEP, read_new
 from harness.analyze.summary import incident_text
 
-# rank 0's line after each step (backends/loop.py): "step    3 loss 7.6021 time    123.4 ms (warm-up)"
-STEP_LINE = re.compile(r"step\s+(\d+) loss (\S+) time\s+(\S+) ms(?: \(([\w-]+)\))?")
-# the marker at the end of a step line -> the phase shown (no marker: measured)
-STEP_PHASES: dict[str | None, str] = {
-    "warm-up": "warm-up",
-    "compute-only": "compute-only",
-    "traced": "tracing collectives",
+# The loop's phases (backends.loop.training_phases) as the display names them.
+PHASE_LABELS = {
     "optimizer-timed": "timing the optimizer",
+    "traced": "tracing collectives",
 }
 POLL_S = 0.25
 PLAIN_LINES_PER_PHASE = 4  # step lines printed per phase in plain mode, besides the phase's first line
@@ -46,12 +40,9 @@ def clock(seconds: float) -> str:
 class RunDisplay:
     """The progress of one run. `live`: a rich display on `progress` (shared by a sweep with its own bar);
     else plain lines on `stream`. Use as a context manager around the run; `phase()` at each phase the
-    runner starts, with the rank-0 log to follow."""
+    runner starts, with rank 0's event stream to follow."""
 
-    def __init__(
-        self, cfg: RunConfig, live: bool, stream: TextIO | None = None, progress: Progress | None = None
-    ):
-        self.cfg = cfg
+    def __init__(self, live: bool, stream: TextIO | None = None, progress: Progress | None = None):
         self.live = live
         self.stream = stream or sys.stdout
         self.owns_progress = live and progress is None
@@ -59,7 +50,7 @@ class RunDisplay:
         self.task: TaskID | None = None
         self.start = time.monotonic()
         self.lock = threading.Lock()
-        self.log: Path | None = None
+        self.events: Path | None = None
         self.offset = 0
         self.name = ""
         self.total = 0
@@ -86,12 +77,12 @@ class RunDisplay:
             if self.owns_progress:
                 self.progress.stop()
 
-    def phase(self, name: str, log: Path | None = None, total: int = 0, detail: str = "") -> None:
-        """Enter a runner-known phase; follow `log` (rank 0's) from its start if given."""
+    def phase(self, name: str, events: Path | None = None, total: int = 0, detail: str = "") -> None:
+        """Enter a runner-known phase; follow `events` (rank 0's stream) from its start if given."""
         self.poll()
         with self.lock:
-            if log is not None:
-                self.log, self.offset = log, 0
+            if events is not None:
+                self.events, self.offset = events, 0
             self.enter(name, total, detail)
 
     def finish(self, record: dict, tail_lines: int = 5) -> None:
@@ -119,23 +110,20 @@ class RunDisplay:
         else:
             self.say(f"{label}" + (f": {total} step(s)" if total else ""))
 
-    def step(self, index: int, loss: float, step_ms: float, kind: str | None) -> None:
-        """One of rank 0's step lines; in the main launch its marker says the phase (none: measured)."""
-        if self.name != "isolated counterfactual":
-            name = STEP_PHASES.get(kind, "measured")
-            if name != self.name:
-                totals = {
-                    "warm-up": self.cfg.warmup,
-                    "measured": self.cfg.steps,
-                    "tracing collectives": self.cfg.trace_steps,
-                    "timing the optimizer": optimizer_timed_steps(self.cfg),
-                }
-                self.enter(name, totals.get(name, self.cfg.compute_steps + 1))
+    def worker_phase(self, event: dict) -> None:
+        """A phase of rank 0's loop starts; one that runs no step here is not shown. The isolated
+        counterfactual's workers run the same phases, counted as one."""
+        if self.name != "isolated counterfactual" and event["steps"]:
+            self.enter(PHASE_LABELS.get(event["phase"], event["phase"]), event["steps"])
+
+    def step(self, event: dict) -> None:
+        """One of rank 0's steps."""
         self.done += 1
-        # tokens/s of the whole run; an isolated worker stands for one rank, so it does 1/N of them
-        share = self.cfg.world_size if self.name == "isolated counterfactual" else 1
-        tokens_per_s = self.cfg.tokens_per_step / share / (step_ms / 1e3) if step_ms > 0 else 0.0
-        status = f"step {index} loss {loss:.4f} | {step_ms:.1f} ms | {tokens_per_s:,.0f} tokens/s"
+        tokens_per_s = event.get("tokens_per_s") or 0.0
+        status = (
+            f"step {event['step']} loss {event['loss']:.4f} | {event['step_time_s'] * 1e3:.1f} ms | "
+            f"{tokens_per_s:,.0f} tokens/s"
+        )
         if self.progress is not None and self.task is not None:
             self.progress.update(self.task, completed=self.done, status=status)
             return
@@ -167,16 +155,14 @@ class RunDisplay:
 
     def poll(self) -> None:
         with self.lock:
-            if self.log is None or not self.log.exists():
+            if self.events is None:
                 return
-            with open(self.log, "rb") as f:
-                f.seek(self.offset)
-                chunk = f.read()
-            end = chunk.rfind(b"\n") + 1  # a line still being written waits for the next poll
-            self.offset += end
-            for line in chunk[:end].decode(errors="replace").splitlines():
-                if m := STEP_LINE.search(line):
-                    self.step(int(m[1]), float(m[2]), float(m[3]), m[4])
+            events, self.offset = read_new(self.events, self.offset)  # whole lines only
+            for event in events:
+                if event["event"] == PHASE_START:
+                    self.worker_phase(event)
+                elif event["event"] == STEP:
+                    self.step(event)
 
 
 def make_progress(stream: TextIO) -> Progress:
@@ -194,7 +180,7 @@ def make_progress(stream: TextIO) -> Progress:
 class NoDisplay:
     """What the runner calls when nobody watches (multi-node followers' records, tests, library use)."""
 
-    def phase(self, name: str, log: Path | None = None, total: int = 0, detail: str = "") -> None:
+    def phase(self, name: str, events: Path | None = None, total: int = 0, detail: str = "") -> None:
         pass
 
 

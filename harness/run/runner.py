@@ -1,7 +1,8 @@
 """One run end to end: launch the workers, gather their rank records, write ONE run record.
 
 The record is written for every outcome (ok | failed | crashed | oom | timeout), atomically, under
-`out_dir`; per-rank logs stay in out_dir/logs/<run_id>/. A multi-node run has one harness per node, each
+`out_dir`; its rank records are folded from the ranks' event streams (core.events), which stay with their
+logs in out_dir/logs/<run_id>/. A multi-node run has one harness per node, each
 launching its own ranks into that shared run dir; node 0 writes the record (see harness.run.nodes).
 """
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import json
+import functools
 import os
 import platform
 import socket
@@ -19,11 +20,21 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
+from backends import all_backends
 from backends.base import Backend, LaunchPlan
 from backends.loop import TRACE_LOST, optimizer_timed_steps
 from core.config import RunConfig
+from core.events import MEASURED, RESULT, events_path, rank_record, read_events
+from core.hooks import NO_HOOKS, TestHooks
 from core.process import REPO_ROOT, available_cpus, free_port
-from core.records import SCHEMA_VERSION, git_commit, now_iso, write_atomic, write_json_atomic
+from core.records import (
+    SCHEMA_VERSION,
+    git_commit,
+    now_iso,
+    write_atomic,
+    write_json_atomic,
+    write_record_atomic,
+)
 from harness.analyze.metrics import summarize
 from harness.run.devices import isolated_devices, node_devices
 from harness.run.launch import LaunchResult, run_processes
@@ -56,14 +67,15 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
         return []
 
 
-def gather_ranks(run_dir: Path, world: int, suffix: str = "") -> dict[int, dict]:
-    """The rank records on file: rank{R}.json, or with suffix ".measured" what each rank wrote before its
-    collective trace (backends.loop.run_training's checkpoint)."""
+def gather_ranks(run_dir: Path, world: int, checkpoint: str = RESULT) -> dict[int, dict]:
+    """The rank records the ranks' event streams give (core.events.rank_record): each rank's result, or
+    with checkpoint MEASURED what it had measured before or after its collective trace. A rank whose
+    stream holds no such event is left out."""
     ranks = {}
     for r in range(world):
-        path = run_dir / f"rank{r}{suffix}.json"
-        if path.exists():
-            ranks[r] = json.loads(path.read_text())
+        record = rank_record(read_events(events_path(run_dir, r)), checkpoint)
+        if record is not None:
+            ranks[r] = record
     return ranks
 
 
@@ -100,20 +112,30 @@ def measured_before_failure(
     return kept
 
 
-# How a rank's error says it failed because of another rank rather than on its own (each framework words it
-# differently; matched case-insensitively): it gave up waiting in a collective, or lost its connection.
-PEER_TIMEOUT = ("timed out", "timeout", "deadline exceeded", "deadlineexceeded")
+# How a rank's error says it failed because of another rank rather than on its own (matched
+# case-insensitively): it gave up waiting in a collective, or lost its connection. These are the words of
+# what every stack's ranks talk through (the OS's sockets, gloo, NCCL); each framework's own wording is its
+# adapter's (Backend.peer_timeout_texts, peer_lost_texts).
+PEER_TIMEOUT = ("timed out", "timeout")
 PEER_LOST = (
     "connection closed by peer",
     "connection reset by peer",
     "broken pipe",
     "remote process exited",
-    "communicator was aborted",
-    "horovod has been shut down",
     "socket closed",
-    "unavailableerror",
-    "collective ops is aborted",
 )
+
+
+@functools.cache
+def peer_failure_texts() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(timeout, lost) words: the transports' and every registered stack's. A rank's record does not name
+    its stack, and each stack's words are its framework's own (an error class, a library's message), so
+    matching against all of them classifies every stack's ranks as matching against their own would."""
+    stacks = all_backends()
+    return (
+        PEER_TIMEOUT + tuple(t for b in stacks for t in b.peer_timeout_texts),
+        PEER_LOST + tuple(t for b in stacks for t in b.peer_lost_texts),
+    )
 
 
 def failure_kind(rec: dict) -> str | None:
@@ -121,9 +143,10 @@ def failure_kind(rec: dict) -> str | None:
     if rec.get("terminated"):
         return "stopped"
     text = (rec.get("error") or "").lower()
-    if any(m in text for m in PEER_TIMEOUT):
+    timeout, lost = peer_failure_texts()
+    if any(m in text for m in timeout):
         return "timeout"
-    return "lost" if any(m in text for m in PEER_LOST) else None
+    return "lost" if any(m in text for m in lost) else None
 
 
 def classify(
@@ -224,11 +247,13 @@ def write_files(files: dict[Path, str]) -> None:
         write_atomic(path, lambda tmp, content=content: tmp.write_text(content))
 
 
-def launch_node(backend: Backend, cfg: RunConfig, run_dir: Path) -> LaunchResult:
+def launch_node(backend: Backend, cfg: RunConfig, run_dir: Path, hooks: TestHooks = NO_HOOKS) -> LaunchResult:
     """Start THIS node's launcher (the whole run on one node) and wait for it. Every node writes the same
-    config.json (the run's, as node 0 sees it), atomically, since on a shared filesystem they share it."""
+    config.json (the run's, as node 0 sees it), atomically, since on a shared filesystem they share it, and
+    the test hooks where any is set."""
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(run_dir / "config.json", dataclasses.replace(cfg, node_rank=0).to_dict())
+    hooks.write(run_dir)
     plan = node_plan(backend, cfg, run_dir, cfg.master_port or free_port())
     write_files(plan.files)
     return run_processes(
@@ -241,7 +266,11 @@ def launch_node(backend: Backend, cfg: RunConfig, run_dir: Path) -> LaunchResult
 
 
 def run_isolated(
-    backend: Backend, cfg: RunConfig, run_dir: Path, display: RunDisplay | NoDisplay = NO_DISPLAY
+    backend: Backend,
+    cfg: RunConfig,
+    run_dir: Path,
+    display: RunDisplay | NoDisplay = NO_DISPLAY,
+    hooks: TestHooks = NO_HOOKS,
 ) -> str | None:
     """The isolated counterfactual: N independent single-process workers started at the same time, each
     on the data shard of one rank, so they contend for the machines as the real run does but never talk;
@@ -252,12 +281,14 @@ def run_isolated(
         plans = isolated_plans(backend, cfg, run_dir, repeat)
         display.phase(
             "isolated counterfactual",
-            log=isolated_dir(run_dir, cfg.first_local_rank, repeat) / "rank0.log",
+            events=events_path(isolated_dir(run_dir, cfg.first_local_rank, repeat), 0),
             total=cfg.warmup + cfg.steps + optimizer_timed_steps(dataclasses.replace(cfg, isolated_index=0)),
             detail=f"(launch {repeat + 1}/{cfg.isolated_repeats})",
         )
         for plan in plans:
             write_files(plan.files)
+        for k in range(cfg.first_local_rank, cfg.first_local_rank + cfg.gpus_per_node):
+            hooks.write(isolated_dir(run_dir, k, repeat))
         result = run_processes(
             [proc for plan in plans for proc in plan.processes],
             node_log(run_dir, cfg, "isolated"),
@@ -327,17 +358,18 @@ def execute(
     sweep: dict | None = None,
     run_id: str | None = None,
     display: RunDisplay | NoDisplay = NO_DISPLAY,
+    hooks: TestHooks = NO_HOOKS,
 ) -> dict:
     """Run node 0's share of `cfg` (all of a one-node run), then write the run record to
     out_dir/<run_id>.json and return it; another node's harness calls run_node (node 0 writes the record).
     `sweep` ({"id", "repeat"}) ties the run to the sweep that launched it; None for a single `harness run`.
-    `display` is told each phase."""
+    `display` is told each phase. `hooks`: test hooks for the workers (core.hooks), never in real use."""
     if cfg.nodes > 1 and not run_id:
         raise ValueError("a multi-node run needs a run id every node agrees on; a random one would split it")
     if cfg.node_rank != 0:
         raise ValueError("execute() runs node 0; another node calls run_node and writes no record")
     run_id = run_id or new_run_id(cfg)
-    run_node(backend, cfg, Path(out_dir) / "logs" / run_id, argv, display)
+    run_node(backend, cfg, Path(out_dir) / "logs" / run_id, argv, display, hooks)
     display.phase("writing the record")
     return write_record(backend, cfg, Path(out_dir), run_id, sweep=sweep)
 
@@ -348,11 +380,12 @@ def run_node(
     run_dir: Path,
     argv: list[str],
     display: RunDisplay | NoDisplay = NO_DISPLAY,
+    hooks: TestHooks = NO_HOOKS,
 ) -> dict:
     """Launch this node's ranks, then its share of the isolated counterfactual; returns its node marker."""
     marker = start_node(cfg, run_dir, argv, now_iso())
-    display.phase("launching", log=run_dir / "rank0.log")
-    result = launch_node(backend, cfg, run_dir)
+    display.phase("launching", events=events_path(run_dir, 0))
+    result = launch_node(backend, cfg, run_dir, hooks)
     per_node = cfg.world_size // cfg.nodes
     node_ranks = (  # the ranks this node's launcher ran: every rank where node 0's starts them all
         range(cfg.world_size)
@@ -363,7 +396,7 @@ def run_node(
         measured_before_failure(
             result,
             gather_ranks(run_dir, cfg.world_size),
-            gather_ranks(run_dir, cfg.world_size, ".measured"),
+            gather_ranks(run_dir, cfg.world_size, MEASURED),
             node_ranks,
         )
         is not None
@@ -374,7 +407,7 @@ def run_node(
         # Where node 0's launcher runs this node's ranks too, they may still be running: wait for them.
         if backend.starts_remote_ranks and cfg.node_rank != 0:
             isolated_error = wait_for_ranks(run_dir, 0, cfg.timeout_s)
-        isolated_error = isolated_error or run_isolated(backend, cfg, run_dir, display)
+        isolated_error = isolated_error or run_isolated(backend, cfg, run_dir, display, hooks)
     return finish_node(run_dir, marker, result, isolated_error)
 
 
@@ -392,7 +425,7 @@ def write_record(
         error["message"] += "; " + absent
     incident = None
     if status != "ok" and error is not None and not cfg.commbench:  # a failure comes with its error
-        measured = gather_ranks(run_dir, cfg.world_size, ".measured")
+        measured = gather_ranks(run_dir, cfg.world_size, MEASURED)
         kept = measured_before_failure(result, ranks, measured, range(cfg.world_size))
         if kept is not None:  # every rank had measured: the failure came after, recorded as such
             culprit = error.get("rank")
@@ -426,6 +459,7 @@ def write_record(
         },
         environment=environment(cfg, rank_list, node0.get("argv", []), node0.get("started")),
         sweep=sweep,
+        test_hooks=TestHooks.read(run_dir).to_dict(),
     )
     return save_record(record, Path(out_dir) / f"{run_id}.json")
 
@@ -435,12 +469,12 @@ def save_record(record: dict, path: Path) -> dict:
     over quota) nothing half-written is left there and no earlier record is touched: the record is kept in
     the temp dir instead, and `record["unwritten"]` says why and where, for the command to report."""
     try:
-        write_json_atomic(path, record)
+        write_record_atomic(path, record)
     except OSError as exc:
         kept = Path(tempfile.gettempdir()) / "distbench-unwritten" / path.name
         record["unwritten"] = {"path": str(path), "error": exc.strerror or str(exc), "kept_at": str(kept)}
         try:
-            write_json_atomic(kept, record)
+            write_record_atomic(kept, record)
         except OSError as again:
             record["unwritten"]["kept_at"] = None
             record["unwritten"]["error"] += f"; not kept either ({again.strerror or again})"
@@ -470,11 +504,14 @@ def assemble_record(
     launch: dict | None = None,
     environment: dict | None = None,
     sweep: dict | None = None,
+    test_hooks: dict | None = None,
 ) -> dict:
     """THE run record, from the raw rank records and what the runner saw; pure, so tests build records the
     same way the runner does. The summary is computed by harness.analyze.metrics from the raw records.
     `incident`: a failure after every rank had measured (a rank that died while tracing), which leaves the
-    run ok and is recorded as what happened (phase, rank, message, last log lines)."""
+    run ok and is recorded as what happened (phase, rank, message, last log lines). `test_hooks`: the
+    hooks the workers ran with (core.hooks), None in real use, at the top level so that a faulted or
+    slowed run is never taken for a real one."""
     comm = {"t_compute_method": cfg.compute_method if cfg.world_size > 1 else "none"}
     if comm_error:
         comm["error"] = comm_error
@@ -483,6 +520,7 @@ def assemble_record(
         "kind": "training",
         "run_id": run_id,
         "status": status,
+        "test_hooks": test_hooks,
         "error": error,
         "incident": incident,
         "config": cfg.to_dict(),
@@ -520,6 +558,7 @@ def assemble_commbench_record(
     launch: dict | None = None,
     environment: dict | None = None,
     sweep: dict | None = None,
+    test_hooks: dict | None = None,
     **_training_only,
 ) -> dict:
     """THE record of a `harness commbench` run (kind "commbench"): the raw per-rank call times, what ran
@@ -529,6 +568,7 @@ def assemble_commbench_record(
         "kind": "commbench",
         "run_id": run_id,
         "status": status,
+        "test_hooks": test_hooks,
         "error": error,
         "config": cfg.to_dict(),
         "backend_info": {

@@ -24,7 +24,14 @@ from core.process import available_cpus
 from core.records import config_key, load_records
 from harness.run.launch import stop_on_sigterm, stopped
 from harness.run.nodes import read_hosts
-from harness.run.options import add_run_arguments, build_config, check_out_dir, os_error_line, worker_python
+from harness.run.options import (
+    add_run_arguments,
+    build_config,
+    check_out_dir,
+    hooks_from_args,
+    os_error_line,
+    worker_python,
+)
 from harness.run.progress import RunDisplay, make_progress
 from harness.run.runner import execute, record_line
 from harness.usage import EXIT_FAILED, EXIT_OK, UsageError, choice, positive
@@ -189,7 +196,7 @@ def cmd_sweep(args) -> int:
                 )
                 break
             t0 = time.monotonic()
-            with RunDisplay(run.cfg, live=live, progress=bars) as display:
+            with RunDisplay(live=live, progress=bars) as display:
                 display.phase(f"run {k}/{len(runs)}: {run.backend.name} N={run.cfg.world_size}")
                 try:
                     record = execute(
@@ -199,6 +206,7 @@ def cmd_sweep(args) -> int:
                         sys.argv,
                         sweep={"id": sweep_id, "repeat": run.repeat},
                         display=display,
+                        hooks=hooks_from_args(args),
                     )
                 except OSError as exc:  # the results filesystem full or read-only: no run after it can
                     print(os_error_line(exc, args.out), file=sys.stderr)  # write its record either

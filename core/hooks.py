@@ -1,0 +1,62 @@
+"""Test hooks: what a test injects into a run to exercise what a real run rarely shows (a rank that fails
+in a chosen way at a chosen step; a sleep added to every step, a slowdown the regression gate must catch).
+
+They are no part of RunConfig, the configuration a user chooses: the harness writes them to the run
+directory (HOOKS_FILE, beside config.json) only when one is set, every worker of that directory reads them
+there, and the run record names them at its top level (`test_hooks`), so a faulted or slowed run can never
+pass for a real one. A file rather than an environment variable, because not every launcher hands its
+workers the harness's environment (horovodrun and mpirun over ssh pass only what they are told).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from core.records import write_json_atomic
+
+HOOKS_FILE = "test_hooks.json"
+FAULT_KINDS = ("raise", "exit", "sigkill", "sigstop", "hang", "oom")
+
+
+@dataclass(frozen=True)
+class TestHooks:
+    """`fault`: {"rank", "step", "kind"} (kind one of FAULT_KINDS; a commbench run counts its (op, size)
+    points as steps); `step_delay_s`: seconds of sleep inside every timed step."""
+
+    __test__ = False  # a name pytest would otherwise take for a test class
+
+    fault: dict | None = None
+    step_delay_s: float = 0.0
+
+    @property
+    def active(self) -> bool:
+        return bool(self.fault) or bool(self.step_delay_s)
+
+    def to_dict(self) -> dict | None:
+        """What the record and the run directory hold: the hooks set, None when none is."""
+        if not self.active:
+            return None
+        return {
+            **({"fault": self.fault} if self.fault else {}),
+            **({"step_delay_s": self.step_delay_s} if self.step_delay_s else {}),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> TestHooks:
+        d = d or {}
+        return cls(fault=d.get("fault"), step_delay_s=float(d.get("step_delay_s") or 0.0))
+
+    def write(self, run_dir: Path) -> None:
+        """Into `run_dir` when any is set; a directory without the file runs without hooks."""
+        if self.active:
+            write_json_atomic(Path(run_dir) / HOOKS_FILE, self.to_dict())
+
+    @classmethod
+    def read(cls, run_dir: Path) -> TestHooks:
+        path = Path(run_dir) / HOOKS_FILE
+        return cls.from_dict(json.loads(path.read_text())) if path.is_file() else NO_HOOKS
+
+
+NO_HOOKS = TestHooks()
