@@ -1,16 +1,23 @@
 """Run records: one JSON file per run, with a schema version, written atomically (temp file + rename);
-records of an older schema are migrated when read. Also what makes two records the same configuration."""
+records of an older schema are migrated when read. Each kind of record (and a saved baseline) has a JSON
+Schema in core/schemas/, and write_record_atomic checks a record against it before writing, so an invalid
+file is never written. Also what makes two records the same configuration."""
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
+import importlib.resources
 import json
 import os
+import re
+import reprlib
 import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from core.config import migrate_config
 from core.process import REPO_ROOT
@@ -26,8 +33,29 @@ STATUSES = ("ok", "failed", "crashed", "oom", "timeout")
 REQUIRED_KEYS = ("schema_version", "run_id", "status", "config", "ranks", "summary", "environment")
 
 
+# Every kind of JSON file the harness writes for a user to keep -> its schema in core/schemas/. A baseline
+# (harness.analyze.baseline) holds trimmed records of the other kinds and has a version of its own.
+BASELINE_KIND = "distbench-baseline"
+SCHEMA_NAMES = {
+    "training": "training",
+    "commbench": "commbench",
+    "prediction": "prediction",
+    BASELINE_KIND: "baseline",
+}
+
+
 class RecordError(ValueError):
     """A file that is not a readable distbench run record (or one of a newer schema than this harness)."""
+
+
+class RecordInvalid(RecordError):
+    """A record that does not match its kind's schema. `field` is where, as a JSON path
+    (ranks[0].step_times[3]; "$" for the whole record), and `problem` what is wrong there."""
+
+    def __init__(self, field: str, problem: str, path: Path | None = None):
+        self.field, self.problem, self.path = field, problem, path
+        where = f"not writing {path}: " if path is not None else ""
+        super().__init__(f"{where}{field}: {problem}")
 
 
 def current_umask() -> int:
@@ -62,6 +90,128 @@ def write_atomic(path: Path, write) -> None:
 
 def write_json_atomic(path: Path, data) -> None:
     write_atomic(path, lambda tmp: tmp.write_text(json.dumps(data, indent=1, sort_keys=True, default=str)))
+
+
+def write_record_atomic(path: Path, record: dict) -> None:
+    """Write a record of a kind in SCHEMA_NAMES atomically, after checking it against its schema; raise
+    RecordInvalid (naming the field) and write nothing if it does not match. What is checked is the JSON
+    text itself, read back: json.dumps(default=str) turns what JSON cannot hold into strings, which the
+    object handed in would hide."""
+    text = json.dumps(record, indent=1, sort_keys=True, default=str)
+    try:
+        validate_record(json.loads(text))
+    except RecordInvalid as exc:
+        raise RecordInvalid(exc.field, exc.problem, Path(path)) from None
+    write_atomic(path, lambda tmp: tmp.write_text(text))
+
+
+# ------------------------------------------------------------------------------------------ the schemas
+@functools.cache
+def schemas() -> dict[str, dict]:
+    """Every schema in core/schemas/ by file stem (training, commbench, prediction, baseline, common)."""
+    folder = importlib.resources.files(__package__ or "core") / "schemas"
+    return {
+        entry.name.removesuffix(".schema.json"): json.loads(entry.read_text())
+        for entry in folder.iterdir()
+        if entry.name.endswith(".schema.json")
+    }
+
+
+@functools.lru_cache(maxsize=16)
+def record_validator(kind: str, backends: tuple[str, ...] | None = None):
+    """A draft 2020-12 validator for records of `kind`, its cross-file references resolved among the
+    schemas here. `backends`: the registered stack names, to hold config.backend to them (core cannot ask
+    the registry, which sits above it); None keeps the schema's name pattern."""
+    jsonschema = import_jsonschema()
+    from referencing import Registry
+    from referencing.jsonschema import DRAFT202012
+
+    found = schemas()
+    if backends is not None:
+        common = json.loads(json.dumps(found["common"]))
+        common["$defs"]["backend_name"] = {"enum": sorted(backends)}
+        found = {**found, "common": common}
+    registry = Registry().with_resources(
+        (schema["$id"], DRAFT202012.create_resource(schema)) for schema in found.values()
+    )
+    return jsonschema.Draft202012Validator(found[SCHEMA_NAMES[kind]], registry=registry)
+
+
+def import_jsonschema():
+    """jsonschema, imported here rather than at the top: a worker imports this module in its own stack's
+    environment, which need not have it. Where rfc3987-syntax is installed (jupyter's jsonschema
+    [format-nongpl] brings it), jsonschema imports it for its "iri" format check, and it builds a grammar
+    on import: 2.5 s at the end of every run on a 2-core machine. These schemas check no format, so that
+    module is hidden during the import (only when nothing has imported either yet) and back afterwards."""
+    hide = "jsonschema" not in sys.modules and "rfc3987_syntax" not in sys.modules
+    if hide:
+        sys.modules["rfc3987_syntax"] = None  # type: ignore[assignment]  # None: `import` raises ImportError
+    try:
+        import jsonschema  # type: ignore[import-untyped]  # it has no type information
+    finally:
+        if hide:
+            del sys.modules["rfc3987_syntax"]
+    return jsonschema
+
+
+def validate_record(record: Any, backends: tuple[str, ...] | None = None) -> str:
+    """Check a record (or a baseline) of today's schema against its kind's schema; return its kind, or
+    raise RecordInvalid naming the first field that fails (the shallowest, as jsonschema ranks them)."""
+    if not isinstance(record, dict):
+        raise RecordInvalid("$", f"{short_repr(record)} is not a JSON object")
+    if "kind" not in record:
+        raise RecordInvalid("kind", f"required field missing (one of {list(SCHEMA_NAMES)})")
+    kind = record["kind"]
+    if kind not in SCHEMA_NAMES:
+        raise RecordInvalid("kind", f"{short_repr(kind)} is not one of {list(SCHEMA_NAMES)}")
+    best_match = import_jsonschema().exceptions.best_match
+    error = best_match(record_validator(kind, backends).iter_errors(record))
+    if error is not None:
+        raise RecordInvalid(*located(error))
+    return kind
+
+
+IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+SHORT = reprlib.Repr()
+SHORT.maxstring, SHORT.maxother, SHORT.maxlist, SHORT.maxdict = 60, 60, 4, 3
+
+
+def short_repr(value) -> str:
+    return SHORT.repr(value)
+
+
+def json_path(parts) -> str:
+    """['ranks', 0, 'step_times', 3] -> ranks[0].step_times[3]; a key that is no identifier in brackets."""
+    out = ""
+    for part in parts:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif IDENTIFIER.fullmatch(part):
+            out += f".{part}" if out else part
+        else:
+            out += f"[{json.dumps(part)}]"
+    return out or "$"
+
+
+def located(error) -> tuple[str, str]:
+    """(JSON path of the failing field, what is wrong with it) from a jsonschema error: a missing field is
+    named by its own path, not its parent's, and a value in the message is shortened to keep one line."""
+    parts = list(error.absolute_path)
+    problem = error.message
+    if error.validator == "required":
+        missing = [p for p in error.validator_value if error.message == f"{p!r} is a required property"]
+        if missing:
+            parts.append(missing[0])
+            problem = "required field missing"
+    elif error.validator == "additionalProperties" and isinstance(error.instance, dict):
+        known = error.schema.get("properties", {})
+        extra = sorted(k for k in error.instance if k not in known)
+        if extra:
+            parts.append(extra[0])
+            problem = "field not in the schema"
+    else:
+        problem = problem.replace(repr(error.instance), short_repr(error.instance), 1)
+    return json_path(parts), " ".join(problem.split())
 
 
 def load_record(path: Path) -> dict:

@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 from core.records import (
+    BASELINE_KIND,
     SCHEMA_VERSION,
     RecordError,
     git_commit,
@@ -19,12 +20,11 @@ from core.records import (
     load_records,
     migrate,
     now_iso,
-    write_json_atomic,
+    write_record_atomic,
 )
 from harness.analyze.metrics import per_step_max
 from harness.usage import EXIT_OK, UsageError
 
-BASELINE_KIND = "distbench-baseline"
 BASELINE_SCHEMA_VERSION = 1
 BASELINE_FILE = "baseline.json"
 DEFAULT_BASELINE_DIR = Path("baselines")
@@ -55,6 +55,7 @@ def trim(record: dict) -> dict:
         "schema_version": record["schema_version"],
         "run_id": record["run_id"],
         "status": record["status"],
+        "test_hooks": record.get("test_hooks"),  # a slowed or faulted run stays marked as one
         "error": {k: error.get(k) for k in ("rank", "message")} if error else None,
         "config": record["config"],
         "backend_info": record.get("backend_info", {}),
@@ -138,7 +139,7 @@ def load_all(paths) -> list[dict]:
 def save_baseline(name: str, runs: list[dict], root: Path) -> Path:
     """Write root/NAME/baseline.json atomically; replaces an older baseline of that name."""
     path = Path(root) / name / BASELINE_FILE
-    write_json_atomic(
+    write_record_atomic(
         path,
         {
             "kind": BASELINE_KIND,
