@@ -10,8 +10,9 @@ cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -r requirements.txt
-.venv/bin/python -m pip install -q --no-deps -e .
+# Every stack (pyproject.toml's extras, the one list of dependencies) and the test suite's tools. One stack
+# alone: .venv/bin/pip install -e '.[torch]' (or tf, paddle, deepspeed, horovod; `harness list` names them).
+.venv/bin/python -m pip install -q -e '.[all,dev]'
 mkdir -p .venv/distbench
 if bash scripts/install_horovod.sh .venv/bin/python > .venv/distbench/horovod-install.log 2>&1; then
   rm -f .venv/distbench/horovod-unavailable

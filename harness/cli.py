@@ -26,11 +26,13 @@ COMMANDS = {
     "compare": "harness.analyze.compare",
     "baseline": "harness.analyze.baseline",
     "history": "harness.analyze.history",
+    "check": "harness.analyze.check",
     "trace": "harness.analyze.trace",
     "plan": "harness.run.plan",
     "slurm": "harness.run.schedulers",
     "k8s": "harness.run.schedulers",
     "doctor": "harness.run.doctor",
+    "env": "harness.run.environment",
     "predict": "harness.predict.command",
 }
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build (once) and install Horovod 0.28.1 into the given venv.
+# Build (once) and install Horovod 0.28.1 into the given venv, which must hold torch and what the build
+# imports (pyproject.toml's `horovod` extra: `pip install -e '.[horovod]'` first).
 # PyPI's 0.28.1 sets C++14 but torch>=2.1 headers need C++17, so we patch the two CMakeLists and build
 # the sdist ourselves. The built wheel is cached outside the repo, keyed by horovod, torch and Python
 # versions, so a second set-up (and CI on the same machine) installs it in seconds instead of ~6 minutes.
@@ -35,7 +36,7 @@ if ! ls "$cache"/horovod-*.whl >/dev/null 2>&1; then
       "$PY" -m pip wheel -q --no-deps --no-build-isolation --no-cache-dir -w "$work/wheel" "$src"
   mkdir -p "$cache"; cp "$work"/wheel/horovod-*.whl "$cache/"
 fi
-"$PY" -m pip install -q --no-deps "$cache"/horovod-*.whl
-# horovod's runtime needs (cloudpickle, psutil, pyyaml, packaging) without letting pip touch torch
-"$PY" -m pip install -q cloudpickle psutil pyyaml packaging
+# With the wheel's own requirements (cloudpickle, psutil, pyyaml, packaging, cffi): torch is only in its
+# `pytorch` extra, which is not asked for, so pip leaves the venv's torch as it is.
+"$PY" -m pip install -q "$cache"/horovod-*.whl
 "$(dirname "$PY")/horovodrun" --check-build

@@ -5,10 +5,11 @@
 # workers (backends/interpreter.py; `harness list` shows which interpreter each backend uses):
 #   ./setup.sh --gpu                  # .venvs/torch, .venvs/tf and .venvs/paddle, CUDA builds
 #   ./setup.sh --gpu --stack tf       # only .venvs/tf, CUDA build
-#   ./setup.sh --stack paddle         # only .venvs/paddle, the CPU build requirements.txt pins
+#   ./setup.sh --stack paddle         # only .venvs/paddle, the CPU build pyproject.toml pins
+#   ./setup.sh --gpu --dry-run        # print each stack's venv and pip specs; install nothing
 # Stacks: torch (torch-ddp, torch-fsdp, deepspeed, horovod), tf (tf-mwms), paddle (paddle-fleet). Versions are
-# requirements.txt's; --gpu swaps tensorflow-cpu for tensorflow[and-cuda] and paddlepaddle for
-# paddlepaddle-gpu (PyPI's Linux torch wheel is already its CUDA build). A spec can be replaced with
+# the pins of pyproject.toml's extras; --gpu swaps tensorflow-cpu for tensorflow[and-cuda] and paddlepaddle
+# for paddlepaddle-gpu (PyPI's Linux torch wheel is already its CUDA build). A spec can be replaced with
 # TORCH_SPEC, DEEPSPEED_SPEC, TF_SPEC or PADDLE_SPEC (e.g. PADDLE_SPEC="paddlepaddle-gpu==3.3.1 -i <index>").
 # The harness itself imports no framework: it runs from .venv, which is made here (without any framework)
 # only when missing. Each stack's venv gets its framework and what the workers import (numpy, psutil).
@@ -19,13 +20,14 @@ PYTHON=${PYTHON:-python3}
 STACKS="torch, tf, paddle"
 fail() { echo "setup.sh: $*" >&2; exit 2; }
 
-gpu=0; stacks=()
+gpu=0; dry_run=0; stacks=()
 while [ $# -gt 0 ]; do
   case $1 in
     --gpu) gpu=1 ;;
+    --dry-run) dry_run=1 ;;
     --stack) [ $# -ge 2 ] || fail "--stack needs a stack; valid: $STACKS"; stacks+=("$2"); shift ;;
     --stack=*) stacks+=("${1#--stack=}") ;;
-    *) fail "unknown option '$1'; valid: --stack STACK (repeatable; $STACKS), --gpu" ;;
+    *) fail "unknown option '$1'; valid: --stack STACK (repeatable; $STACKS), --gpu, --dry-run" ;;
   esac
   shift
 done
@@ -34,7 +36,14 @@ for stack in "${stacks[@]}"; do
 done
 [ ${#stacks[@]} -gt 0 ] || stacks=(torch tf paddle)
 
-pin() { grep -E "^$1([=<>~ ]|$)" requirements.txt | head -n 1; }  # requirements.txt's line for a package
+# pyproject.toml's pin of a package ("torch==2.13.0" in an extra's list), read with grep: the interpreter
+# that runs this may predate tomllib (Python 3.11). A pin that is not there stops set-up here.
+pin() {
+  grep -oE "\"$1(==|~=|>=|<=|!=|<|>)[^\";]*\"" pyproject.toml | head -n 1 | tr -d '"' | grep . \
+    || fail "pyproject.toml has no pin of $1"
+}
+for package in torch deepspeed tensorflow-cpu paddlepaddle; do pin "$package" > /dev/null; done  # here, not
+# inside the $(...) below, where a failure would only leave the spec empty
 specs() {  # the pip specs of one stack
   case $1 in
     torch) echo "${TORCH_SPEC:-$(pin torch)} ${DEEPSPEED_SPEC:-$(pin deepspeed)}" ;;
@@ -45,14 +54,20 @@ specs() {  # the pip specs of one stack
   esac
 }
 
+describe() { echo "$1: .venvs/$1 ($( ((gpu)) && echo CUDA || echo CPU ) build: $(specs "$1"))"; }
+
+if ((dry_run)); then
+  for stack in "${stacks[@]}"; do describe "$stack"; done
+  exit 0
+fi
 if [ ! -x .venv/bin/harness ]; then  # the harness's own environment: no framework
   [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e '.[test]'
+  .venv/bin/python -m pip install -q -e '.[dev]'
 fi
 for stack in "${stacks[@]}"; do
   venv=.venvs/$stack
-  echo "$stack: $venv ($( ((gpu)) && echo CUDA || echo CPU ) build: $(specs "$stack"))"
+  describe "$stack"
   [ -x "$venv/bin/python" ] || "$PYTHON" -m venv "$venv"
   "$venv/bin/python" -m pip install -q --upgrade pip
   # shellcheck disable=SC2046  # the specs are words on purpose (a spec may carry its own pip options)

@@ -232,7 +232,8 @@ def test_horovod_is_judged_in_its_interpreter_s_environment(tmp_path):
         (["--stack"], "setup.sh: --stack needs a stack; valid: torch, tf, paddle"),
         (
             ["--cuda"],
-            "setup.sh: unknown option '--cuda'; valid: --stack STACK (repeatable; torch, tf, paddle), --gpu",
+            "setup.sh: unknown option '--cuda'; valid: --stack STACK (repeatable; torch, tf, paddle), --gpu, "
+            "--dry-run",
         ),
     ],
 )

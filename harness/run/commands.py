@@ -14,9 +14,10 @@ from rich.table import Table
 from backends import all_backends, backend_names, get_backend, interpreter
 from core.config import RunConfig
 from harness.analyze.summary import print_summary
+from harness.run.environment import install_command
 from harness.run.launch import stop_on_sigterm
 from harness.run.nodes import check_run_id, requested_world
-from harness.run.options import add_run_arguments, build_config, check_out_dir, os_error_line
+from harness.run.options import add_run_arguments, build_config, check_out_dir, hooks_from_args, os_error_line
 from harness.run.progress import RunDisplay
 from harness.run.runner import execute, record_line, run_node, write_record
 from harness.usage import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, positive
@@ -34,7 +35,7 @@ def cmd_run(args) -> int:
     check_out_dir(args.out)
     stop_on_sigterm()
     if cfg.node_rank:  # another node's harness only runs its launcher; node 0 writes the record
-        node = run_node(backend, cfg, args.out / "logs" / args.run_id, sys.argv)
+        node = run_node(backend, cfg, args.out / "logs" / args.run_id, sys.argv, hooks=hooks_from_args(args))
         # ranks_ok: every rank of the node had measured, even if one then died while tracing (an incident)
         done = not node["timed_out"] and not node.get("stopped") and node["ranks_ok"]
         print(
@@ -43,9 +44,17 @@ def cmd_run(args) -> int:
             f"node 0 writes the record {args.out / (args.run_id + '.json')}"
         )
         return EXIT_OK if done else EXIT_FAILED
-    with RunDisplay(cfg, live=sys.stdout.isatty() and not args.quiet) as display:
+    with RunDisplay(live=sys.stdout.isatty() and not args.quiet) as display:
         try:
-            record = execute(backend, cfg, args.out, sys.argv, run_id=args.run_id, display=display)
+            record = execute(
+                backend,
+                cfg,
+                args.out,
+                sys.argv,
+                run_id=args.run_id,
+                display=display,
+                hooks=hooks_from_args(args),
+            )
         except OSError as exc:  # the results filesystem full, read-only or over quota; or a launcher's
             print(os_error_line(exc, args.out), file=sys.stderr)
             return EXIT_FAILED
@@ -66,12 +75,13 @@ def cmd_run(args) -> int:
 def cmd_list(args) -> int:
     """Each backend with the interpreter its workers run under (where that choice came from in the table,
     the paths under it) and, asked of that interpreter, whether the stack is installed there and its
-    versions."""
+    versions; for each one that is not, the command that installs it there."""
     console = Console(width=120)
     table = Table(title="backends")
     for col in ("backend", "framework", "launcher", "python", "available"):
         table.add_column(col)
     pythons: dict[str, str] = {}
+    to_install: dict[str, str] = {}  # backend -> the command that installs its stack
     for b in all_backends():
         try:
             python, source = interpreter.configured(b.name, b.framework)
@@ -84,9 +94,16 @@ def cmd_list(args) -> int:
             versions = interpreter.facts(python, b.requires, versions=True).versions
             known = ", ".join(f"{m} {v}" for m, v in versions.items() if v)
             reason = f" ({known})" if known else ""
+        elif command := install_command(b, python):
+            to_install[b.name] = command
         table.add_row(b.name, b.framework, b.launcher, source, f"yes{reason}" if ok else f"no: {reason}")
     console.print(table)
     print("interpreters: " + "; ".join(f"{source} = {python}" for source, python in pythons.items()))
+    if to_install:
+        print("not available here; the one command that installs each:")
+        width = max(map(len, to_install))
+        for name, command in to_install.items():
+            print(f"  {name:<{width}}  {command}")
     table = Table(title="workloads")
     for col in ("workload", "parameters", "layers", "d_model", "heads", "seq_len", "vocab", "FLOPs/token"):
         table.add_column(col, justify="right")

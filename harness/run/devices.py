@@ -20,20 +20,30 @@ def visible_mask() -> list[str] | None:
     return None if mask is None else [v.strip() for v in mask.split(",") if v.strip()]
 
 
-def visible_gpus() -> list[str]:
-    """GPU names from nvidia-smi, honouring CUDA_VISIBLE_DEVICES."""
+def gpu_query(fields: tuple[str, ...]) -> list[str]:
+    """The nvidia-smi command that lists `fields` (its --query-gpu names) for every GPU, a CSV line each."""
+    return ["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader"]
+
+
+def query_gpus(fields: tuple[str, ...] = ("name",)) -> list[dict[str, str]]:
+    """`fields` of every GPU this machine has (CUDA_VISIBLE_DEVICES not applied), as nvidia-smi reports them
+    ("memory.total" -> "143771 MiB"); [] without nvidia-smi or when it fails (no driver, no GPU). The one
+    place the harness asks nvidia-smi about GPUs: runs, `harness doctor` and `harness env` read it."""
     if not shutil.which("nvidia-smi"):
         return []
     try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-        )
+        out = subprocess.run(gpu_query(fields), capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.SubprocessError):
         return []
-    names = [line.strip() for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else []
+    if out.returncode != 0:
+        return []
+    rows = [[cell.strip() for cell in line.split(",")] for line in out.stdout.splitlines() if line.strip()]
+    return [dict(zip(fields, row)) for row in rows if len(row) == len(fields)]
+
+
+def visible_gpus() -> list[str]:
+    """GPU names from nvidia-smi, honouring CUDA_VISIBLE_DEVICES."""
+    names = [gpu["name"] for gpu in query_gpus(("name",))]
     mask = visible_mask()
     return names if mask is None else names[: len(mask)]
 
