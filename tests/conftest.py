@@ -101,3 +101,20 @@ def assert_traced_steps_follow_the_schedule(rec: dict, in_order: bool = True) ->
                 assert issued == expected, (r["rank"], step, issued, expected)
             else:
                 assert Counter(issued) == Counter(expected), (r["rank"], step, issued, expected)
+
+
+def assert_cpu_worker_probes(rec: dict) -> None:
+    """What every framework family's CPU ranks record of themselves: the fp32 math mode (TF32 is a GPU
+    matter, so None here, but core.precision's fp32 rule ran: every TF32 switch of the framework set to IEEE
+    and read back) and the peak-RSS scope after the loop's reset at the end of warm-up, with no allocator
+    peak or NVML sample on a CPU."""
+    for r in rec["ranks"]:
+        assert r["device"].startswith("cpu")
+        mode = r["math_mode"]
+        assert mode["tf32"] is None  # not applicable on CPU: neither True nor False
+        switches = mode["tf32_setting"].split(", ")
+        assert switches and all(s.endswith(("=ieee", "=False")) for s in switches), switches
+        assert mode["numerics"]["compute"] == "fp32" and mode["numerics"]["observed"]["tf32"] is False
+        memory = r["memory"]
+        assert memory["peak_rss_scope"] == "after warm-up" and memory["peak_rss"] > 50e6
+        assert set(memory) == {"peak_rss", "peak_rss_scope"}, memory

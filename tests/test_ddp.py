@@ -5,7 +5,12 @@ import json
 import numpy as np
 import psutil
 import pytest
-from conftest import assert_traced_steps_follow_the_schedule, run_record, run_with_output
+from conftest import (
+    assert_cpu_worker_probes,
+    assert_traced_steps_follow_the_schedule,
+    run_record,
+    run_with_output,
+)
 
 pytestmark = pytest.mark.slow
 FAST = ["--steps", "6", "--warmup", "1", "--timeout", "180"]
@@ -36,6 +41,7 @@ def test_two_worker_record_has_every_field_and_loss_decreases(out):
         and rec["kind"] == "training"
     )
     assert [r["rank"] for r in rec["ranks"]] == [0, 1]
+    assert_cpu_worker_probes(rec)
     for r in rec["ranks"]:
         assert len(r["step_times"]) == len(r["losses"]) == len(r["data_prep"]) == 20
         assert r["memory"]["peak_rss"] > 50e6 and r["threads"] == 1

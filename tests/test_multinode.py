@@ -262,9 +262,23 @@ def comparable(record: dict) -> dict:
     }
 
 
+# One stack per multi-node launch path: torchrun's static rendezvous (torch-fsdp starts the same way as
+# torch-ddp), DeepSpeed's runner with a hostfile, horovodrun, TF_CONFIG per process, Paddle's launcher.
+MULTI_NODE_PATHS = [name for name in backend_names() if name != "torch-fsdp"]
+# Every stack trains torch-ddp's model with torch-ddp's update (tests/test_equivalence.py); the stacks on
+# other frameworks within the cross-framework bound stated there.
+SAME_FRAMEWORK_RTOL, CROSS_FRAMEWORK_ATOL = 1e-6, 3e-5
+
+
+@pytest.fixture(scope="module")
+def one_node_ddp(tmp_path_factory) -> dict:
+    """torch-ddp with two ranks on one node: what every stack's two one-rank nodes must reproduce."""
+    return run_record(tmp_path_factory.mktemp("one-node"), "--backend", "torch-ddp", "--gpus", "2", *TINY)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", backend_names())
-def test_two_nodes_on_loopback_equal_one_node_with_two_ranks(tmp_path, backend):
+@pytest.mark.parametrize("backend", MULTI_NODE_PATHS)
+def test_two_nodes_on_loopback_equal_one_node_with_two_ranks(tmp_path, backend, one_node_ddp):
     adapter = get_backend(backend)
     ok, reason = adapter.availability()
     if not ok:
@@ -272,18 +286,20 @@ def test_two_nodes_on_loopback_equal_one_node_with_two_ranks(tmp_path, backend):
     if not adapter.multi_node:
         pytest.skip(f"{backend} declares itself single-node (multi_node = False)")
     out = tmp_path / "results"
-    single = run_record(out, "--backend", backend, "--gpus", "2", *TINY, timeout=240)
     node0, rc1, log1 = two_nodes(out, out, backend, f"loop-{backend}")
     assert node0.returncode == 0 and rc1 == 0, (
         f"{node0.stdout[-3000:]}\n{node0.stderr}\nnode 1:\n{log1[-3000:]}"
     )
     multi = json.loads((out / f"loop-{backend}.json").read_text())
-    assert comparable(multi) == comparable(single) and multi["status"] == "ok"
+    assert comparable(multi) == comparable(one_node_ddp) and multi["status"] == "ok"
     assert (multi["config"]["nodes"], multi["config"]["node_rank"]) == (2, 0)
     assert [m["node_rank"] for m in multi["launch"]["nodes"]] == [0, 1]
-    for a, b in zip(single["ranks"], multi["ranks"]):
-        np.testing.assert_allclose(b["losses"], a["losses"], rtol=1e-6)
-    assert len(list(out.glob("*.json"))) == 2  # one record per run: node 1 wrote none
+    for a, b in zip(one_node_ddp["ranks"], multi["ranks"]):
+        if adapter.framework == "torch":
+            np.testing.assert_allclose(b["losses"], a["losses"], rtol=SAME_FRAMEWORK_RTOL)
+        else:
+            np.testing.assert_allclose(b["losses"], a["losses"], rtol=0, atol=CROSS_FRAMEWORK_ATOL)
+    assert len(list(out.glob("*.json"))) == 1  # node 1 wrote no record
     assert not leftovers(out)
 
 

