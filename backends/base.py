@@ -45,7 +45,7 @@ def network_settings(environ=os.environ) -> dict[str, str]:
 def worker_python(cfg: RunConfig) -> str:
     """The interpreter this run's launcher and workers run under (backends.interpreter): the backend's own
     environment where one is configured, else the harness's (a record written before the choice existed)."""
-    return cfg.python or sys.executable
+    return cfg.topology.python or sys.executable
 
 
 # ------------------------------------------------------------------------------------------- typed options
@@ -132,7 +132,7 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 
 def parameter_numels(cfg: RunConfig) -> dict[str, int]:
     """Elements of every parameter tensor of the spec, by neutral name (blocks.<i>.* are the blocks')."""
-    return {name: math.prod(shape) for name, shape in cfg.spec.parameter_shapes().items()}
+    return {name: math.prod(shape) for name, shape in cfg.model.spec.parameter_shapes().items()}
 
 
 @dataclass
@@ -295,7 +295,7 @@ class Backend(ABC, Generic[OptionsT]):
         """What this adapter supports, for the report's feature table. `sharding` lists the sharding of
         every configuration it offers; the default asks sharding() about a run with default options, so an
         adapter whose options change the sharding (ZeRO stages) overrides this."""
-        probe = RunConfig(
+        probe = RunConfig.build(
             backend=self.name, workload="tiny", spec=PRESETS["tiny"], world_size=2, device="cpu"
         )
         return {
@@ -310,9 +310,9 @@ class Backend(ABC, Generic[OptionsT]):
     @abstractmethod
     def launch(self, cfg: RunConfig, run_dir: Path, port: int, devices: list[str]) -> LaunchPlan:
         """The command(s) that start THIS node's cfg.local_procs workers with the framework's own
-        launcher (cfg.nodes / node_rank / master_addr for multi-node; `port` is the master's port).
+        launcher (cfg.topology.nodes / node_rank / master_addr for multi-node; `port` is the master's port).
         `devices`: the physical GPU ids of those workers in local-rank order (empty on CPU). An
-        isolated-counterfactual config (cfg.isolated_index set) is always a single local process."""
+        isolated-counterfactual config (cfg.role.isolated_index set) is always a single local process."""
 
     def worker_env(self, cfg: RunConfig) -> dict[str, str]:
         """Environment every worker process gets: import path, unbuffered output, the process settings
@@ -321,7 +321,7 @@ class Backend(ABC, Generic[OptionsT]):
         return {
             "PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
             "PYTHONUNBUFFERED": "1",
-            **process_settings(cfg.threads_per_worker),
+            **process_settings(cfg.topology.threads_per_worker),
             **network_settings(),
         }
 
@@ -341,7 +341,9 @@ def torchrun(backend: Backend, cfg: RunConfig, run_dir: Path, port: int, devices
     master on `port` (an isolated-counterfactual worker is a 1-node, 1-process run on localhost). Local
     rank i uses cuda:i inside the mask, which is devices[i]."""
     nodes, node_rank, master = (
-        (1, 0, "127.0.0.1") if cfg.isolated_index is not None else (cfg.nodes, cfg.node_rank, cfg.master_addr)
+        (1, 0, "127.0.0.1")
+        if cfg.role.isolated_index is not None
+        else (cfg.topology.nodes, cfg.topology.node_rank, cfg.topology.master_addr)
     )
     argv = [
         worker_python(cfg),

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from backends.loop import inject_fault, rank_from_env
-from core.config import CommbenchSpec, RunConfig
+from core.config import RunConfig
 from core.hooks import NO_HOOKS, TestHooks
 from core.process import seen_process_settings
 
@@ -36,11 +36,9 @@ class Collectives(ABC):
 
     def __init__(self, cfg: RunConfig):
         self.cfg = cfg
-        if cfg.commbench is None:
-            raise ValueError("a commbench worker needs a commbench configuration (RunConfig.commbench)")
-        self.spec = CommbenchSpec.from_dict(cfg.commbench)
+        self.spec = cfg.commbench_spec
         self.rank = rank_from_env()
-        self.world_size = cfg.world_size
+        self.world_size = cfg.topology.world_size
         self.device_name = "cpu"
 
     @abstractmethod
@@ -170,6 +168,6 @@ def run_collectives(comm: Collectives, cfg: RunConfig, hooks: TestHooks = NO_HOO
         "collectives": points,
         "versions": {"python": platform.python_version(), **comm.versions()},
         "interpreter": sys.executable,  # the environment this rank ran in (RunConfig.python)
-        "threads": cfg.threads_per_worker,
+        "threads": cfg.topology.threads_per_worker,
         "process_settings": seen_process_settings(),
     }

@@ -196,9 +196,11 @@ def cpu_name() -> str:
 
 def data_shard(cfg: RunConfig, rank: int) -> Shard:
     """The data a rank reads; an isolated-counterfactual worker reads the shard of the rank it stands for."""
-    if cfg.isolated_index is not None:
-        return Shard(cfg.isolated_index, cfg.world_size, cfg.micro_batch, cfg.grad_accum)
-    return Shard(rank, cfg.world_size, cfg.micro_batch, cfg.grad_accum)
+    if cfg.role.isolated_index is not None:
+        return Shard(
+            cfg.role.isolated_index, cfg.topology.world_size, cfg.batch.micro_batch, cfg.batch.grad_accum
+        )
+    return Shard(rank, cfg.topology.world_size, cfg.batch.micro_batch, cfg.batch.grad_accum)
 
 
 def optimizer_timed_steps(cfg: RunConfig) -> int:
@@ -207,9 +209,11 @@ def optimizer_timed_steps(cfg: RunConfig) -> int:
     isolated worker of a stack that does not shard its optimizer, whose optimizer time nothing uses, and
     none for a stack whose worker cannot time its optimizer apart (tf-mwms)."""
     backend = get_backend(cfg.backend)
-    if not backend.times_optimizer or (cfg.isolated_index is not None and backend.sharding(cfg) == "none"):
+    if not backend.times_optimizer or (
+        cfg.role.isolated_index is not None and backend.sharding(cfg) == "none"
+    ):
         return 0
-    return min(cfg.steps, 5)
+    return min(cfg.measurement.steps, 5)
 
 
 # What a rank's measured record says of its trace until the trace is done: a rank that dies while tracing
@@ -252,14 +256,17 @@ def training_phases(trainer: Trainer, cfg: RunConfig) -> list[Phase]:
     synchronisation enters its measured steps; the collective trace comes last."""
     alone = cfg.process_group_size == 1
     compute = bool(
-        trainer.can_skip_grad_sync and cfg.compute_method == "no_sync" and not alone and cfg.compute_steps
+        trainer.can_skip_grad_sync
+        and cfg.measurement.compute_method == "no_sync"
+        and not alone
+        and cfg.measurement.compute_steps
     )
-    trace = bool(cfg.trace_comm and cfg.trace_steps and not alone)
+    trace = bool(cfg.measurement.trace_comm and cfg.measurement.trace_steps and not alone)
     return [
-        Phase("warm-up", cfg.warmup, keeps={"loss": "warmup_losses"}),
+        Phase("warm-up", cfg.measurement.warmup, keeps={"loss": "warmup_losses"}),
         Phase(
             "measured",
-            cfg.steps,
+            cfg.measurement.steps,
             measured=True,
             keeps={"step_time_s": "step_times", "loss": "losses", "data_prep_s": "data_prep"},
         ),
@@ -274,13 +281,16 @@ def training_phases(trainer: Trainer, cfg: RunConfig) -> list[Phase]:
         ),
         Phase(
             "compute-only",
-            cfg.compute_steps + 1 if compute else 0,
+            cfg.measurement.compute_steps + 1 if compute else 0,
             sync_grads=False,
             settle=1 if compute else 0,
             keeps={"step_time_s": "compute_only_step_times"},
         ),
         Phase(
-            "traced", cfg.trace_steps + compute if trace else 0, traced=True, settle=int(compute and trace)
+            "traced",
+            cfg.measurement.trace_steps + compute if trace else 0,
+            traced=True,
+            settle=int(compute and trace),
         ),
     ]
 
@@ -304,10 +314,16 @@ def run_training(
     goes to the events (its trace TRACE_LOST), so a rank that dies while tracing still has its
     measurements on file, and again after it with its trace, should the teardown that follows fail.
     """
-    source = make_source(cfg.spec.vocab_size, cfg.spec.seq_len, cfg.global_batch, cfg.seed, cfg.data_path)
+    source = make_source(
+        cfg.model.spec.vocab_size,
+        cfg.model.spec.seq_len,
+        cfg.global_batch,
+        cfg.model.seed,
+        cfg.batch.data_path,
+    )
     shard = data_shard(cfg, trainer.rank)
     # the tokens this process's group steps over: the run's, or an isolated worker's one rank's share
-    group_tokens = cfg.tokens_per_step * cfg.process_group_size / cfg.world_size
+    group_tokens = cfg.tokens_per_step * cfg.process_group_size / cfg.topology.world_size
     next_step = 0
     measured: dict = {"peak_rss_scope": "process lifetime"}
 
@@ -368,7 +384,7 @@ def run_training(
             "minor_faults_per_step": measured["minor_faults_per_step"],
             "versions": {"python": platform.python_version(), **trainer.versions()},
             "interpreter": sys.executable,  # the environment this rank ran in (RunConfig.python)
-            "threads": cfg.threads_per_worker,
+            "threads": cfg.topology.threads_per_worker,
             "process_settings": seen_process_settings(),
         }
 

@@ -54,12 +54,12 @@ class Segment:
 
 
 def segments(cfg: RunConfig) -> list[Segment]:
-    units = ["embed", *(f"block.{i}" for i in range(cfg.spec.n_layers)), "head"]
+    units = ["embed", *(f"block.{i}" for i in range(cfg.model.spec.n_layers)), "head"]
     out = []
-    for m in range(cfg.grad_accum):
+    for m in range(cfg.batch.grad_accum):
         out += [Segment(f"fwd {u} mb{m}", "forward", u, m) for u in units]
         out += [Segment(f"bwd {u} mb{m}", "backward", u, m) for u in reversed(units)]
-    out.append(Segment("optimizer", "optimizer", "optimizer", cfg.grad_accum - 1))
+    out.append(Segment("optimizer", "optimizer", "optimizer", cfg.batch.grad_accum - 1))
     return out
 
 
@@ -78,7 +78,7 @@ class Steps:
         self.cfg = cfg
         self.list = segments(cfg)
         self.index = {(s.phase, s.unit, s.micro): i for i, s in enumerate(self.list)}
-        self.last = cfg.grad_accum - 1
+        self.last = cfg.batch.grad_accum - 1
         self.optimizer = len(self.list) - 1
 
     def at(self, phase: str, unit: str, micro: int | None = None) -> int:
@@ -218,6 +218,6 @@ def gradients_after_backward(cfg: RunConfig, dtype_bytes: int) -> Schedule:
     backward (no sync on the micro-batches before it), not overlapped: Backend.schedule's default."""
     return whole_tensors(
         cfg,
-        [CommTerm("all_reduce", cfg.spec.n_params, dtype_bytes, 1, "gradients")],
+        [CommTerm("all_reduce", cfg.model.spec.n_params, dtype_bytes, 1, "gradients")],
         "one all-reduce of every gradient after backward (not overlapped)",
     )

@@ -55,7 +55,7 @@ def joined(dtypes) -> str | None:
 def rank_device(cfg: RunConfig, local_rank: int) -> tuple[torch.device, str]:
     """This rank's device and its name: cuda:<local rank> inside the launcher's mask (the device contract),
     made current; or the CPU."""
-    if cfg.device == "cuda":
+    if cfg.topology.device == "cuda":
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
         return device, torch.cuda.get_device_name(device)
@@ -69,12 +69,12 @@ class TorchTrainer(Trainer):
 
     def __init__(self, cfg: RunConfig):
         super().__init__(cfg)
-        torch.set_num_threads(cfg.threads_per_worker)
-        torch.manual_seed(cfg.seed)
+        torch.set_num_threads(cfg.topology.threads_per_worker)
+        torch.manual_seed(cfg.model.seed)
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
         self.device, self.device_name = rank_device(cfg, self.local_rank)
-        self.amp_dtype = AMP_DTYPES.get(cfg.precision)
-        self.scaler = torch.amp.GradScaler(self.device.type) if cfg.precision == "fp16" else None
+        self.amp_dtype = AMP_DTYPES.get(cfg.model.precision)
+        self.scaler = torch.amp.GradScaler(self.device.type) if cfg.model.precision == "fp16" else None
         # Set by each stack's __init__: the model as the stack wraps it, and the optimizer it steps.
         self.model: torch.nn.Module
         self.optimizer: torch.optim.Optimizer
@@ -91,7 +91,9 @@ class TorchTrainer(Trainer):
             )
 
     def build_model(self) -> GPT:
-        model = GPT(self.cfg.spec, self.cfg.activation_checkpointing).load_spec_weights(self.cfg.seed)
+        model = GPT(self.cfg.model.spec, self.cfg.model.activation_checkpointing).load_spec_weights(
+            self.cfg.model.seed
+        )
         self.watch_numerics(model)
         return model.to(self.device)
 
@@ -139,7 +141,7 @@ class TorchTrainer(Trainer):
         return {
             **self.seen,
             "grad_reduce": self.reduced_gradient_dtype(),
-            "master_weights": updated and master_weights(self.cfg.precision, updated),
+            "master_weights": updated and master_weights(self.cfg.model.precision, updated),
             "optimizer_state": self.optimizer_state_dtype(),
             "loss_scaling": self.loss_scaling(),
             "tf32": self.cublas_tf32(self.tf32_settings["torch.backends.cuda.matmul.fp32_precision"]),
@@ -272,7 +274,7 @@ class TorchTrainer(Trainer):
         """Neutral-name numpy weights (Linear weights transposed back to (in, out)); DTensors gathered."""
         torch_params = dict(self.unwrapped().named_parameters())
         out = {}
-        for name in self.cfg.spec.parameter_shapes():
+        for name in self.cfg.model.spec.parameter_shapes():
             p = torch_params[name + ".weight" if name.endswith("emb") else name].detach()
             p = p.full_tensor() if hasattr(p, "full_tensor") else p
             a = p.float().cpu().numpy()

@@ -45,23 +45,23 @@ def main(run_dir: Path) -> int:
         hooks = TestHooks.read(run_dir)
         events.emit(
             RUN_START,
-            kind="commbench" if cfg.commbench else "training",
+            kind="commbench" if cfg.role.commbench else "training",
             backend=cfg.backend,
-            world_size=cfg.world_size,
+            world_size=cfg.topology.world_size,
             process_group_size=cfg.process_group_size,
-            isolated_index=cfg.isolated_index,
+            isolated_index=cfg.role.isolated_index,
             host=socket.gethostname(),
             pid=os.getpid(),
             test_hooks=hooks.to_dict(),
         )
         backend = get_backend(cfg.backend)
-        if cfg.commbench:  # `harness commbench`: time the stack's collectives instead of training
+        if cfg.role.commbench:  # `harness commbench`: time the stack's collectives instead of training
             comm = importlib.import_module(backend.collectives_module).make_collectives(cfg)
             record = run_collectives(comm, cfg, hooks)
             comm.close()
         else:
             trainer = importlib.import_module(backend.worker_module).make_trainer(cfg)
-            weights = run_dir / "weights_rank0.npz" if cfg.dump_weights else None
+            weights = run_dir / "weights_rank0.npz" if cfg.role.dump_weights else None
             record = run_training(trainer, cfg, events, hooks, weights)
             trainer.close()
         events.emit(RESULT, record=record)

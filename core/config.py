@@ -25,100 +25,231 @@ class InvalidConfig(ValueError):
 
 
 @dataclass
-class RunConfig:
-    backend: str
-    workload: str  # preset name the spec came from (overrides already applied in `spec`)
+class ModelConfig:
+    """What is trained: the same model, numerics and initial weights on every stack it is compared on."""
+
+    workload: str
+    """The preset the spec came from (`--workload`); the overrides are already applied in `spec`."""
     spec: ModelSpec
-    world_size: int  # ranks = devices (or CPU workers), over all nodes (the CLI's --gpus)
-    device: str  # resolved: "cuda" or "cpu"
+    """The framework-free model every stack builds (workloads.spec)."""
     precision: str = "fp32"
+    """Compute precision, one of PRECISIONS; master weights and the optimizer stay fp32 (core.precision)."""
     tf32: bool = False
     """Let fp32 matmuls and convolutions run as TF32 (--tf32; fp32 runs only), in every framework alike,
     where the GPU has it. Off, fp32 is IEEE fp32 in every framework (core.precision): off by default because
     the frameworks' own defaults differ (PyTorch off, TensorFlow and Paddle on), which would compare other
     maths under one flag."""
-    micro_batch: int = 8  # sequences per rank per micro-step
-    grad_accum: int = 1
-    steps: int = 20  # measured steps
-    warmup: int = 3  # excluded from every statistic
-    compute_steps: int = 5  # sync-off steps for t_compute (no_sync method), after the measured ones
-    compute_method: str = "auto"  # auto -> the backend's preferred method
-    isolated_repeats: int = 2  # launches of the isolated counterfactual, one after the other
-    trace_comm: bool = True  # profile `trace_steps` steps after the measured ones for the collective trace
-    trace_steps: int = 2
-    threads_per_worker: int = 1
-    seed: int = 0
-    data_path: str | None = None
     activation_checkpointing: bool = False
-    scaling: str = "weak"  # how the batch was chosen (recorded for sweeps/compare)
+    """Recompute each block's activations in the backward pass: less memory, about a third more compute."""
+    seed: int = 0
+    """Seeds the initial weights and the synthetic data, identically in every framework."""
+
+
+@dataclass
+class BatchConfig:
+    """How much data one step consumes, and from where."""
+
+    micro_batch: int = 8
+    """Sequences per rank per micro-step."""
+    grad_accum: int = 1
+    """Micro-steps per optimizer step; gradients are reduced once per step."""
+    scaling: str = "weak"
+    """How the batch was chosen across world sizes ("weak": fixed per rank; "strong": fixed global), recorded
+    so sweeps and `harness compare` pair like with like."""
+    data_path: str | None = None
+    """A token file to read instead of synthetic data (workloads.data)."""
+
+
+@dataclass
+class MeasurementConfig:
+    """How the step is timed and what is measured beside it (docs/measurement.md)."""
+
+    steps: int = 20
+    """Measured steps: every statistic is over these."""
+    warmup: int = 3
+    """Steps run first and excluded from every statistic (allocator, autotuning, compilation)."""
+    compute_steps: int = 5
+    """Steps with gradient sync off that time t_compute (the no_sync method), after the measured ones."""
+    compute_method: str = "auto"
+    """How t_compute is measured, one of COMPUTE_METHODS; auto: the backend's preferred method."""
+    isolated_repeats: int = 2
+    """Launches of the isolated counterfactual (one rank alone), one after the other."""
+    trace_comm: bool = True
+    """Profile `trace_steps` steps after the measured ones for the collective trace."""
+    trace_steps: int = 2
+    """Steps the collective trace covers."""
     timeout_s: float = 900.0
-    collective_timeout_s: float | None = None  # a collective's wait for a missing peer; None: timeout_s
-    backend_options: dict = field(default_factory=dict)
-    # The interpreter the launcher and the workers run under: the backend's own environment where its
-    # stack's pinned wheels cannot share one with the others (backends.interpreter says how it is chosen).
-    # None: the harness's own (records written before it was recorded).
-    python: str | None = None
-    # Multi-node: this harness invocation starts the launcher of node `node_rank` of `nodes`, each with
-    # gpus / nodes workers; ranks meet at master_addr (port chosen by the harness or given).
+    """Wall-clock limit of the whole run; past it every rank is killed and the run recorded as timed out."""
+    collective_timeout_s: float | None = None
+    """A collective's wait for a missing peer before it fails; None: timeout_s."""
+
+
+@dataclass
+class TopologyConfig:
+    """Where the ranks run and how they meet."""
+
+    world_size: int
+    """Ranks = devices (or CPU workers), over all nodes (the CLI's --gpus)."""
+    device: str
+    """Resolved: "cuda" or "cpu"."""
     nodes: int = 1
-    gpus_per_node: int = 0  # ranks per node; 0: world_size / nodes
+    """Nodes; this harness invocation starts the launcher of node `node_rank` (gpus_per_node ranks each)."""
+    gpus_per_node: int = 0
+    """Ranks per node; 0: world_size / nodes."""
     node_rank: int = 0
+    """The node this invocation launches."""
     master_addr: str = "127.0.0.1"
+    """Where the ranks meet (rendezvous)."""
     master_port: int | None = None
-    hosts: list = field(default_factory=list)  # one hostname per node, when known
-    # This harness only starts the ranks on `hosts` (an MPIJob's launcher pod): no rank runs here.
+    """The rendezvous port; None: chosen by the harness."""
+    hosts: list = field(default_factory=list)
+    """One hostname per node, when known."""
     launcher_only: bool = False
-    # Set only for the isolated counterfactual: this worker runs alone (world 1) on data shard
-    # `isolated_index` of the real N-rank run.
-    isolated_index: int | None = None
-    dump_weights: bool = False  # rank 0 saves its final weights (neutral names) for equivalence tests
-    # Set for `harness commbench`: the workers time collectives (CommbenchSpec's fields) instead of training.
-    commbench: dict | None = None
+    """This harness only starts the ranks on `hosts` (an MPIJob's launcher pod): no rank runs here."""
+    threads_per_worker: int = 1
+    """Intra-op threads of each CPU worker, fixed and recorded (CPU runs)."""
+    python: str | None = None
+    """The interpreter the launcher and the workers run under: the backend's own environment where its
+    stack's pinned wheels cannot share one with the others (backends.interpreter says how it is chosen).
+    None: the harness's own."""
 
     def __post_init__(self):
         if not self.gpus_per_node:
             self.gpus_per_node = self.world_size // self.nodes
 
+
+@dataclass
+class RoleConfig:
+    """What this worker does, set by the harness and never by a user: a training rank of the run (the
+    default), one rank of the isolated counterfactual, or a commbench worker."""
+
+    isolated_index: int | None = None
+    """Set only for the isolated counterfactual: this worker runs alone (world 1) on data shard
+    `isolated_index` of the real N-rank run."""
+    dump_weights: bool = False
+    """Rank 0 saves its final weights (neutral names), for the equivalence tests."""
+    commbench: dict | None = None
+    """Set for `harness commbench`: the workers time collectives (CommbenchSpec's fields) instead of
+    training."""
+
+
+SECTIONS = {
+    "model": ModelConfig,
+    "batch": BatchConfig,
+    "measurement": MeasurementConfig,
+    "topology": TopologyConfig,
+    "role": RoleConfig,
+}
+# Which section holds each setting: lets a caller (and migrate_config, for records written flat) name a
+# setting without its section. Names are unique across sections; a test holds them so.
+SECTION_OF = {f.name: name for name, section in SECTIONS.items() for f in dataclasses.fields(section)}
+
+
+@dataclass
+class RunConfig:
+    """Everything that defines one run, in sections as torchtitan's JobConfig has them: what is trained
+    (model), on how much data per step (batch), how it is timed (measurement), where the ranks run
+    (topology), the stack and its own options (backend, backend_options), and what this worker does
+    (role, set by the harness)."""
+
+    backend: str
+    """A registered stack name (backends.registry)."""
+    model: ModelConfig
+    topology: TopologyConfig
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    measurement: MeasurementConfig = field(default_factory=MeasurementConfig)
+    backend_options: dict = field(default_factory=dict)
+    """The stack's own settings (its adapter's `options` say which it takes), e.g. ZeRO's stage."""
+    role: RoleConfig = field(default_factory=RoleConfig)
+
+    @classmethod
+    def build(cls, backend: str, backend_options: dict | None = None, **settings) -> RunConfig:
+        """A config from settings named without their sections (`world_size=2, steps=5`): the harness's
+        CLI, the tests and migrate_config route through here; an unknown name is a TypeError."""
+        unknown = sorted(set(settings) - set(SECTION_OF))
+        if unknown:
+            raise TypeError(f"RunConfig.build: no setting {', '.join(unknown)}")
+        parts: dict[str, dict] = {name: {} for name in SECTIONS}
+        for key, value in settings.items():
+            parts[SECTION_OF[key]][key] = value
+        return cls(
+            backend=backend,
+            backend_options=dict(backend_options or {}),
+            **{name: SECTIONS[name](**parts[name]) for name in SECTIONS},
+        )
+
+    def evolve(self, **changes) -> RunConfig:
+        """A copy with settings changed, named without their sections (as in `build`)."""
+        top = {k: changes.pop(k) for k in ("backend", "backend_options") if k in changes}
+        unknown = sorted(set(changes) - set(SECTION_OF))
+        if unknown:
+            raise TypeError(f"RunConfig.evolve: no setting {', '.join(unknown)}")
+        sections = {}
+        for name in SECTIONS:
+            mine = {k: v for k, v in changes.items() if SECTION_OF[k] == name}
+            if mine:
+                sections[name] = dataclasses.replace(getattr(self, name), **mine)
+        return dataclasses.replace(self, **top, **sections)
+
+    def setting(self, name: str):
+        """A setting by its name alone (as `build` takes it): for readers that list settings generically,
+        such as `harness compare`'s differences."""
+        if name in ("backend", "backend_options"):
+            return getattr(self, name)
+        return getattr(getattr(self, SECTION_OF[name]), name)
+
+    @property
+    def commbench_spec(self) -> CommbenchSpec:
+        """What a commbench worker times (role.commbench); a ValueError for a training run's config."""
+        if self.role.commbench is None:
+            raise ValueError("not a commbench configuration (RunConfig.role.commbench is not set)")
+        return CommbenchSpec.from_dict(self.role.commbench)
+
     @property
     def global_batch(self) -> int:
-        return self.micro_batch * self.grad_accum * self.world_size
+        return self.batch.micro_batch * self.batch.grad_accum * self.topology.world_size
 
     @property
     def tokens_per_step(self) -> int:
-        return self.global_batch * self.spec.seq_len
+        return self.global_batch * self.model.spec.seq_len
 
     @property
     def collective_timeout(self) -> float:
         """Seconds a rank waits in a collective for a peer that never comes (a hung or dead rank) before
         it fails: every framework's own collective timeout is set from this."""
-        return self.collective_timeout_s or self.timeout_s
+        return self.measurement.collective_timeout_s or self.measurement.timeout_s
 
     @property
     def local_procs(self) -> int:
         """Worker processes this node's launcher starts (1 for an isolated-counterfactual worker)."""
-        return 1 if self.isolated_index is not None else self.gpus_per_node
+        return 1 if self.role.isolated_index is not None else self.topology.gpus_per_node
 
     @property
     def process_group_size(self) -> int:
         """Ranks taking part in collectives: 1 for an isolated-counterfactual worker."""
-        return 1 if self.isolated_index is not None else self.world_size
+        return 1 if self.role.isolated_index is not None else self.topology.world_size
 
     @property
     def first_local_rank(self) -> int:
         """The global rank of this node's first rank."""
-        return self.node_rank * self.gpus_per_node
+        return self.topology.node_rank * self.topology.gpus_per_node
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
-        d["spec"] = self.spec.to_dict()
+        d["model"]["spec"] = self.model.spec.to_dict()
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> RunConfig:
         d = migrate_config(d)
-        d["spec"] = ModelSpec(**d["spec"])
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
+        model = dict(d["model"])
+        model["spec"] = ModelSpec(**model["spec"])
+        d["model"] = model
+        sections = {}
+        for name, section in SECTIONS.items():
+            known = {f.name for f in dataclasses.fields(section)}
+            sections[name] = section(**{k: v for k, v in d.get(name, {}).items() if k in known})
+        return cls(backend=d["backend"], backend_options=dict(d.get("backend_options") or {}), **sections)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1, sort_keys=True)
@@ -161,10 +292,16 @@ class CommbenchSpec:
 
 
 def migrate_config(d: dict) -> dict:
-    """A config as written by any earlier version, in today's names (record schema 1 called the world
-    size `gpus` and had no `gpus_per_node`)."""
+    """A config as written by any earlier version, in today's layout: record schemas 1 to 3 wrote it flat
+    (schema 1 also called the world size `gpus` and had no `gpus_per_node`); schema 4 writes it in
+    RunConfig's sections."""
     d = dict(d)
+    if "model" in d and isinstance(d["model"], dict):
+        return d
     if "gpus" in d and "world_size" not in d:
         d["world_size"] = d.pop("gpus")
     d.setdefault("gpus_per_node", d["world_size"] // d.get("nodes", 1))
-    return d
+    nested: dict = {"backend": d["backend"], "backend_options": d.get("backend_options") or {}}
+    for name in SECTIONS:
+        nested[name] = {k: v for k, v in d.items() if SECTION_OF.get(k) == name}
+    return nested

@@ -60,7 +60,7 @@ TF32_SWITCHES: dict[str, dict[str, tuple[object, object]]] = {
 def tf32_allowed(cfg: RunConfig) -> bool:
     """Whether fp32 matmuls may run as TF32: only an fp32 run that asked for it. A bf16/fp16 run keeps
     whatever it computes in fp32 in IEEE fp32 (the CLI refuses --tf32 there)."""
-    return cfg.precision == "fp32" and bool(getattr(cfg, "tf32", False))
+    return cfg.model.precision == "fp32" and cfg.model.tf32
 
 
 def tf32_switches(framework: str, cfg: RunConfig) -> dict[str, object]:
@@ -120,13 +120,13 @@ class Numerics:
 
 def definition(cfg: RunConfig) -> dict:
     """What the definition fixes for this run's precision (see the module docstring)."""
-    low = cfg.precision in LOW_PRECISIONS
+    low = cfg.model.precision in LOW_PRECISIONS
     return {
-        "compute": cfg.precision,
+        "compute": cfg.model.precision,
         "grad_reduce": "fp32",
         "master_weights": "fp32" if low else "none",
         "optimizer_state": "fp32",
-        "loss_scaling": "dynamic" if cfg.precision == "fp16" else "none",
+        "loss_scaling": "dynamic" if cfg.model.precision == "fp16" else "none",
         "tf32": tf32_allowed(cfg),
     }
 
@@ -135,14 +135,14 @@ def autocast_numerics(cfg: RunConfig, mechanism: str = "torch.autocast over fp32
     """The definition as autocast gives it: fp32 parameters, each matmul's inputs cast to the low precision,
     elementwise sums of fp32 and low-precision tensors promoted to fp32 (so the residual stream stays fp32),
     fp32 gradients reduced as they are. `changes`: fields a configuration sets otherwise."""
-    low = cfg.precision in LOW_PRECISIONS
+    low = cfg.model.precision in LOW_PRECISIONS
     facts = Numerics(
-        compute=cfg.precision,
+        compute=cfg.model.precision,
         forward_params="fp32",
         activations="fp32",
         grad_reduce="fp32",
         master_weights="fp32" if low else "none",
-        loss_scaling="dynamic" if cfg.precision == "fp16" else "none",
+        loss_scaling="dynamic" if cfg.model.precision == "fp16" else "none",
         tf32=tf32_allowed(cfg),
         mechanism=mechanism if low else "fp32 throughout",
     )
@@ -154,7 +154,7 @@ def low_precision_module_numerics(cfg: RunConfig, mechanism: str, reason: str) -
     Paddle's O2): parameters in forward, the residual stream and the reduced gradients are all low
     precision, the fp32 master weights live in the optimizer. `reason`: the option that chose it, which
     the record names as the deviation from the definition (gradients not reduced in fp32)."""
-    low = cfg.precision
+    low = cfg.model.precision
     return autocast_numerics(
         cfg, mechanism, forward_params=low, activations=low, grad_reduce=low, why={"grad_reduce": reason}
     )

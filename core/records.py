@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from core.config import migrate_config
+from core.config import RunConfig, migrate_config
 from core.process import REPO_ROOT
 from workloads.spec import PRESETS, ModelSpec
 
@@ -27,7 +27,8 @@ DEFAULT_OUT = Path("results")  # where records go unless --out says otherwise
 
 # 2: config.gpus -> config.world_size (+ gpus_per_node); comm.method -> comm.t_compute_method.
 # 3: "kind": "training" (every earlier record) or "commbench" (`harness commbench`).
-SCHEMA_VERSION = 3
+# 4: config in RunConfig's sections (model, batch, measurement, topology, role) instead of flat.
+SCHEMA_VERSION = 4
 KINDS = ("training", "commbench", "prediction")
 STATUSES = ("ok", "failed", "crashed", "oom", "timeout")
 REQUIRED_KEYS = ("schema_version", "run_id", "status", "config", "ranks", "summary", "environment")
@@ -226,7 +227,7 @@ def load_record(path: Path) -> dict:
         raise RecordError(f"{path}: schema_version {version}, this harness reads 1 to {SCHEMA_VERSION}")
     try:
         record = migrate(record)
-        if not isinstance(record["config"].get("world_size"), int):
+        if not isinstance(record["config"]["topology"].get("world_size"), int):
             raise KeyError("world_size")
     except (AttributeError, KeyError, TypeError, ValueError) as exc:
         raise RecordError(f"{path}: not a distbench run record (config: {exc})") from None
@@ -256,13 +257,21 @@ def migrate(record: dict) -> dict:
     if record["schema_version"] == 2:
         record = {**record, "schema_version": 3, "kind": "training"}
         record.setdefault("migrated_from", 2)
+    if record["schema_version"] == 3:
+        flat = record["config"]
+        # Test hooks (core.hooks) were settings in the config until they left it for the record's top level.
+        hooks = {k: flat[k] for k in ("step_delay_s", "fault") if flat.get(k) not in (None, 0, 0.0)}
+        record = {**record, "schema_version": 4, "config": migrate_config(flat)}
+        if hooks:
+            record["test_hooks"] = {**hooks, **(record.get("test_hooks") or {})}
+        record.setdefault("migrated_from", 3)
     return record
 
 
-def legacy_comm_pattern(pattern: dict, cfg: dict) -> dict:
+def legacy_comm_pattern(pattern: dict, cfg: dict) -> dict:  # cfg: already migrated (sections)
     """Schema 1's comm pattern ({kind, dtype_bytes, reduce_dtype_bytes, param_gathers}: every parameter
     all-reduced, or gathered `param_gathers` times and reduce-scattered, once per step) as terms."""
-    n = ModelSpec(**cfg["spec"]).n_params
+    n = ModelSpec(**cfg["model"]["spec"]).n_params
     gather, reduce = pattern["dtype_bytes"], pattern.get("reduce_dtype_bytes") or pattern["dtype_bytes"]
     if pattern["kind"] == "allreduce":
         terms = [
@@ -339,15 +348,20 @@ def git_commit() -> dict:
 
 
 # ------------------------------------------------------------------------------ the same configuration
-def workload_name(cfg: dict) -> str:
+def run_config(record: dict) -> RunConfig:
+    """A record's config as the typed RunConfig every reader uses (load_record has migrated a record of
+    any schema; a config still flat, from a record built by an older writer, is migrated here too)."""
+    return RunConfig.from_dict(record["config"])
+
+
+def workload_name(cfg: RunConfig) -> str:
     """The preset name, plus the fields that differ from it when the spec was overridden, so runs of
     different models never share a group."""
-    preset = PRESETS.get(cfg["workload"])
-    spec = ModelSpec(**cfg["spec"])
+    preset, spec = PRESETS.get(cfg.model.workload), cfg.model.spec
     if preset is None or preset == spec:
-        return cfg["workload"]
+        return cfg.model.workload
     changed = [f"{k}={v}" for k, v in spec.to_dict().items() if preset.to_dict().get(k) != v]
-    return f"{cfg['workload']}({', '.join(changed)})"
+    return f"{cfg.model.workload}({', '.join(changed)})"
 
 
 def device_name(record: dict) -> str | None:
@@ -355,25 +369,23 @@ def device_name(record: dict) -> str | None:
     return (record.get("environment") or {}).get("device_kind")
 
 
-def batch_name(cfg: dict) -> str:
+def batch_name(cfg: RunConfig) -> str:
     """The batch that defines a scaling series: per rank for weak scaling, global for strong."""
-    if cfg.get("scaling") == "strong":
-        return (
-            f"{cfg['micro_batch'] * cfg['grad_accum'] * cfg['world_size']} seq global, "
-            f"{cfg['grad_accum']} accum"
-        )
-    return f"{cfg['micro_batch']} seq/rank x {cfg['grad_accum']} accum"
+    if cfg.batch.scaling == "strong":
+        return f"{cfg.global_batch} seq global, {cfg.batch.grad_accum} accum"
+    return f"{cfg.batch.micro_batch} seq/rank x {cfg.batch.grad_accum} accum"
 
 
-def settings_name(cfg: dict) -> str:
+def settings_name(cfg: RunConfig) -> str:
     """What else changes the work of a step or how it is measured: nodes, checkpointing, the data, threads
     per CPU worker (N workers share one machine's cores: another thread count is other hardware), and the
     number of warm-up and measured steps."""
-    parts = [f"{cfg.get('nodes', 1)} node(s)"] if cfg.get("nodes", 1) > 1 else []
-    parts += ["activation checkpointing"] if cfg.get("activation_checkpointing") else []
-    parts += [f"data {Path(cfg['data_path']).name}"] if cfg.get("data_path") else []
-    parts += [f"{cfg['threads_per_worker']} thread(s)/worker"] if cfg["device"] == "cpu" else []
-    parts.append(f"{cfg['warmup']}+{cfg['steps']} steps")
+    topo = cfg.topology
+    parts = [f"{topo.nodes} node(s)"] if topo.nodes > 1 else []
+    parts += ["activation checkpointing"] if cfg.model.activation_checkpointing else []
+    parts += [f"data {Path(cfg.batch.data_path).name}"] if cfg.batch.data_path else []
+    parts += [f"{topo.threads_per_worker} thread(s)/worker"] if topo.device == "cpu" else []
+    parts.append(f"{cfg.measurement.warmup}+{cfg.measurement.steps} steps")
     return ", ".join(parts)
 
 
@@ -411,30 +423,32 @@ class ConfigKey:
 def config_key(record: dict, device: str | None = None) -> ConfigKey:
     """The configuration of a record (or of {"config": ..., "backend_info": {"label": ...}} for a run still to
     be made); `device` overrides the record's own device ("*" to match across devices)."""
-    cfg = record["config"]
+    cfg = run_config(record)
+    topo = cfg.topology
+    label = (record.get("backend_info") or {}).get("label") or cfg.backend
     if record.get("kind") == "commbench":  # the stack's collectives: no model, batch or steps
-        bench = cfg["commbench"]
+        bench = cfg.commbench_spec
         return ConfigKey(
-            label=(record.get("backend_info") or {}).get("label") or cfg["backend"],
-            workload="commbench " + ",".join(bench["ops"]),
-            world_size=cfg["world_size"],
-            precision=bench["dtype"],
+            label=label,
+            workload="commbench " + ",".join(bench.ops),
+            world_size=topo.world_size,
+            precision=bench.dtype,
             scaling="-",
-            batch=f"{len(bench['sizes'])} sizes {bench['sizes'][0]}-{bench['sizes'][-1]} B",
+            batch=f"{len(bench.sizes)} sizes {bench.sizes[0]}-{bench.sizes[-1]} B",
             settings=", ".join(
-                ([f"{cfg.get('nodes', 1)} node(s)"] if cfg.get("nodes", 1) > 1 else [])
-                + ([f"{cfg['threads_per_worker']} thread(s)/worker"] if cfg["device"] == "cpu" else [])
-                + [f"{bench['warmup']}+{bench['iters']} calls"]
+                ([f"{topo.nodes} node(s)"] if topo.nodes > 1 else [])
+                + ([f"{topo.threads_per_worker} thread(s)/worker"] if topo.device == "cpu" else [])
+                + [f"{bench.warmup}+{bench.iters} calls"]
             ),
             device=device or str(device_name(record)),
         )
     return ConfigKey(
-        label=(record.get("backend_info") or {}).get("label") or cfg["backend"],
+        label=label,
         workload=workload_name(cfg),
-        world_size=cfg["world_size"],
+        world_size=topo.world_size,
         # TF32 matmuls are other maths than IEEE fp32 ones: never repeats of one measurement
-        precision=cfg["precision"] + ("+tf32" if cfg.get("tf32") else ""),
-        scaling=cfg.get("scaling", "weak"),
+        precision=cfg.model.precision + ("+tf32" if cfg.model.tf32 else ""),
+        scaling=cfg.batch.scaling,
         batch=batch_name(cfg),
         settings=settings_name(cfg),
         device=device or str(device_name(record)),

@@ -5,7 +5,7 @@ backend options given to the wrong backend. Below both harness.run and harness.p
 from __future__ import annotations
 
 from backends import all_backends
-from core.config import RunConfig
+from core.config import BatchConfig
 from harness.usage import UsageError, choice
 from workloads.spec import OVERRIDES, PRESETS, ModelSpec, resolve
 
@@ -33,7 +33,7 @@ def micro_batch_for(args, n: int) -> int:
     if args.micro_batch and args.global_batch:
         raise UsageError("give --micro-batch or --global-batch, not both")
     if not args.global_batch:
-        return args.micro_batch or RunConfig.micro_batch
+        return args.micro_batch or BatchConfig.micro_batch
     if args.global_batch % (n * args.grad_accum):
         raise UsageError(
             f"--global-batch {args.global_batch} is not divisible by gpus x grad-accum = "

@@ -174,8 +174,13 @@ def record_tf32(record: dict) -> list:
     return [(r.get("math_mode") or {}).get("tf32") for r in ok_ranks(record)]
 
 
+def model_setting(record: dict, name: str):
+    """A setting of the record's model section (core.config.ModelConfig): records this harness wrote."""
+    return ((record.get("config") or {}).get("model") or {}).get(name)
+
+
 def asked_tf32(record: dict) -> bool:
-    return bool((record.get("config") or {}).get("tf32"))
+    return bool(model_setting(record, "tf32"))
 
 
 def judge_tf32_default(records: dict[str, dict], device: str) -> Verdict:
@@ -185,9 +190,7 @@ def judge_tf32_default(records: dict[str, dict], device: str) -> Verdict:
     fp32 = {
         n: r
         for n, r in records.items()
-        if r.get("status") == "ok"
-        and (r.get("config") or {}).get("precision") == "fp32"
-        and not asked_tf32(r)
+        if r.get("status") == "ok" and model_setting(r, "precision") == "fp32" and not asked_tf32(r)
     }
     if not fp32:
         return Verdict(NOT_CHECKED, name, "no ok fp32 record without --tf32 to read")
@@ -224,7 +227,7 @@ def judge_tf32_opt_in(record: dict | None, flag: bool, device: str, why_no_recor
             NOT_CHECKED,
             name,
             f"the record says tf32 None ({device}: no TF32 to switch on); the flag "
-            f"was accepted and recorded (config.tf32 true)",
+            f"was accepted and recorded (config.model.tf32 true)",
         )
     peak = (record.get("summary") or {}).get("device_peak_precision")
     if any(s is not True for s in states) or peak not in (None, "tf32"):
@@ -459,9 +462,9 @@ def judge_precision_facts(records: dict[str, dict]) -> Verdict:
         )
     bad = [f"{n}: no facts" for n in absent]
     bad += [
-        f"{n}: compute {f.get('compute')} in a {ok[n]['config']['precision']} run"
+        f"{n}: compute {f.get('compute')} in a {model_setting(ok[n], 'precision')} run"
         for n, f in facts.items()
-        if f is not None and "compute" in f and f["compute"] != ok[n]["config"]["precision"]
+        if f is not None and "compute" in f and f["compute"] != model_setting(ok[n], "precision")
     ]
 
     def brief(f: dict) -> str:
@@ -971,12 +974,12 @@ def probe_config(device: str, world: int, **fields):
     from core.config import RunConfig
     from workloads.spec import resolve
 
-    return RunConfig(
+    return RunConfig.build(
         "torch-ddp",
-        "tiny",
-        resolve("tiny", **PROBE_SPEC[device]),
-        world,
-        device,
+        workload="tiny",
+        spec=resolve("tiny", **PROBE_SPEC[device]),
+        world_size=world,
+        device=device,
         compute_method="none",
         **fields,
     )
@@ -1106,7 +1109,7 @@ def probe_world1(device: str, out: Path) -> int:
 
         bench = TorchCollectives.__new__(TorchCollectives)  # its __init__ would start a second group
         bench.comm, bench.device, bench.dtype, bench.world_size = dist, where, torch.float32, 1
-        bench.cfg = SimpleNamespace(device=device)
+        bench.cfg = SimpleNamespace(topology=SimpleNamespace(device=device))
         result["commbench"] = {}
         for op in ("all_reduce", "all_gather", "reduce_scatter"):
             try:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from core.records import run_config
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -86,9 +88,8 @@ def assert_traced_steps_follow_the_schedule(rec: dict, in_order: bool = True) ->
     from collections import Counter
 
     from backends import get_backend
-    from core.config import RunConfig
 
-    cfg = RunConfig.from_dict(rec["config"])
+    cfg = run_config(rec)
     messages = get_backend(cfg.backend).schedule(cfg).messages
     expected = [(m.op, m.size_bytes) for m in messages]
     for r in rec["ranks"]:

@@ -154,7 +154,7 @@ def config(
     opts = backend.Options.from_dict(options)
     fields.setdefault("compute_method", backend.compute_methods_for(opts)[0])
     fields.setdefault("device", "cpu")
-    return RunConfig(
+    return RunConfig.build(
         backend=name,
         workload=workload,
         spec=spec or PRESETS[workload],
@@ -180,16 +180,16 @@ def assemble(
     times of every rank, put where the configuration's method puts them (the ranks' sync-off steps for
     no_sync, the isolated workers' records for isolated); or give the isolated workers' records themselves."""
     isolated = list(isolated_ranks)
-    if compute_time and cfg.world_size > 1:
-        if cfg.compute_method == "no_sync":
+    if compute_time and cfg.topology.world_size > 1:
+        if cfg.measurement.compute_method == "no_sync":
             ranks = [
                 {**r, "compute_only_step_times": list(compute_time)} if r.get("status") == "ok" else r
                 for r in ranks
             ]
-        elif cfg.compute_method == "isolated":
+        elif cfg.measurement.compute_method == "isolated":
             isolated = [
                 rank_record(0, compute_time, device=environment.get("device_kind") or DEVICE)
-                for _ in range(cfg.world_size)
+                for _ in range(cfg.topology.world_size)
             ]
     return assemble_record(
         get_backend(cfg.backend),

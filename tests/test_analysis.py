@@ -149,6 +149,6 @@ def test_only_comparable_runs_are_grouped_and_speedup_needs_n1():
 def test_overridden_workload_is_its_own_group():
     base = make_record("torch-ddp", 1)
     deeper = make_record("torch-ddp", 1)
-    deeper["config"]["spec"]["n_layers"] = 8
+    deeper["config"]["model"]["spec"]["n_layers"] = 8
     runs = runs_table([base, deeper])
     assert sorted(runs["workload"]) == ["tiny", "tiny(n_layers=8)"]

@@ -20,6 +20,7 @@ from test_device_contract import node_configs
 
 from backends import backend_names, get_backend, interpreter
 from backends.horovod_torch import Horovod
+from core.records import run_config
 from harness.cli import main
 from harness.run.options import worker_python
 from harness.run.runner import isolated_plans, node_plan
@@ -63,7 +64,7 @@ def test_a_run_s_launcher_and_ranks_run_under_the_interpreter_it_names(venvs, ou
         *("--threads-per-worker", "1", "--timeout", "120"),
         timeout=180,
     )
-    assert rec["status"] == "ok" and rec["config"]["python"] == second
+    assert rec["status"] == "ok" and run_config(rec).topology.python == second
     assert [r["interpreter"] for r in rec["ranks"]] == [second, second]
 
 
@@ -122,7 +123,7 @@ def test_every_launcher_and_worker_starts_with_the_run_s_interpreter(backend, tm
     monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
     other = fake_venv(tmp_path / "other")
     for cfg in node_configs(backend, 2, "cpu", "--compute-method", "isolated", "--python", other):
-        assert cfg.python == other
+        assert cfg.topology.python == other
         adapter = get_backend(backend)
         plans = [
             node_plan(adapter, cfg, tmp_path / "run", 29500),
@@ -255,8 +256,8 @@ def test_sweep_and_commbench_take_the_interpreter_too(tmp_path, monkeypatch):
     tf, torch = fake_venv(tmp_path / "tf"), fake_venv(tmp_path / "torch")
     argv = ["sweep", "--backends", "torch-ddp,tf-mwms", "--gpus", "1", "--device", "cpu", "--repeats", "1"]
     runs, _ = plan(make_parser().parse_args([*argv, "--python", f"tf-mwms={tf}", "--python", torch]))
-    assert {r.cfg.backend: r.cfg.python for r in runs} == {"torch-ddp": torch, "tf-mwms": tf}
+    assert {r.cfg.backend: r.cfg.topology.python for r in runs} == {"torch-ddp": torch, "tf-mwms": tf}
     bench = make_parser().parse_args(["commbench", "--backend", "tf-mwms", "--gpus", "2", "--device", "cpu"])
-    assert build_commbench_config(bench).python == sys.executable
+    assert build_commbench_config(bench).topology.python == sys.executable
     bench.python = [tf]
-    assert build_commbench_config(bench).python == tf
+    assert build_commbench_config(bench).topology.python == tf

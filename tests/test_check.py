@@ -112,7 +112,9 @@ def test_the_schemas_enums_are_the_code_s_own():
     assert common["precision"]["enum"] == list(PRECISIONS)
     assert common["collective_op"]["enum"] == list(COLLECTIVE_OPS)
     assert common["commbench_spec"]["properties"]["dtype"]["enum"] == list(COMMBENCH_DTYPES)
-    assert common["config"]["properties"]["compute_method"]["enum"] == list(COMPUTE_METHODS)
+    assert common["config"]["properties"]["measurement"]["properties"]["compute_method"]["enum"] == list(
+        COMPUTE_METHODS
+    )
     assert common["test_hooks"]["properties"]["fault"]["properties"]["kind"]["enum"] == list(FAULT_KINDS)
     for kind in ("training", "commbench", "prediction"):
         assert schemas()[kind]["properties"]["schema_version"] == {"const": SCHEMA_VERSION}
@@ -134,11 +136,11 @@ def test_every_real_record_validates(folder):
     said = {re.search(r": ok \((.*)\)$", line).group(1) for _, line in lines}
     if folder.name == "schema1":
         assert said == {
-            "training, schema 1, migrated to 3",
+            "training, schema 1, migrated to 4",
             f"{BASELINE_KIND}, schema 1; records migrated from schema 1",
         }
     else:
-        assert said == {"training, schema 3", "commbench, schema 3"}
+        assert said == {"training, schema 3, migrated to 4", "commbench, schema 3, migrated to 4"}
 
 
 @pytest.mark.unit
@@ -190,8 +192,8 @@ CORRUPTIONS = [
      "config.backend: 'torch-dpp' is not one of ['deepspeed', "),
     ("commbench", "type", ["ranks", 1, "collectives", 0, "times", 3], "1ms",
      "ranks[1].collectives[0].times[3]: '1ms' is not of type 'number'"),
-    ("commbench", "missing", ["config", "commbench", "dtype"], None,
-     "config.commbench.dtype: required field missing"),
+    ("commbench", "missing", ["config", "role", "commbench", "dtype"], None,
+     "config.role.commbench.dtype: required field missing"),
     ("commbench", "enum", ["ranks", 0, "collectives", 1, "op"], "allreduce",
      "ranks[0].collectives[1].op: 'allreduce' is not one of ['all_reduce', "),
     ("prediction", "type", ["summary", "corners", "nominal", "step_time_s"], "1 s",
@@ -232,9 +234,9 @@ def test_a_corrupted_file_is_rejected_naming_its_field(tmp_path, kind, what, whe
     [
         ("{nope", "not JSON (Expecting property name enclosed in double quotes: line 1 column 2 (char 1))"),
         ("[1, 2]", "$: [1, 2] is not a JSON object"),
-        ('{"schema_version": 9}', "schema_version: 9 is not one this harness reads (1 to 3)"),
+        ('{"schema_version": 9}', "schema_version: 9 is not one this harness reads (1 to 4)"),
         ('{"run_id": "x"}', "schema_version: required field missing"),
-        ('{"schema_version": 3, "kind": "wat"}', "kind: 'wat' is not one of"),
+        ('{"schema_version": 4, "kind": "wat"}', "kind: 'wat' is not one of"),
     ],
 )
 def test_a_file_that_is_no_record_says_why_in_one_line(tmp_path, content, line):
@@ -316,7 +318,7 @@ def test_harness_check_exit_codes(tmp_path):
     good = tmp_path / "good.json"
     good.write_text(json.dumps(SYNTHETIC["training"]()))
     proc = run_harness("check", good)
-    assert (proc.returncode, proc.stdout, proc.stderr) == (0, f"{good}: ok (training, schema 3)\n", "")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, f"{good}: ok (training, schema 4)\n", "")
 
     bad = tmp_path / "bad.json"
     record = SYNTHETIC["commbench"]()
@@ -325,7 +327,7 @@ def test_harness_check_exit_codes(tmp_path):
     proc = run_harness("check", DATA / "schema1" / "v1-ddp-n1.json", bad)
     assert proc.returncode == 1, proc.stderr
     assert proc.stdout.splitlines() == [
-        f"{DATA / 'schema1' / 'v1-ddp-n1.json'}: ok (training, schema 1, migrated to 3)",
+        f"{DATA / 'schema1' / 'v1-ddp-n1.json'}: ok (training, schema 1, migrated to 4)",
         f"{bad}: status: 'slow' is not one of ['ok', 'failed', 'crashed', 'oom', 'timeout']",
     ]
 

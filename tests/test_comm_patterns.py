@@ -33,7 +33,7 @@ def volume(
     device: str = "cpu",
     **options,
 ) -> float:
-    cfg = RunConfig(
+    cfg = RunConfig.build(
         backend=backend,
         workload=workload,
         spec=PRESETS[workload],
@@ -96,7 +96,7 @@ def test_zero3_gathers_partitioned_tensors_per_micro_batch_and_persistent_ones_p
 def test_zero3_regathers_blocks_whose_reuse_distance_is_too_long():
     # 1b: 24 blocks of 50,331,648 partitioned elements; block i is fetched again for backward when the later
     # blocks, fetched twice in between, reach 1e9: 2 x (23 - i) x 50,331,648 >= 1e9 for i <= 13 (14 blocks)
-    cfg = RunConfig(backend="deepspeed", workload="1b", spec=PRESETS["1b"], world_size=8, device="cpu")
+    cfg = RunConfig.build(backend="deepspeed", workload="1b", spec=PRESETS["1b"], world_size=8, device="cpu")
     assert regathered_for_backward(parameter_numels(cfg)) == 14 * 50_331_648
 
 
@@ -131,7 +131,7 @@ def test_fsdp2_gathers_root_once_blocks_twice_per_micro_batch_and_reduces_once()
 
 def test_tiny_preset_counts_by_hand():
     numels = parameter_numels(
-        RunConfig(backend="x", workload="tiny", spec=PRESETS["tiny"], world_size=1, device="cpu")
+        RunConfig.build(backend="x", workload="tiny", spec=PRESETS["tiny"], world_size=1, device="cpu")
     )
     assert sum(numels.values()) == TINY
     assert sum(n for k, n in numels.items() if not k.startswith("blocks.")) == TINY_ROOT

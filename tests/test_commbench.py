@@ -15,8 +15,8 @@ from conftest import harness
 from processes import leftovers
 
 from backends.commbench import WrongResult, check_output, expected_output
-from core.config import CommbenchSpec
-from core.records import load_records
+from core.config import CommbenchSpec, RunConfig
+from core.records import load_records, run_config
 from harness.analyze.baseline import trim
 from harness.analyze.collectives import (
     call_time,
@@ -29,6 +29,7 @@ from harness.analyze.compare import compare_runs
 from harness.analyze.metrics import bus_factor
 from harness.cli import main
 from harness.run.commbench import parse_sizes, whole_shares
+from workloads.spec import PRESETS
 
 unit = pytest.mark.unit
 
@@ -39,7 +40,14 @@ def synthetic_record(op: str, world: int, sizes: list[int], per_rank_times: list
         "kind": "commbench",
         "run_id": f"synthetic-{op}-{world}",
         "status": "ok",
-        "config": {"world_size": world, "commbench": {"dtype": "fp32", "ops": [op], "sizes": sizes}},
+        "config": RunConfig.build(
+            "torch-ddp",
+            workload="tiny",
+            spec=PRESETS["tiny"],
+            world_size=world,
+            device="cpu",
+            commbench={"dtype": "fp32", "ops": [op], "sizes": sizes, "iters": 5, "warmup": 1},
+        ).to_dict(),
         "ranks": [
             {
                 "status": "ok",
@@ -183,17 +191,21 @@ def test_commbench_runs_are_gated_per_op_like_training_runs():
         gather = synthetic_record("all_gather", 2, sizes, [[[t] * 5 for t in (1e-4, 1e-2)]] * 2)
         for rank, other in zip(record["ranks"], gather["ranks"]):
             rank["collectives"] += other["collectives"]
-        record["config"].update(
-            commbench={
-                "dtype": "fp32",
-                "ops": ["all_reduce", "all_gather"],
-                "sizes": sizes,
-                "iters": 5,
-                "warmup": 1,
-            },
-            backend="torch-ddp",
-            device="cpu",
-            threads_per_worker=1,
+        record["config"] = (
+            run_config(record)
+            .evolve(
+                commbench={
+                    "dtype": "fp32",
+                    "ops": ["all_reduce", "all_gather"],
+                    "sizes": sizes,
+                    "iters": 5,
+                    "warmup": 1,
+                },
+                backend="torch-ddp",
+                device="cpu",
+                threads_per_worker=1,
+            )
+            .to_dict()
         )
         record.update(
             run_id=f"r{i}-{slow}",
@@ -238,7 +250,7 @@ def test_every_stack_s_collectives_are_timed_checked_and_recorded(backend, out):
     record = commbench(out, "--backend", backend, *SMALL)
     assert record["kind"] == "commbench" and record["status"] == "ok", record.get("error")
     ops = record["summary"]["ops"]
-    assert len(ops) == OFFERED[backend] == len(record["config"]["commbench"]["ops"])
+    assert len(ops) == OFFERED[backend] == len(run_config(record).role.commbench["ops"])
     for op, entry in ops.items():
         assert [p["bytes"] for p in entry["points"]] == [1024, 65536]
         for p in entry["points"]:
@@ -321,8 +333,10 @@ def test_a_record_of_an_earlier_version_loads_and_reports_by_its_calls_alone(tmp
     timed alone: the summary, the prices, `harness results` and the report's table."""
     (record,) = load_records([EARLIER], kind="commbench")
     point = record["ranks"][0]["collectives"][0]
-    assert {"times_under_load", "burst_times"} <= set(point) and record["config"]["commbench"]["under_load"]
-    assert CommbenchSpec.from_dict(record["config"]["commbench"]).sizes[0] == 1024
+    assert {"times_under_load", "burst_times"} <= set(point) and run_config(record).role.commbench[
+        "under_load"
+    ]
+    assert CommbenchSpec.from_dict(run_config(record).role.commbench).sizes[0] == 1024
     summary = summarize_commbench(record)
     first = summary["ops"]["all_reduce"]["points"][0]
     assert set(first) == {"bytes", "time_s", "algbw_Bps", "busbw_Bps", "times_s"}

@@ -12,6 +12,8 @@ from conftest import (
     run_with_output,
 )
 
+from core.records import run_config
+
 pytestmark = pytest.mark.slow
 FAST = ["--steps", "6", "--warmup", "1", "--timeout", "180"]
 
@@ -37,7 +39,7 @@ def test_two_worker_record_has_every_field_and_loss_decreases(out):
     assert (
         rec["status"] == "ok"
         and rec["error"] is None
-        and rec["schema_version"] == 3
+        and rec["schema_version"] == 4
         and rec["kind"] == "training"
     )
     assert [r["rank"] for r in rec["ranks"]] == [0, 1]
@@ -50,7 +52,7 @@ def test_two_worker_record_has_every_field_and_loss_decreases(out):
         assert len(r["compute_only_step_times"]) == 5
         assert len(r["comm_trace"]["step_times"]) == 2  # --trace-steps, after the measured steps
         settings = r["process_settings"]  # as they reached the worker through torchrun
-        assert settings["OMP_NUM_THREADS"] == str(rec["config"]["threads_per_worker"])
+        assert settings["OMP_NUM_THREADS"] == str(run_config(rec).topology.threads_per_worker)
         assert int(settings["MALLOC_TRIM_THRESHOLD_"]) > 0 and r["minor_faults_per_step"] >= 0
         assert min(r["data_prep"]) > 0  # the batches are prepared before the step's clock starts
         assert r["memory"]["peak_rss_scope"] == "after warm-up"
@@ -202,7 +204,7 @@ def test_token_file_data_and_activation_checkpointing(out, tmp_path):
     ]
     plain = run_record(out, *common)
     ckpt = run_record(out, *common, "--activation-checkpointing")
-    assert plain["config"]["data_path"] == str(data) and ckpt["config"]["activation_checkpointing"]
+    assert run_config(plain).batch.data_path == str(data) and run_config(ckpt).model.activation_checkpointing
     np.testing.assert_allclose(plain["summary"]["losses"], ckpt["summary"]["losses"], rtol=1e-6)
     synthetic = run_record(out, *common[:-4], "--timeout", "120")
     assert synthetic["summary"]["losses"][0] != plain["summary"]["losses"][0]
@@ -210,6 +212,6 @@ def test_token_file_data_and_activation_checkpointing(out, tmp_path):
 
 def test_bf16_autocast_trains(out):
     rec = run_record(out, "--backend", "torch-ddp", "--gpus", "2", "--precision", "bf16", *FAST)
-    assert rec["status"] == "ok" and rec["config"]["precision"] == "bf16"
+    assert rec["status"] == "ok" and run_config(rec).model.precision == "bf16"
     assert rec["backend_info"]["precision_scheme"] == "autocast"
     assert rec["summary"]["loss_last"] < rec["summary"]["loss_first"]

@@ -220,9 +220,11 @@ def test_every_rank_runs_on_its_physical_gpu(backend, n_nodes, mask, tmp_path):
     cfgs = node_configs(backend, n_nodes, "cuda")
     started: dict[int, str | None] = {}
     for cfg in cfgs:
-        plan = node_plan(adapter, cfg, run_dir, cfg.master_port or MASTER_PORT)
-        if adapter.starts_remote_ranks and cfg.node_rank > 0:
-            assert plan.processes == [], f"node {cfg.node_rank} must leave its ranks to node 0's launcher"
+        plan = node_plan(adapter, cfg, run_dir, cfg.topology.master_port or MASTER_PORT)
+        if adapter.starts_remote_ranks and cfg.topology.node_rank > 0:
+            assert plan.processes == [], (
+                f"node {cfg.topology.node_rank} must leave its ranks to node 0's launcher"
+            )
         ranks = model(plan)
         twice = set(ranks) & set(started)
         assert not twice, f"{backend}: ranks {sorted(twice)} started by two nodes"
@@ -239,7 +241,7 @@ def test_isolated_worker_k_runs_on_rank_ks_gpu(backend, n_nodes, mask, tmp_path)
     seen = []
     for cfg in node_configs(backend, n_nodes, "cuda"):
         plans = isolated_plans(adapter, cfg, run_dir)
-        assert len(plans) == cfg.gpus_per_node
+        assert len(plans) == cfg.topology.gpus_per_node
         for k, plan in enumerate(plans, start=cfg.first_local_rank):
             assert len(plan.processes) == 1, f"isolated worker {k} is {len(plan.processes)} processes"
             assert f'"isolated_index": {k}' in plan.files[run_dir / f"isolated{k}" / "config.json"]
@@ -259,7 +261,7 @@ def test_cpu_plans_set_no_gpu_mask(backend, n_nodes, mask, tmp_path):
     run_dir = tmp_path / "logs" / "run"
     for cfg in node_configs(backend, n_nodes, "cpu"):
         plans = [
-            node_plan(adapter, cfg, run_dir, cfg.master_port or MASTER_PORT),
+            node_plan(adapter, cfg, run_dir, cfg.topology.master_port or MASTER_PORT),
             *isolated_plans(adapter, cfg, run_dir),
         ]
         for plan in plans:
@@ -305,7 +307,7 @@ def test_horovod_node1_isolated_workers_wait_for_node0s_launcher(tmp_path, monke
 
     def node(cfg):
         try:
-            markers[cfg.node_rank] = run_node(adapter, cfg, run_dir, ["harness", "run"])
+            markers[cfg.topology.node_rank] = run_node(adapter, cfg, run_dir, ["harness", "run"])
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 

@@ -21,6 +21,7 @@ from conftest import REPO
 
 import backends
 from backends import RegistryError, backend_names, get_backend
+from core.records import run_config
 
 ADAPTER = '''
 """The dummy stack's adapter: one worker process per rank, started by the harness itself."""
@@ -45,17 +46,17 @@ class Dummy(Backend[Options]):
 
     def validate(self, cfg):
         """Its numpy model is fp32; its ranks compute on the host whatever the device."""
-        if cfg.precision != "fp32":
-            raise InvalidConfig(f"--precision {cfg.precision}: dummy runs fp32 only")
+        if cfg.model.precision != "fp32":
+            raise InvalidConfig(f"--precision {cfg.model.precision}: dummy runs fp32 only")
 
     def schedule(self, cfg):
         """Its fp32 gradients (both matrices), all-reduced in one call after the last backward."""
-        gradients = CommTerm("all_reduce", 2 * cfg.spec.vocab_size * RANK_DIM, 4, 1, "gradients")
+        gradients = CommTerm("all_reduce", 2 * cfg.model.spec.vocab_size * RANK_DIM, 4, 1, "gradients")
         return whole_tensors(cfg, [gradients], "one all-reduce of the gradients through rank 0")
 
     def launch(self, cfg, run_dir, port, devices):
-        first = 0 if cfg.isolated_index is not None else cfg.first_local_rank
-        master = "127.0.0.1" if cfg.isolated_index is not None else cfg.master_addr
+        first = 0 if cfg.role.isolated_index is not None else cfg.first_local_rank
+        master = "127.0.0.1" if cfg.role.isolated_index is not None else cfg.topology.master_addr
         env = {**self.worker_env(cfg), "DUMMY_MASTER": f"{master}:{port}"}
         argv = [worker_python(cfg), str(WORKER_SCRIPT), str(run_dir)]
         ranks = [(str(first + i), str(i)) for i in range(cfg.local_procs)]  # (rank, index on this node)
@@ -96,8 +97,8 @@ class DummyTrainer(Trainer):
     def __init__(self, cfg):
         super().__init__(cfg)
         self.local_rank = int(os.environ["DUMMY_LOCAL_RANK"])
-        rng = np.random.default_rng(cfg.seed)
-        vocab = cfg.spec.vocab_size
+        rng = np.random.default_rng(cfg.model.seed)
+        vocab = cfg.model.spec.vocab_size
         self.params = [
             rng.normal(0, 0.5, (vocab, RANK_DIM)).astype(np.float32),
             rng.normal(0, 0.5, (RANK_DIM, vocab)).astype(np.float32),
@@ -337,7 +338,7 @@ def test_predict_prices_its_own_schedule(plugin, tmp_path):
     out = ok(harness(plugin, "predict", "--backend", "dummy", "--vocab", "256", "--seq-len", "32", *predict))
     assert "PREDICTED (not measured): dummy" in out
     records = [json.loads(p.read_text()) for p in sorted(predictions.glob("*.json"))]
-    assert sorted(r["config"]["world_size"] for r in records) == [8, 16]
+    assert sorted(run_config(r).topology.world_size for r in records) == [8, 16]
     for r in records:
         assert r["kind"] == "prediction" and r["status"] == "ok"
         assert r["inputs"]["schedule"] == "one all-reduce of the gradients through rank 0"

@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 
 from backends import backend_names, get_backend
 from backends.deepspeed_zero.comm import PERSISTENCE_THRESHOLD
+from core.records import run_config
 from workloads.spec import resolve
 
 STEPS = 10
@@ -258,7 +259,7 @@ def test_same_losses_as_torch_ddp(label, shape, accum, reference, out):
     rec = run_record(
         out, *CONFIGS[label], *shape.args(accum=accum), "--compute-method", "none", "--no-trace-comm"
     )
-    assert rec["status"] == "ok" and rec["config"]["grad_accum"] == accum
+    assert rec["status"] == "ok" and run_config(rec).batch.grad_accum == accum
     what = f"{label} on {shape}, accum {accum}"
     assert_same_losses(rec["summary"]["losses"], ref, what, loss_atol(CONFIGS[label][1]))
 

@@ -22,7 +22,7 @@ from backends import loop
 from backends.loop import record_termination
 from core.events import EventLog, events_path, rank_record, read_events
 from core.hooks import TestHooks
-from core.records import load_record, load_records
+from core.records import load_record, load_records, run_config
 
 RUN = (
     "--backend torch-ddp --gpus 2 --steps 4 --warmup 1 --compute-method "
@@ -150,7 +150,6 @@ def test_the_record_names_the_phase_the_culprit_died_in(tmp_path, traced, monkey
     phase is the collective trace if its last measured event is the one from before the trace, teardown if
     it had written it again after. The run is ok, with no error, its test hooks named at the top; a
     commbench run is never kept so."""
-    import dataclasses
 
     from record_factory import environment, rank_record
 
@@ -163,7 +162,9 @@ def test_the_record_names_the_phase_the_culprit_died_in(tmp_path, traced, monkey
     # the runner's platform and git probes start processes
     monkeypatch.setattr(runner, "environment", lambda *args: environment(world=2))
 
-    cfg = RunConfig("torch-ddp", "tiny", PRESETS["tiny"], 2, "cpu", compute_method="none")
+    cfg = RunConfig.build(
+        "torch-ddp", workload="tiny", spec=PRESETS["tiny"], world_size=2, device="cpu", compute_method="none"
+    )
     run_dir = tmp_path / "logs" / "r1"
     run_dir.mkdir(parents=True)
     marker = {"node_rank": 0, "finished": True, "returncodes": [1], "timed_out": False, "stopped": None}
@@ -198,7 +199,7 @@ def test_the_record_names_the_phase_the_culprit_died_in(tmp_path, traced, monkey
         phase,
     )
     assert [r["step_times"] for r in record["ranks"]] == [[0.1], [0.1]]
-    commbench = dataclasses.replace(cfg, commbench=CommbenchSpec(("all_reduce",), (1024,)).to_dict())
+    commbench = cfg.evolve(commbench=CommbenchSpec(("all_reduce",), (1024,)).to_dict())
     assert write_record(get_backend("torch-ddp"), commbench, tmp_path, "r1", wait=False)["status"] != "ok"
 
 
@@ -365,10 +366,10 @@ def test_sweep_killed_with_sigkill_loses_nothing_and_resume_completes_it(tmp_pat
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "1 run(s) already recorded ok" in proc.stdout
     records = load_records([out])
-    assert sorted(r["config"]["world_size"] for r in records) == [1, 2] and {
+    assert sorted(run_config(r).topology.world_size for r in records) == [1, 2] and {
         r["status"] for r in records
     } == {"ok"}
-    assert first[0].read_bytes() == recorded and load_record(first[0])["config"]["world_size"] == 1
+    assert first[0].read_bytes() == recorded and run_config(load_record(first[0])).topology.world_size == 1
 
 
 def test_a_launcher_that_ignores_sigterm_is_killed_when_the_harness_dies(tmp_path):
@@ -558,7 +559,8 @@ def test_a_run_with_test_hooks_says_so_in_its_record_summary_and_comparison(tmp_
     from record_factory import config, environment, make_record, rank_record
 
     from backends import get_backend
-    from core.config import RunConfig
+    from core.config import SECTION_OF, SECTIONS
+    from core.records import migrate
     from harness.analyze.compare import env_differences
     from harness.analyze.summary import print_summary
     from harness.run.options import hooks_from_args
@@ -580,13 +582,17 @@ def test_a_run_with_test_hooks_says_so_in_its_record_summary_and_comparison(tmp_
         test_hooks=hooks.to_dict(),
     )
     assert slowed["test_hooks"] == {"fault": hooks.fault, "step_delay_s": 0.05}
-    assert "fault" not in slowed["config"] and "step_delay_s" not in slowed["config"]
+    assert not {"fault", "step_delay_s"} & set(SECTION_OF)  # no section of a user's config holds them
     printed = io.StringIO()
     print_summary(slowed, printed)
     assert "TEST HOOKS (not a real run)" in printed.getvalue()
-    real, old = make_record(), make_record()
-    old["config"]["step_delay_s"] = 0.02
-    assert RunConfig.from_dict(old["config"]).to_dict() == RunConfig.from_dict(real["config"]).to_dict()
+    # A schema-3 record (flat config) from before the hooks left the config: migration moves them out.
+    real = make_record()
+    flat = {k: v for name in SECTIONS for k, v in real["config"][name].items()}
+    flat.update(backend=real["config"]["backend"], backend_options=real["config"]["backend_options"])
+    flat["step_delay_s"] = 0.02
+    old = migrate({**real, "schema_version": 3, "config": flat})
+    assert old["test_hooks"] == {"step_delay_s": 0.02} and old["config"] == real["config"]
     assert env_differences([real], [slowed]) == [
         "step_delay_s: 0.0 -> 0.05",
         "fault: None -> {'rank': 1, 'step': 2, 'kind': 'hang'}",

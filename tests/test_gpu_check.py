@@ -65,7 +65,7 @@ def gpu_record(
         rank["math_mode"]["numerics"] = numerics
     env = rf.environment(device, 1, device_type="cuda")
     record = rf.assemble(cfg, f"gc-test-{precision}", [rank], environment=env)
-    record["config"]["tf32"] = asked_tf32
+    record["config"]["model"]["tf32"] = asked_tf32
     return record
 
 

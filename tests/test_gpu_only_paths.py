@@ -94,7 +94,9 @@ print(len(syncs))
 
 
 def test_deepspeed_engine_makes_no_device_sync_inside_the_timed_step():
-    cfg = RunConfig("deepspeed", "tiny", PRESETS["tiny"], world_size=2, device="cuda", precision="bf16")
+    cfg = RunConfig.build(
+        "deepspeed", workload="tiny", spec=PRESETS["tiny"], world_size=2, device="cuda", precision="bf16"
+    )
     out = run_python(DEEPSPEED_TIMER_SYNCS, json.dumps(ds_config(cfg)), timeout=240)
     assert out.split()[-1] == "0"
 

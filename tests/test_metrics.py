@@ -1,7 +1,5 @@
 """Derived figures on hand-made records with known answers."""
 
-import dataclasses
-
 import pytest
 import record_factory as factory
 
@@ -144,7 +142,7 @@ def test_isolated_counterfactual_of_a_sharded_stack_discounts_the_optimizer_it_d
     # An isolated ZeRO-1 worker steps AdamW over all parameters (0.04 s of each 0.2 s step); a rank of the
     # 4-rank run steps a quarter of them: t_compute = 0.2 - 3/4 x 0.04 = 0.17.
     cfg = factory.config("deepspeed-zero3", 4, steps=3)
-    cfg = dataclasses.replace(cfg, backend_options={"zero_stage": 1, "offload_optimizer": False})
+    cfg = cfg.evolve(backend_options={"zero_stage": 1, "offload_optimizer": False})
     ranks = [factory.rank_record(r, [0.25] * 3) for r in range(4)]
     workers = [{**factory.rank_record(0, [0.2] * 3), "optimizer_step_times": [0.04] * 3} for _ in range(4)]
     rec = factory.assemble(cfg, "zero1", ranks, isolated_ranks=workers, environment=factory.environment())

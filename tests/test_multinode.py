@@ -19,6 +19,7 @@ from processes import leftovers
 
 from backends import backend_names, get_backend
 from core.process import free_port
+from core.records import run_config
 from harness.cli import make_parser
 from harness.run.nodes import check_run_id, read_hosts, requested_world
 from harness.run.options import build_config
@@ -42,14 +43,28 @@ def test_layout_from_hosts_and_gpus_per_node():
     cfg = config(
         "--nodes", "2", "--gpus-per-node", "4", "--hosts", "a,b", "--node-rank", "1", "--device", "cpu"
     )
-    assert (cfg.world_size, cfg.nodes, cfg.node_rank, cfg.gpus_per_node) == (8, 2, 1, 4)
-    assert (cfg.hosts, cfg.master_addr, cfg.master_port) == (["a", "b"], "a", 29500)
+    assert (
+        cfg.topology.world_size,
+        cfg.topology.nodes,
+        cfg.topology.node_rank,
+        cfg.topology.gpus_per_node,
+    ) == (8, 2, 1, 4)
+    assert (cfg.topology.hosts, cfg.topology.master_addr, cfg.topology.master_port) == (
+        ["a", "b"],
+        "a",
+        29500,
+    )
     cfg = config(
         "--gpus", "4", "--nodes", "2", "--master", "10.0.0.1:1234", "--node-rank", "0", "--device", "cpu"
     )
-    assert (cfg.gpus_per_node, cfg.master_addr, cfg.master_port, cfg.hosts) == (2, "10.0.0.1", 1234, [])
+    assert (
+        cfg.topology.gpus_per_node,
+        cfg.topology.master_addr,
+        cfg.topology.master_port,
+        cfg.topology.hosts,
+    ) == (2, "10.0.0.1", 1234, [])
     one = config("--gpus", "2", "--device", "cpu")  # one node: a free port is picked per run
-    assert (one.nodes, one.node_rank, one.master_port) == (1, 0, None)
+    assert (one.topology.nodes, one.topology.node_rank, one.topology.master_port) == (1, 0, None)
 
 
 @pytest.mark.unit
@@ -61,13 +76,13 @@ def test_hostfile_in_deepspeed_and_mpi_styles(tmp_path):
     assert read_hosts(run_args("--hostfile", str(tmp_path / "mpi"))) == (["node-a", "node-b"], 4)
     assert read_hosts(run_args("--hostfile", str(tmp_path / "plain"))) == (["node-a", "node-b"], None)
     cfg = config("--hostfile", str(tmp_path / "ds"), "--node-rank", "1", "--device", "cpu")
-    assert (cfg.nodes, cfg.world_size, cfg.gpus_per_node) == (2, 16, 8)
+    assert (cfg.topology.nodes, cfg.topology.world_size, cfg.topology.gpus_per_node) == (2, 16, 8)
 
 
 @pytest.mark.unit
 def test_node_rank_is_found_from_this_hosts_place():
     me = socket.gethostname()
-    assert config("--hosts", f"elsewhere,{me}", "--device", "cpu").node_rank == 1
+    assert config("--hosts", f"elsewhere,{me}", "--device", "cpu").topology.node_rank == 1
 
 
 @pytest.mark.parametrize(
@@ -119,13 +134,24 @@ def test_after_a_sigterm_node_0_waits_a_grace_for_the_other_nodes_markers(tmp_pa
     record gets it; a node that never writes one holds node 0 no longer than the grace."""
     import threading
     import time
-    from types import SimpleNamespace
 
+    from core.config import RunConfig
     from core.records import write_json_atomic
     from harness.run import nodes
+    from workloads.spec import PRESETS
 
     monkeypatch.setattr(nodes, "STOP_GRACE_S", 3.0)
-    cfg = SimpleNamespace(nodes=2, compute_method="none", isolated_repeats=0, timeout_s=600.0)
+    cfg = RunConfig.build(
+        "torch-ddp",
+        workload="tiny",
+        spec=PRESETS["tiny"],
+        world_size=2,
+        device="cpu",
+        nodes=2,
+        compute_method="none",
+        isolated_repeats=0,
+        timeout_s=600.0,
+    )
 
     def marker(k, **extra):
         done = {"finished": True, "returncodes": [-15], "timed_out": False, "elapsed_s": 1.0}
@@ -292,7 +318,7 @@ def test_two_nodes_on_loopback_equal_one_node_with_two_ranks(tmp_path, backend, 
     )
     multi = json.loads((out / f"loop-{backend}.json").read_text())
     assert comparable(multi) == comparable(one_node_ddp) and multi["status"] == "ok"
-    assert (multi["config"]["nodes"], multi["config"]["node_rank"]) == (2, 0)
+    assert (run_config(multi).topology.nodes, run_config(multi).topology.node_rank) == (2, 0)
     assert [m["node_rank"] for m in multi["launch"]["nodes"]] == [0, 1]
     for a, b in zip(one_node_ddp["ranks"], multi["ranks"]):
         if adapter.framework == "torch":

@@ -58,7 +58,7 @@ ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
 def cfg_for(backend: str, precision: str = "fp32", device: str = "cuda", tf32: bool = False, world=8, **opts):
-    return RunConfig(
+    return RunConfig.build(
         backend=backend,
         workload="tiny",
         spec=PRESETS["tiny"],
@@ -93,7 +93,7 @@ def test_tf32_is_refused_outside_fp32_and_keys_its_runs_apart(out, capsys):
     assert not out.exists()
     args = make_parser().parse_args(["run", "--backend", "torch-ddp", "--device", "cpu", "--tf32"])
     cfg = build_config(args, "torch-ddp", 1)
-    assert cfg.tf32 is True
+    assert cfg.model.tf32 is True
     # a TF32 run is other maths than an IEEE one: never grouped with it as a repeat
     keys = {
         config_key({"config": c.to_dict()}, "*").precision for c in (cfg, cfg_for("torch-ddp", device="cpu"))
@@ -246,7 +246,7 @@ def test_each_worker_sets_its_framework_s_tf32_switches_on_a_cpu_build(framework
         "from workloads.spec import PRESETS\n"
         f"from {WORKERS[framework]} import apply_tf32_rule\n"
         f"backend = {BACKEND_OF[framework]!r}\n"
-        "cfgs = [RunConfig(backend=backend, workload='tiny', spec=PRESETS['tiny'], world_size=1,"
+        "cfgs = [RunConfig.build(backend=backend, workload='tiny', spec=PRESETS['tiny'], world_size=1,"
         " device='cpu', tf32=t) for t in (True, False)]\n"
         "print(json.dumps([apply_tf32_rule(cfg) for cfg in cfgs]))\n"
     )

@@ -24,7 +24,7 @@ from backends.base import Backend, Options
 from backends.schedule import Call, CommTerm, Message, Term
 from backends.torch_fsdp.schedule import gathered_numels
 from core.config import RunConfig
-from core.records import load_records
+from core.records import load_records, run_config
 from harness.analyze.metrics import bus_factor, comm_bytes_per_rank
 from harness.cli import main
 from harness.predict.hardware import ProfileError, load_profile, local_profile
@@ -38,7 +38,7 @@ GiB = 2**30
 
 def cfg_for(backend="torch-ddp", world=8, accum=1, workload="tiny", precision="bf16", micro=8, **options):
     spec = resolve(workload)
-    return RunConfig(
+    return RunConfig.build(
         backend=backend,
         workload=workload,
         spec=spec,
@@ -158,7 +158,7 @@ def test_zero3_gathers_each_persistent_parameter_after_the_step_in_a_call_of_its
     cfg = cfg_for("deepspeed", precision="fp32", zero_stage=3)
     messages = schedule(cfg)
     after_step = [m for m in messages if m.op == "all_gather" and m.before is None]
-    shapes = cfg.spec.parameter_shapes()
+    shapes = cfg.model.spec.parameter_shapes()
     assert len(after_step) == len(shapes) - 1 == 51
     assert sorted(m.size_bytes for m in after_step) == sorted(
         math.prod(shape) * 4 for name, shape in shapes.items() if name != "tok_emb"
@@ -170,15 +170,15 @@ def test_an_earlier_commbench_record_prices_every_call_as_a_call_alone():
     """Records of earlier versions also timed calls beside a compute thread (`under_load`) and 8 at a time
     (bursts). They still load and price the step, by the calls timed alone: 2 ms each here, where the
     other series say 9 ms and 0.25 ms, so ZeRO-3's every call (its 51 persistent gathers too) costs 2 ms."""
-    cfg = dataclasses.replace(
-        cfg_for("deepspeed", world=2, precision="fp32", zero_stage=3), device="cpu", nodes=1, gpus_per_node=2
+    cfg = cfg_for("deepspeed", world=2, precision="fp32", zero_stage=3).evolve(
+        device="cpu", nodes=1, gpus_per_node=2
     )
     sizes = [1 << 8, 1 << 23]
     bench = commbench_record(
         "deepspeed",
         {op: (sizes, [2e-3, 2e-3]) for op in ("all_gather", "reduce_scatter", "all_reduce")},
     )
-    bench["config"]["commbench"]["under_load"] = True
+    bench["config"]["role"]["commbench"]["under_load"] = True
     for rank in bench["ranks"]:
         rank["burst"] = {"calls": 8, "mode": "async"}
         for point in rank["collectives"]:
@@ -208,7 +208,7 @@ def test_fsdp2_gathers_each_tensor_padded_to_n_equal_shards_of_its_torch_dim_0()
     the first one's length: at N = 3 with d_model 88, pos_emb's 47 rows gather as 48, qkv's 264 output
     rows need no padding (its 88 input features would have), LayerNorm's 88 gather as 90."""
     spec = dataclasses.replace(resolve("tiny"), d_model=88, d_ff=352, n_heads=4, seq_len=47, n_layers=1)
-    cfg = dataclasses.replace(cfg_for("torch-fsdp", world=3), spec=spec)
+    cfg = cfg_for("torch-fsdp", world=3).evolve(spec=spec)
     numels = gathered_numels(cfg)
     assert numels["pos_emb"] == 48 * 88 and numels["blocks.0.attn.qkv.weight"] == 88 * 264
     assert numels["blocks.0.ln1.weight"] == 90 and numels["tok_emb"] == 2049 * 88
@@ -290,7 +290,7 @@ def test_collective_time_uses_nvlink_in_a_node_and_the_nics_across_nodes():
 def test_model_state_per_rank_follows_the_zero_paper(backend, options, bytes_per_param):
     """Mixed-precision Adam, Ψ parameters over N = 64 ranks (ZeRO, Rajbhandari et al. 2020, Fig. 1)."""
     cfg = cfg_for(backend, world=64, workload="1b", **options)
-    assert memory(cfg, 1.0)["model_state"] == pytest.approx(cfg.spec.n_params * bytes_per_param(64))
+    assert memory(cfg, 1.0)["model_state"] == pytest.approx(cfg.model.spec.n_params * bytes_per_param(64))
 
 
 @unit
@@ -329,7 +329,7 @@ def test_activations_follow_korthikanti_without_stored_attention_scores():
     tokens = 4 * 2048
     logits = tokens * 50_304 * 10
     assert memory(cfg, 1.0)["activations"] == 24 * 34 * tokens * 2048 + logits
-    ckpt = dataclasses.replace(cfg, activation_checkpointing=True)
+    ckpt = cfg.evolve(activation_checkpointing=True)
     assert memory(ckpt, 1.0)["activations"] == 24 * 2 * tokens * 2048 + 34 * tokens * 2048 + logits
 
 
@@ -340,7 +340,7 @@ def test_the_activation_factor_is_fitted_to_measured_allocator_peaks():
     and logits 1,024 x 2,048 x 12 B = 25,165,824): the factor is 2, and predictions use it."""
     activations = 4 * 17 * 1024 * 128 * 4 + 1024 * 2048 * 12
     record = make_record("torch-ddp", gpus=1, allocated=16 * TINY_PARAMS + 2 * activations)
-    record["config"]["device"] = "cuda"
+    record["config"]["topology"]["device"] = "cuda"
     calib = calibrate([record], cfg_for("torch-ddp", world=8), load_profile("h100-sxm"))
     assert calib.activation_factor == pytest.approx((2.0, 2.0, 2.0))
 
@@ -387,7 +387,18 @@ def commbench_record(backend: str, points: dict[str, tuple[list[int], list[float
         "kind": "commbench",
         "run_id": f"bench-{backend}-{world}",
         "status": "ok",
-        "config": {"backend": backend, "device": "cpu", "world_size": world, "commbench": {"dtype": "fp32"}},
+        "config": RunConfig.build(
+            backend,
+            workload="tiny",
+            spec=resolve("tiny"),
+            world_size=world,
+            device="cpu",
+            commbench={
+                "dtype": "fp32",
+                "ops": sorted(points),
+                "sizes": sorted({s for v in points.values() for s in v[0]}),
+            },
+        ).to_dict(),
         "environment": {"start_time": "2026-01-01T00:00:00+00:00"},
         "ranks": [{"status": "ok", "collectives": calls} for _ in range(world)],
     }
@@ -404,12 +415,10 @@ def test_calibration_reproduces_its_run_and_adds_the_measured_collective():
         commbench_record("tf-mwms", {"all_reduce": ([1024, pack], [1e-4, 8e-3])}),
     ]
     profile = local_profile([records[1]], "tf-mwms", cpus=2)
-    cfg = dataclasses.replace(
-        cfg_for("tf-mwms", world=2, precision="fp32"), device="cpu", nodes=1, gpus_per_node=2
-    )
+    cfg = cfg_for("tf-mwms", world=2, precision="fp32").evolve(device="cpu", nodes=1, gpus_per_node=2)
     calib = calibrate([records[0]], cfg, profile)
     assert calib.sources[0]["run_id"] == "calib-1"
-    one = dataclasses.replace(cfg, world_size=1, gpus_per_node=1)
+    one = cfg.evolve(world_size=1, gpus_per_node=1)
     assert predict_point(one, profile, calib, 1e6, None)["corners"]["nominal"][
         "step_time_s"
     ] == pytest.approx(0.1)
@@ -439,9 +448,7 @@ def test_a_synchronised_step_waits_for_the_slowest_rank_s_variation():
         rank["losses"] = [7.0] * 5
     bench = commbench_record("tf-mwms", {"all_reduce": ([1024, TINY_PARAMS * 4], [1e-4, 8e-3])})
     profile = local_profile([bench], "tf-mwms", cpus=2)
-    cfg = dataclasses.replace(
-        cfg_for("tf-mwms", world=2, precision="fp32"), device="cpu", nodes=1, gpus_per_node=2
-    )
+    cfg = cfg_for("tf-mwms", world=2, precision="fp32").evolve(device="cpu", nodes=1, gpus_per_node=2)
     calib = calibrate([record], cfg, profile)
     nominal = predict_point(cfg, profile, calib, 1e6, None)["corners"]["nominal"]
     sigma = 0.012 / (2 * 1.2816)
@@ -457,7 +464,7 @@ def test_the_local_profile_takes_one_device_and_calls_its_measured_rank_counts_o
     old_cpu = commbench_record("torch-ddp", {"all_reduce": ([1024, 1 << 20], [1e-3, 2e-3])}, world=4)
     gpu = commbench_record("torch-ddp", {"all_reduce": ([1024, 1 << 20], [1e-5, 1e-4])}, world=2)
     old_cpu["run_id"], gpu["run_id"] = "cpu-old", "gpu-new"
-    gpu["config"]["device"] = "cuda"
+    gpu["config"]["topology"]["device"] = "cuda"
     gpu["environment"]["start_time"] = "2026-02-01T00:00:00+00:00"
     for rank in gpu["ranks"]:
         rank["device"] = "NVIDIA H200"
@@ -479,8 +486,8 @@ def test_a_commbench_record_without_an_op_the_step_issues_says_which_to_time():
     bench = commbench_record(
         "deepspeed", {op: ([1024, 1 << 24], [1e-4, 1e-2]) for op in ("all_gather", "reduce_scatter")}
     )
-    cfg = dataclasses.replace(
-        cfg_for("deepspeed", world=2, precision="fp32", zero_stage=3), device="cpu", nodes=1, gpus_per_node=2
+    cfg = cfg_for("deepspeed", world=2, precision="fp32", zero_stage=3).evolve(
+        device="cpu", nodes=1, gpus_per_node=2
     )
     profile = local_profile([bench], "deepspeed", cpus=2)
     with pytest.raises(ProfileError, match="has no all_reduce.*--gpus 2 --ops allreduce"):
@@ -498,8 +505,8 @@ def test_a_sharded_optimizer_step_shrinks_with_n():
         4,
     )
     profile = local_profile([bench], "deepspeed", cpus=4)
-    cfg = dataclasses.replace(
-        cfg_for("deepspeed", world=4, precision="fp32", zero_stage=3), device="cpu", nodes=1, gpus_per_node=4
+    cfg = cfg_for("deepspeed", world=4, precision="fp32", zero_stage=3).evolve(
+        device="cpu", nodes=1, gpus_per_node=4
     )
     calib = calibrate([calibration_record(0.1, 0.02, backend="deepspeed-zero3")], cfg, profile)
     nominal = predict_point(cfg, profile, calib, 1e6, None)["corners"]["nominal"]
@@ -563,7 +570,7 @@ def test_predictions_are_records_of_their_own_kind_tabled_apart(tmp_path, capsys
     assert main([*argv, "--hardware", "a100-80g-sxm", "--gpu-hour-price", "1.5", "--out", str(out)]) == 0
     capsys.readouterr()
     predictions = load_records([out], kind="prediction")
-    assert sorted(r["config"]["world_size"] for r in predictions) == [8, 64]
+    assert sorted(run_config(r).topology.world_size for r in predictions) == [8, 64]
     record = predictions[0]
     assert record["inputs"]["hardware"]["name"] == "a100-80g-sxm"
     assert record["inputs"]["calibration"]["seconds_per_flop"] is None  # compute assumed, and it says so
@@ -640,8 +647,10 @@ def test_a_run_is_predicted_end_to_end_from_records_made_here(out):
     )
     assert proc.returncode == 0, proc.stderr
     records = load_records([out], kind=None)
-    (target,) = [r for r in records if r["kind"] == "training" and r["config"]["world_size"] == 2]
-    ones = [r["run_id"] for r in records if r["kind"] == "training" and r["config"]["world_size"] == 1]
+    (target,) = [r for r in records if r["kind"] == "training" and run_config(r).topology.world_size == 2]
+    ones = [
+        r["run_id"] for r in records if r["kind"] == "training" and run_config(r).topology.world_size == 1
+    ]
     (bench,) = [r["run_id"] for r in records if r["kind"] == "commbench"]
     result = predict_measured(target, records)
     assert sorted(result["calibrated_from"]) == sorted(ones) and result["commbench"] == [bench], result
@@ -656,17 +665,17 @@ def test_calibration_without_optimizer_times_counts_the_optimizer_once_and_takes
     """A GPU record made before 1-rank runs timed their optimizer: its step already holds the optimizer, so
     N = 1 gives the step back (no HBM-modelled optimizer on top); a run of another shape is not mixed in."""
     record = make_record("torch-ddp", gpus=1, step_time=0.05, run_id="old-1")
-    record["config"]["device"] = "cuda"
+    record["config"]["topology"]["device"] = "cuda"
     for rank in record["ranks"]:
         rank["device"] = "NVIDIA H100 80GB HBM3"
     other = make_record(
         "torch-ddp", gpus=1, step_time=0.4, workload="small", run_id="small-1", state_total=1e9
     )
-    other["config"]["device"] = "cuda"
+    other["config"]["topology"]["device"] = "cuda"
     other["environment"]["start_time"] = "2025-01-01T00:00:00+00:00"  # older: tiny is the newest shape
     for rank in other["ranks"]:
         rank["device"] = "NVIDIA H100 80GB HBM3"
-    one = dataclasses.replace(cfg_for("torch-ddp", world=1, precision="fp32"), nodes=1, gpus_per_node=1)
+    one = cfg_for("torch-ddp", world=1, precision="fp32").evolve(nodes=1, gpus_per_node=1)
     calib = calibrate([record, other], one, load_profile("h100-sxm"))
     assert [s["run_id"] for s in calib.sources if "step_time_s" in s] == ["old-1"]
     assert any("small-1: not used (another shape" in note for note in calib.notes)

@@ -14,7 +14,7 @@ import pytest
 from conftest import REPO, harness
 from processes import leftovers
 
-from core.records import load_record
+from core.records import load_record, run_config
 
 pytestmark = pytest.mark.machine  # installs Slurm and munge, adds node names to /etc/hosts
 
@@ -72,11 +72,13 @@ def test_a_generated_sbatch_job_runs_on_two_real_slurm_nodes_to_one_ok_record(ba
     output = (tmp_path / f"distbench-{job}.out").read_text(errors="replace")
     record = load_record(out / f"slurm-{job}.json")
     assert state == "COMPLETED" and record["status"] == "ok", (state, record.get("error"), output[-3000:])
-    assert record["config"]["world_size"] == 2 and record["config"]["nodes"] == 2
+    assert run_config(record).topology.world_size == 2 and run_config(record).topology.nodes == 2
     assert sorted(r["rank"] for r in record["ranks"]) == [0, 1]
     # The allocation's CPUs, not the host's: Slurm bound each task to one CPU (task/affinity), so each
     # worker got one thread although this machine has more.
-    assert record["environment"]["cpus_available"] == 1 and record["config"]["threads_per_worker"] == 1
+    assert (
+        record["environment"]["cpus_available"] == 1 and run_config(record).topology.threads_per_worker == 1
+    )
     assert not leftovers(out, wait_s=10)
 
 

@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from backends import get_backend
-from core.config import RunConfig
-from core.records import SCHEMA_VERSION, RecordError, config_key, load_record, write_json_atomic
+from core.records import SCHEMA_VERSION, RecordError, config_key, load_record, run_config, write_json_atomic
 from harness.analyze.metrics import summarize
 from harness.cli import main
 from harness.run.runner import assemble_record
@@ -51,9 +50,9 @@ def test_the_files_are_schema_1():
 @pytest.mark.parametrize("n, method", [(1, "none"), (2, "no_sync")])
 def test_load_record_migrates_to_today_s_schema(n, method):
     record = load_record(RECORDS[n])
-    assert record["schema_version"] == SCHEMA_VERSION == 3 and record["migrated_from"] == 1
-    cfg = record["config"]
-    assert cfg["world_size"] == n and cfg["gpus_per_node"] == n and "gpus" not in cfg
+    assert record["schema_version"] == SCHEMA_VERSION == 4 and record["migrated_from"] == 1
+    topology = run_config(record).topology
+    assert topology.world_size == n and topology.gpus_per_node == n and "gpus" not in record["config"]
     assert record["comm"]["t_compute_method"] == method and "method" not in record["comm"]
     # Today's metrics read the migrated record as the schema-1 harness did when it wrote its summary.
     stored, now = record["summary"], summarize(record)
@@ -70,8 +69,8 @@ def test_load_record_migrates_to_today_s_schema(n, method):
     # Today's RunConfig takes the migrated config, and a record today's runner assembles from the same run is
     # the same configuration.
     again = assemble_record(
-        get_backend(cfg["backend"]),
-        RunConfig.from_dict(cfg),
+        get_backend(record["config"]["backend"]),
+        run_config(record),
         record["run_id"],
         record["ranks"],
         isolated_ranks=record["isolated_ranks"],
@@ -114,7 +113,7 @@ def test_compare_schema_1_baseline_with_runs_recorded_today(v1, tmp_path, capsys
         old = load_record(path)
         record = assemble_record(
             get_backend("torch-ddp"),
-            RunConfig.from_dict(old["config"]),
+            run_config(old),
             old["run_id"] + "-v2",
             old["ranks"],
             isolated_ranks=old["isolated_ranks"],
@@ -122,7 +121,7 @@ def test_compare_schema_1_baseline_with_runs_recorded_today(v1, tmp_path, capsys
             environment=old["environment"],
             sweep=old["sweep"],
         )
-        assert record["schema_version"] == 3 and "migrated_from" not in record
+        assert record["schema_version"] == 4 and "migrated_from" not in record
         write_json_atomic(today / f"{record['run_id']}.json", record)
     out = tmp_path / "compare.json"
     assert main(["compare", str(baseline), str(today), "--json", str(out)]) == 0
@@ -144,7 +143,7 @@ def test_a_newer_schema_is_refused_with_one_line(v1, tmp_path, capsys):
     records, baseline = v1
     future = tmp_path / "future.json"
     future.write_text(json.dumps({**json.loads(RECORDS[2].read_text()), "schema_version": 99}))
-    with pytest.raises(RecordError, match="schema_version 99, this harness reads 1 to 3"):
+    with pytest.raises(RecordError, match="schema_version 99, this harness reads 1 to 4"):
         load_record(future)
     assert main(["compare", str(baseline), str(future)]) == 2
     err = capsys.readouterr().err.strip().splitlines()

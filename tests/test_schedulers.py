@@ -19,6 +19,7 @@ from processes import leftovers
 import backends
 from backends import all_backends, get_backend
 from backends.torch_ddp import TorchDDP
+from core.records import run_config
 from harness.cli import main
 from harness.run.schedulers import job_kinds, manifest
 
@@ -95,9 +96,9 @@ def test_sbatch_script_runs_one_harness_per_node_and_node_0_writes_the_record(tm
     )
     assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
     record = json.loads((out / "slurm-4242.json").read_text())
-    assert record["status"] == "ok" and record["config"]["nodes"] == 2
+    assert record["status"] == "ok" and run_config(record).topology.nodes == 2
     assert [r["rank"] for r in record["ranks"]] == [0, 1]
-    assert record["config"]["hosts"] == ["127.0.0.1", "localhost"]
+    assert run_config(record).topology.hosts == ["127.0.0.1", "localhost"]
     assert len(list(out.glob("*.json"))) == 1
     assert not leftovers(out, wait_s=5)
 
@@ -441,7 +442,11 @@ def test_the_mpijob_launcher_pod_runs_the_workers_gpu_run_without_a_gpu_of_its_o
     assert argv[:2] == ["harness", "run"] and "--launcher-only" in argv
     args = command_parser().parse_args(argv[1:])
     cfg = build_config(args, args.backend, nodes * 4)
-    assert cfg.device == "cuda" and cfg.launcher_only and cfg.compute_method == "none"
+    assert (
+        cfg.topology.device == "cuda"
+        and cfg.topology.launcher_only
+        and cfg.measurement.compute_method == "none"
+    )
     (proc,) = node_plan(get_backend("horovod"), cfg, tmp_path, 29500).processes
     hosts = proc.argv[proc.argv.index("-H") + 1]
     assert hosts == ",".join(f"hvd-1-worker-{i}:4" for i in range(nodes)) and "localhost" not in hosts

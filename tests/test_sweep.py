@@ -10,7 +10,7 @@ from record_factory import make_record
 
 import backends
 from backends.torch_ddp import TorchDDP
-from core.records import load_records, write_json_atomic
+from core.records import load_records, run_config, write_json_atomic
 from harness.cli import main, make_parser
 from harness.run.sweep import drop_done, plan
 from harness.usage import UsageError
@@ -32,9 +32,16 @@ def sweep_args(*argv):
 @pytest.mark.unit
 def test_weak_scaling_fixes_the_per_device_batch_and_threads():
     runs, skipped = plan(sweep_args("--backends", "torch-ddp", "--gpus", "1,2,4", "--repeats", "2"))
-    assert [(r.cfg.world_size, r.repeat) for r in runs] == [(1, 0), (2, 0), (4, 0), (1, 1), (2, 1), (4, 1)]
-    assert {r.cfg.micro_batch for r in runs} == {8} and {r.cfg.scaling for r in runs} == {"weak"}
-    assert {r.cfg.threads_per_worker for r in runs} == {max(1, (os.cpu_count() or 1) // 4)}
+    assert [(r.cfg.topology.world_size, r.repeat) for r in runs] == [
+        (1, 0),
+        (2, 0),
+        (4, 0),
+        (1, 1),
+        (2, 1),
+        (4, 1),
+    ]
+    assert {r.cfg.batch.micro_batch for r in runs} == {8} and {r.cfg.batch.scaling for r in runs} == {"weak"}
+    assert {r.cfg.topology.threads_per_worker for r in runs} == {max(1, (os.cpu_count() or 1) // 4)}
     assert skipped == {}
 
 
@@ -44,10 +51,10 @@ def test_strong_scaling_splits_one_global_batch_over_every_n():
         sweep_args("--backends", "torch-ddp", "--gpus", "1,2,3", "--repeats", "1", "--scaling", "strong")
     )
     assert {r.cfg.global_batch for r in runs} == {8 * 6}  # default micro-batch x lcm(1, 2, 3)
-    assert [r.cfg.micro_batch for r in runs] == [48, 24, 16]
-    assert {r.cfg.scaling for r in runs} == {"strong"}
+    assert [r.cfg.batch.micro_batch for r in runs] == [48, 24, 16]
+    assert {r.cfg.batch.scaling for r in runs} == {"strong"}
     runs, _ = plan(sweep_args("--backends", "torch-ddp", "--gpus", "1,2", "--global-batch", "12"))
-    assert [r.cfg.micro_batch for r in runs][:2] == [12, 6] and runs[0].cfg.scaling == "strong"
+    assert [r.cfg.batch.micro_batch for r in runs][:2] == [12, 6] and runs[0].cfg.batch.scaling == "strong"
 
 
 @pytest.mark.parametrize(
@@ -140,18 +147,22 @@ def test_resume_counts_ok_records_of_the_same_config(tmp_path):
     runs, _ = plan(sweep_args("--backends", "torch-ddp", "--gpus", "1,2", "--repeats", "3"))
     done = [runs[0], runs[2], runs[1]]  # N=1 twice, N=2 once
     for i, run in enumerate(done):
-        rec = make_record("torch-ddp", run.cfg.world_size, run_id=f"done{i}")
-        rec["config"] = {**run.cfg.to_dict(), "timeout_s": 5.0}  # a different timeout is the same measurement
+        rec = make_record("torch-ddp", run.cfg.topology.world_size, run_id=f"done{i}")
+        rec["config"] = run.cfg.evolve(timeout_s=5.0).to_dict()  # a different timeout is the same measurement
         write_json_atomic(tmp_path / f"done{i}.json", rec)
     failed = make_record("torch-ddp", 2, status="failed", run_id="failed")
     failed["config"] = runs[1].cfg.to_dict()
     write_json_atomic(tmp_path / "failed.json", failed)
     other = make_record("torch-ddp", 2, run_id="other")
-    other["config"] = {**runs[1].cfg.to_dict(), "steps": 7}  # other measured steps: another measurement
+    other["config"] = runs[1].cfg.evolve(steps=7).to_dict()  # other measured steps: another measurement
     write_json_atomic(tmp_path / "other.json", other)
     todo, skipped = drop_done(runs, tmp_path)
     assert skipped == 3
-    assert [(r.cfg.world_size, r.repeat) for r in todo] == [(2, 1), (1, 2), (2, 2)]  # launch order kept
+    assert [(r.cfg.topology.world_size, r.repeat) for r in todo] == [
+        (2, 1),
+        (1, 2),
+        (2, 2),
+    ]  # launch order kept
 
 
 @pytest.mark.slow
@@ -191,19 +202,22 @@ def test_real_sweep_records_a_failure_goes_on_and_resumes(tmp_path):
     assert len(list(curves.iterdir())) == 1  # the ok run's curves; the failed run has none
     assert "[1/2] torch-ddp N=2 repeat 1/1: failed" in first.stdout and "[2/2] torch-ddp N=1" in first.stdout
     records = sorted(load_records([tmp_path]), key=lambda r: r["environment"]["start_time"])
-    assert [(r["config"]["world_size"], r["status"]) for r in records] == [(2, "failed"), (1, "ok")]
+    assert [(run_config(r).topology.world_size, r["status"]) for r in records] == [(2, "failed"), (1, "ok")]
     assert "injected fault at step 1" in records[0]["error"]["message"]
     assert records[0]["sweep"]["id"] == records[1]["sweep"]["id"] and records[0]["sweep"]["repeat"] == 0
-    assert records[0]["config"]["threads_per_worker"] == records[1]["config"]["threads_per_worker"]
+    assert (
+        run_config(records[0]).topology.threads_per_worker
+        == run_config(records[1]).topology.threads_per_worker
+    )
 
     second = sweep("--resume")
     assert second.returncode == 1, second.stdout + second.stderr
     assert "resume: 1 run(s) already recorded ok" in second.stdout and "[1/1] torch-ddp N=2" in second.stdout
     records = load_records([tmp_path])
-    assert sorted((r["config"]["world_size"], r["status"]) for r in records) == [
+    assert sorted((run_config(r).topology.world_size, r["status"]) for r in records) == [
         (1, "ok"),
         (2, "failed"),
         (2, "failed"),
     ]
     assert len({r["sweep"]["id"] for r in records}) == 2
-    assert json.loads((tmp_path / f"{records[0]['run_id']}.json").read_text())["schema_version"] == 3
+    assert json.loads((tmp_path / f"{records[0]['run_id']}.json").read_text())["schema_version"] == 4

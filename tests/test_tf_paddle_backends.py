@@ -14,7 +14,6 @@ step's all-reduce and optimizer tail: on CPU a tf.function call returns only aft
 scripts/gpu_check.sh times what synchronize() still waits for on a GPU.
 """
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -179,7 +178,7 @@ def test_paddle_sharding_stage_1_shards_the_optimizer_state(out, ddp_losses):
 def second_of_two_nodes(**overrides) -> RunConfig:
     """Node 1 of 2, two workers each: the layout a multi-node orchestrator hands every adapter."""
     layout = {"nodes": 2, "node_rank": 1, "master_addr": "10.0.0.1", "hosts": ["10.0.0.1", "10.0.0.2"]}
-    return RunConfig(
+    return RunConfig.build(
         backend="",
         workload="tiny",
         spec=PRESETS["tiny"],
@@ -206,7 +205,7 @@ def test_tf_mwms_gives_each_worker_of_this_node_the_whole_cluster_and_its_global
         ] == str(2 + i)
     alone = (
         get_backend("tf-mwms")
-        .launch(dataclasses.replace(second_of_two_nodes(), isolated_index=3), Path("/run"), 1, [])
+        .launch(second_of_two_nodes().evolve(isolated_index=3), Path("/run"), 1, [])
         .processes
     )
     assert (
@@ -225,7 +224,7 @@ def test_paddle_fleet_launches_this_node_against_the_master():
     assert {"--nnodes=2", "--rank=1", "--master=10.0.0.1:29500", "--nproc_per_node=2"} <= set(launcher.argv)
     [alone] = (
         get_backend("paddle-fleet")
-        .launch(dataclasses.replace(second_of_two_nodes(), isolated_index=3), Path("/run"), 29600, [])
+        .launch(second_of_two_nodes().evolve(isolated_index=3), Path("/run"), 29600, [])
         .processes
     )
     assert {"--nproc_per_node=1", "--ips=127.0.0.1", "--start_port=29600"} <= set(alone.argv)

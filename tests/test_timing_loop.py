@@ -70,7 +70,7 @@ def train(trainer: Trainer, cfg: RunConfig, tmp_path, hooks: TestHooks | None = 
 
 
 def config(world_size: int, steps: int = 7, **fields) -> RunConfig:
-    return RunConfig(
+    return RunConfig.build(
         backend=fields.pop("backend", "torch-ddp"),
         workload="tiny",
         spec=PRESETS["tiny"],
@@ -90,11 +90,11 @@ def test_a_process_without_peers_times_its_optimizer_after_the_measured_steps_ne
     cfg = config(world_size=1, steps=steps)
     trainer = CountingTrainer(cfg)
     record, _ = train(trainer, cfg, tmp_path)
-    measured = cfg.warmup + cfg.steps
+    measured = cfg.measurement.warmup + cfg.measurement.steps
     extra = optimizer_timed_steps(cfg)
     assert extra == min(steps, 5)
     assert trainer.syncs_per_step == [0] * measured + [2] * extra
-    assert len(record["step_times"]) == cfg.steps
+    assert len(record["step_times"]) == cfg.measurement.steps
     assert len(record["optimizer_step_times"]) == len(record["optimizer_timed_step_times"]) == extra
     assert all(0.002 <= t < 0.5 for t in record["optimizer_step_times"])
 
@@ -103,7 +103,7 @@ def test_a_rank_with_peers_neither_times_its_optimizer_nor_runs_extra_steps(tmp_
     cfg = config(world_size=2)
     trainer = CountingTrainer(cfg)
     record, _ = train(trainer, cfg, tmp_path)
-    assert trainer.syncs_per_step == [0] * (cfg.warmup + cfg.steps)
+    assert trainer.syncs_per_step == [0] * (cfg.measurement.warmup + cfg.measurement.steps)
     assert record["optimizer_step_times"] == []
 
 
@@ -119,7 +119,7 @@ def test_an_isolated_worker_times_its_optimizer_only_where_the_stack_shards_it(
     cfg = config(world_size=2, backend=backend, backend_options=options, isolated_index=1)
     trainer = CountingTrainer(cfg)
     record, _ = train(trainer, cfg, tmp_path)
-    assert trainer.syncs_per_step == [0] * (cfg.warmup + cfg.steps) + [2] * timed
+    assert trainer.syncs_per_step == [0] * (cfg.measurement.warmup + cfg.measurement.steps) + [2] * timed
     assert len(record["optimizer_step_times"]) == timed
 
 
@@ -128,7 +128,10 @@ def test_a_stack_whose_worker_cannot_time_its_optimizer_runs_no_optimizer_timed_
     cfg = config(world_size=1, backend="tf-mwms")
     trainer = CountingTrainer(cfg)
     record, _ = train(trainer, cfg, tmp_path)
-    assert optimizer_timed_steps(cfg) == 0 and len(trainer.syncs_per_step) == cfg.warmup + cfg.steps
+    assert (
+        optimizer_timed_steps(cfg) == 0
+        and len(trainer.syncs_per_step) == cfg.measurement.warmup + cfg.measurement.steps
+    )
     assert record["optimizer_timed_step_times"] == []
 
 
@@ -177,7 +180,7 @@ def test_nothing_is_written_to_the_stream_inside_a_timed_step(tmp_path):
     train(trainer, cfg, tmp_path)
     sizes = trainer.sizes_at_boundaries
     pairs = list(zip(sizes[::2], sizes[1::2]))
-    assert len(pairs) == cfg.warmup + cfg.steps + optimizer_timed_steps(cfg)
+    assert len(pairs) == cfg.measurement.warmup + cfg.measurement.steps + optimizer_timed_steps(cfg)
     assert all(start == stop for start, stop in pairs), pairs
     assert all(stop < start for (_, stop), (start, _) in zip(pairs, pairs[1:]))  # one event between steps
 

@@ -2,7 +2,6 @@
 really shards. Training runs go through `harness run`; the adapters are also checked without launching."""
 
 import argparse
-import dataclasses
 import glob
 import sys
 
@@ -15,6 +14,7 @@ from backends import get_backend
 from backends.base import WORKER_SCRIPT
 from backends.deepspeed_zero import ds_config, shm_segments
 from core.config import RunConfig
+from core.records import run_config
 from harness.cli import main
 from workloads.spec import PRESETS, ModelSpec
 
@@ -34,7 +34,7 @@ def config(backend: str, *cli: str, gpus=2, precision="fp32", **fields) -> RunCo
     parser = argparse.ArgumentParser()
     adapter.Options.add_arguments(parser, backend)
     options = adapter.Options.from_args(parser.parse_args(list(cli))).to_dict()
-    return RunConfig(
+    return RunConfig.build(
         backend=backend,
         workload="tiny",
         spec=PRESETS["tiny"],
@@ -174,11 +174,8 @@ def test_horovod_multi_node_is_one_horovodrun_on_node_0(tmp_path):
     [proc] = get_backend("horovod").launch(node0, tmp_path, 29123, []).processes
     assert proc.argv[1:6] == ["-np", "4", "-H", "a:2,b:2", "--gloo"]
     assert proc.argv[proc.argv.index("--gloo-timeout-seconds") + 1] == "7"
-    assert (
-        get_backend("horovod").launch(dataclasses.replace(node0, node_rank=1), tmp_path, 29123, []).processes
-        == []
-    )
-    isolated = dataclasses.replace(node0, node_rank=1, isolated_index=2)
+    assert get_backend("horovod").launch(node0.evolve(node_rank=1), tmp_path, 29123, []).processes == []
+    isolated = node0.evolve(node_rank=1, isolated_index=2)
     [alone] = get_backend("horovod").launch(isolated, tmp_path, 29123, []).processes
     assert alone.argv[1:5] == ["-np", "1", "-H", "localhost:1"]
 
@@ -258,10 +255,10 @@ def test_two_workers_train_the_same_model_as_ddp_with_a_full_record(label, ddp_r
         assert len(r["step_times"]) == len(r["data_prep"]) == STEPS and r["versions"]["torch"]
         assert set(r["model_state_bytes"]) == {"params", "grads", "optimizer", "total"}
         settings = r["process_settings"]  # as they reached the worker through the backend's launcher
-        assert settings["OMP_NUM_THREADS"] == str(rec["config"]["threads_per_worker"])
+        assert settings["OMP_NUM_THREADS"] == str(run_config(rec).topology.threads_per_worker)
         assert settings["MALLOC_TRIM_THRESHOLD_"]
     # The collective trace of the steps after the measured ones, by each stack's own instrument
-    m, n = s["comm_measured"], ModelSpec(**rec["config"]["spec"]).n_params
+    m, n = s["comm_measured"], run_config(rec).model.spec.n_params
     assert m["method"] == ("horovod timeline" if label == "horovod" else "torch profiler (kineto)")
     if label == "horovod":  # DistributedOptimizer all-reduces every fp32 gradient once per step
         assert m["ops"]["all_reduce"]["size_bytes_per_step"] == 4 * n

@@ -110,13 +110,13 @@ class DeepSpeedOptions(Options):
 def native_low_precision(cfg) -> bool:
     """Whether this run uses DeepSpeed's own bf16/fp16 section (a low-precision module)."""
     native = DeepSpeedOptions.from_dict(cfg.backend_options).mixed_precision == "native"
-    return native and cfg.precision in LOW_PRECISIONS
+    return native and cfg.model.precision in LOW_PRECISIONS
 
 
 def module_precision(cfg) -> str:
     """The dtype of the engine's module: the low precision for a native bf16/fp16 run, else fp32 (under
     torch_autocast the parameters stay fp32)."""
-    return cfg.precision if native_low_precision(cfg) else "fp32"
+    return cfg.model.precision if native_low_precision(cfg) else "fp32"
 
 
 def ds_config(cfg) -> dict:
@@ -135,8 +135,8 @@ def ds_config(cfg) -> dict:
     opts = DeepSpeedOptions.from_dict(cfg.backend_options)
     zero = {"stage": opts.zero_stage, **(stage3_settings() if opts.zero_stage == 3 else {})}
     config = {
-        "train_micro_batch_size_per_gpu": cfg.micro_batch,
-        "gradient_accumulation_steps": cfg.grad_accum,
+        "train_micro_batch_size_per_gpu": cfg.batch.micro_batch,
+        "gradient_accumulation_steps": cfg.batch.grad_accum,
         "gradient_clipping": 0.0,
         "zero_optimization": zero,
         # DeepSpeed's throughput timer is on and synchronized by default: from the engine's third step it
@@ -146,11 +146,11 @@ def ds_config(cfg) -> dict:
         "timers": {"throughput": {"enabled": False, "synchronized": False}},
     }
     if native_low_precision(cfg):
-        config[cfg.precision] = {"enabled": True}
-    elif cfg.precision in LOW_PRECISIONS:
+        config[cfg.model.precision] = {"enabled": True}
+    elif cfg.model.precision in LOW_PRECISIONS:
         config["torch_autocast"] = {
             "enabled": True,
-            "dtype": cfg.precision,
+            "dtype": cfg.model.precision,
             "lower_precision_safe_modules": [],
         }
     if opts.offload_optimizer:
@@ -199,7 +199,7 @@ class DeepSpeed(Backend[DeepSpeedOptions]):
         communication_data_type follows the module's dtype), fp32 master weights in the ZeRO optimizer."""
         if not native_low_precision(cfg):
             return autocast_numerics(cfg, "DeepSpeed torch_autocast section over fp32 parameters")
-        low = cfg.precision
+        low = cfg.model.precision
         return low_precision_module_numerics(
             cfg,
             f"DeepSpeed {low} section: {low} module, fp32 master weights in the optimizer",
@@ -220,7 +220,7 @@ class DeepSpeed(Backend[DeepSpeedOptions]):
         """Gradients are reduced, and ZeRO-3 parameters gathered, in the engine's communication dtype:
         the model's dtype (fp32 under autocast, bf16/fp16 for a native low-precision module); the calls
         per stage: schedule.py."""
-        element = ELEMENT_BYTES[cfg.precision] if native_low_precision(cfg) else 4
+        element = ELEMENT_BYTES[cfg.model.precision] if native_low_precision(cfg) else 4
         return zero_schedule(cfg, self.stage(cfg), element, module_precision(cfg))
 
     def settings(self, cfg):
@@ -229,7 +229,7 @@ class DeepSpeed(Backend[DeepSpeedOptions]):
 
     def worker_env(self, cfg):
         env = super().worker_env(cfg)
-        if cfg.device == "cpu":
+        if cfg.topology.device == "cpu":
             env["DS_ACCELERATOR"] = "cpu"
         if extensions := extensions_dir(worker_python(cfg)):
             env["TORCH_EXTENSIONS_DIR"] = str(extensions)
@@ -245,16 +245,16 @@ class DeepSpeed(Backend[DeepSpeedOptions]):
             f"--master_port={port}",
         ]
         files = {}
-        if cfg.nodes > 1 and cfg.isolated_index is None:
+        if cfg.topology.nodes > 1 and cfg.role.isolated_index is None:
             hostfile = run_dir / "hostfile"
-            hosts = cfg.hosts or [f"node{i}" for i in range(cfg.nodes)]
+            hosts = cfg.topology.hosts or [f"node{i}" for i in range(cfg.topology.nodes)]
             slots = max(map(int, devices)) + 1 if devices else cfg.local_procs
             files[hostfile] = "".join(f"{h} slots={slots}\n" for h in hosts)
             argv += [
                 f"--hostfile={hostfile}",
                 "--no_ssh",
-                f"--node_rank={cfg.node_rank}",
-                f"--master_addr={cfg.master_addr}",
+                f"--node_rank={cfg.topology.node_rank}",
+                f"--master_addr={cfg.topology.master_addr}",
             ]
             if devices:  # every node is given the same physical ids
                 argv.append("--include=" + "@".join(f"{h}:{','.join(devices)}" for h in hosts))

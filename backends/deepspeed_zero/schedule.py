@@ -46,8 +46,8 @@ def zero_schedule(cfg: RunConfig, stage: int, element_bytes: int, module_precisi
     if stage == 3:
         return zero3(cfg, element_bytes, module_precision)
     steps = Steps(cfg)
-    n = cfg.spec.n_params
-    micros = range(cfg.grad_accum) if stage == 2 else [steps.last]
+    n = cfg.model.spec.n_params
+    micros = range(cfg.batch.grad_accum) if stage == 2 else [steps.last]
     reductions = [
         Call(size, steps.last_backward(m), steps.last_backward(m) + 1, "gradients")
         for m in micros
@@ -58,7 +58,7 @@ def zero_schedule(cfg: RunConfig, stage: int, element_bytes: int, module_precisi
     terms += scalar_terms(steps, stage, module_precision)
     if stage == 0:
         return Schedule(tuple(terms), "ZeRO-0: reductions hold up compute (overlap_comm off)")
-    shapes = cfg.spec.parameter_shapes()
+    shapes = cfg.model.spec.parameter_shapes()
     numels = parameter_numels(cfg)
     decay = sum(numels[name] for name, shape in shapes.items() if OPTIMIZER.decays(shape))
     groups = [Call(size, steps.optimizer, None) for size in (decay, n - decay)]  # one per parameter group
@@ -83,9 +83,9 @@ def zero3(cfg: RunConfig, element_bytes: int, module_precision: str) -> Schedule
     numels = parameter_numels(cfg)
     part = partitioned(numels)
     again = regathered_blocks(numels)
-    units = ["embed", *(f"block.{i}" for i in range(cfg.spec.n_layers))]
+    units = ["embed", *(f"block.{i}" for i in range(cfg.model.spec.n_layers))]
     reduces, gathers, regathers = [], [], []
-    for m in range(cfg.grad_accum):
+    for m in range(cfg.batch.grad_accum):
         for k, unit in enumerate(units):
             size = sum(x for name, x in part.items() if unit_of(name) == unit)
             issued = steps.at("forward", units[k - 1] if k else "embed", m) - 1
@@ -95,13 +95,13 @@ def zero3(cfg: RunConfig, element_bytes: int, module_precision: str) -> Schedule
             before = steps.at("backward", f"block.{i}", m)
             regathers.append(Call(size, before - 2, before, "re-gather"))
         end = steps.last_backward(m)
-        reduces += [Call(size, end, end + 1) for size in chunks(cfg.spec.n_params)]
+        reduces += [Call(size, end, end + 1) for size in chunks(cfg.model.spec.n_params)]
     persistent = [
         Call(size, steps.optimizer, None, "persistent parameter")
         for name, size in numels.items()
         if name not in part
     ]
-    accum = cfg.grad_accum
+    accum = cfg.batch.grad_accum
     terms = [  # reductions first: a micro-batch's end issues them before the next one's first gathers
         Term("reduce_scatter", "gradients", element_bytes, accum, reduces),
         Term("all_gather", "partitioned parameters (forward)", element_bytes, accum, gathers),
@@ -115,5 +115,5 @@ def zero3(cfg: RunConfig, element_bytes: int, module_precision: str) -> Schedule
         "ZeRO-3: prefetched per-block gathers",
         f"stage3_param_persistence_threshold={PERSISTENCE_THRESHOLD} ({held:,} elements in tensors kept "
         f"whole on every rank), stage3_max_reuse_distance={MAX_REUSE_DISTANCE}",
-        kept_blocks=frozenset(range(cfg.spec.n_layers)) - set(again),
+        kept_blocks=frozenset(range(cfg.model.spec.n_layers)) - set(again),
     )

@@ -103,7 +103,7 @@ class Horovod(Backend[HorovodOptions]):
         """HOROVOD_TIMELINE=DYNAMIC lets the worker start and stop Horovod's timeline around the traced
         steps (hvd.start_timeline refuses otherwise); nothing is written until it does."""
         env = super().worker_env(cfg)
-        if cfg.trace_comm:
+        if cfg.measurement.trace_comm:
             env["HOROVOD_TIMELINE"] = "DYNAMIC"
         return env
 
@@ -114,15 +114,15 @@ class Horovod(Backend[HorovodOptions]):
         server binds a free port itself. Devices: horovodrun passes its environment to every worker, and
         local rank i takes cuda:i inside the mask (every node is given the same physical ids). With
         `launcher_only` (an MPIJob's launcher pod) every rank is on the hosts, even on one node."""
-        multi = (cfg.nodes > 1 or cfg.launcher_only) and cfg.isolated_index is None
-        if multi and cfg.node_rank != 0:
+        multi = (cfg.topology.nodes > 1 or cfg.topology.launcher_only) and cfg.role.isolated_index is None
+        if multi and cfg.topology.node_rank != 0:
             return LaunchPlan([])
         n = cfg.local_procs
-        hosts = ",".join(f"{h}:{n}" for h in cfg.hosts) if multi else f"localhost:{n}"
+        hosts = ",".join(f"{h}:{n}" for h in cfg.topology.hosts) if multi else f"localhost:{n}"
         argv = [
             str(self.horovodrun(worker_python(cfg))),
             "-np",
-            str(n * (cfg.nodes if multi else 1)),
+            str(n * (cfg.topology.nodes if multi else 1)),
             "-H",
             hosts,
             "--gloo",

@@ -16,7 +16,7 @@ class HorovodCollectives(Collectives):
 
     def __init__(self, cfg):
         super().__init__(cfg)
-        torch.set_num_threads(cfg.threads_per_worker)
+        torch.set_num_threads(cfg.topology.threads_per_worker)
         hvd.init()
         self.device, self.device_name = rank_device(cfg, hvd.local_rank())
         self.dtype = DTYPES[self.spec.dtype]

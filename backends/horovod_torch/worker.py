@@ -54,7 +54,7 @@ class HorovodTrainer(TorchTrainer):
             make_optimizer(model),
             named_parameters=model.named_parameters(),
             compression=compression,
-            backward_passes_per_step=cfg.grad_accum,
+            backward_passes_per_step=cfg.batch.grad_accum,
         )
         init_adamw_state(self.optimizer)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)

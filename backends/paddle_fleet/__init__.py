@@ -73,7 +73,7 @@ class PaddleFleet(Backend[PaddleOptions]):
         return self.name + (f"-s{stage}" if stage else "") + ("-O2" if self.master_weights(cfg) else "")
 
     def master_weights(self, cfg) -> bool:
-        return cfg.precision != "fp32" and self.options(cfg).amp_level == "O2"
+        return cfg.model.precision != "fp32" and self.options(cfg).amp_level == "O2"
 
     def precision_scheme(self, cfg):
         return "master" if self.master_weights(cfg) else "autocast"
@@ -86,7 +86,7 @@ class PaddleFleet(Backend[PaddleOptions]):
         weights live in the optimizer. Paddle has no setting that reduces those gradients in fp32."""
         if not self.master_weights(cfg):
             return autocast_numerics(cfg, "paddle.amp.auto_cast O1 over fp32 parameters")
-        low = cfg.precision
+        low = cfg.model.precision
         return low_precision_module_numerics(
             cfg,
             f"paddle.amp.decorate O2: {low} parameters, fp32 master weights in the optimizer",
@@ -106,7 +106,7 @@ class PaddleFleet(Backend[PaddleOptions]):
 
     def collective_ops(self, cfg):
         """Paddle's gloo process group (CPU) implements no reduce_scatter or all_to_all."""
-        if cfg.device == "cuda":
+        if cfg.topology.device == "cuda":
             return super().collective_ops(cfg)
         return ("all_reduce", "all_gather", "broadcast")
 
@@ -123,11 +123,11 @@ class PaddleFleet(Backend[PaddleOptions]):
             f"--log_dir={run_dir / 'paddle_launch'}",
             "--max_restart=0",
         ]
-        if cfg.isolated_index is None and cfg.nodes > 1:
+        if cfg.role.isolated_index is None and cfg.topology.nodes > 1:
             argv += [
-                f"--nnodes={cfg.nodes}",
-                f"--rank={cfg.node_rank}",
-                f"--master={master_ip(cfg.master_addr)}:{port}",
+                f"--nnodes={cfg.topology.nodes}",
+                f"--rank={cfg.topology.node_rank}",
+                f"--master={master_ip(cfg.topology.master_addr)}:{port}",
             ]
         else:
             argv += ["--ips=127.0.0.1", f"--start_port={port}"]

@@ -54,7 +54,7 @@ class PaddleCollectives(Collectives):
         dist.barrier()
 
     def synchronize(self):
-        if self.cfg.device == "cuda":
+        if self.cfg.topology.device == "cuda":
             paddle.device.synchronize()
 
     def versions(self):

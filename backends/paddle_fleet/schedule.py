@@ -36,20 +36,20 @@ def sharded(cfg: RunConfig, stage: int, dtype_bytes: int) -> Schedule:
     chunk to its owner; stages 2 and 3 reduce gradients in backward hooks, every micro-batch, and stage 3
     gathers parameters for forward and for backward (stages 2 and 3 run only on GPU: assumed, not yet
     measured). Their issue order is not modelled: whole tensors, not overlapped."""
-    n, accum = cfg.spec.n_params, cfg.grad_accum
+    n, accum = cfg.model.spec.n_params, cfg.batch.grad_accum
     terms = [CommTerm("reduce_scatter", n, dtype_bytes, 1 if stage == 1 else accum, "gradients")]
     if stage == 3:
         terms.append(CommTerm("all_gather", n, dtype_bytes, 2 * accum, "parameters (forward and backward)"))
     else:
         terms.append(CommTerm("all_gather", n, dtype_bytes, 1, "updated parameters"))
-    if stage == 1 and cfg.device != "cuda":
+    if stage == 1 and cfg.topology.device != "cuda":
         # gloo's reduce (gloo/reduce.cc) is a ring reduce-scatter and then a gather of each rank's chunk to
         # the root, so a rank also sends its reduced chunk of every tensor it does not own: on average
         # (n-1)/n x S/n, an all-gather's bytes for S/n (1/(2n) of the two terms above)
         terms.append(
             CommTerm(
                 "all_gather",
-                n // cfg.world_size,
+                n // cfg.topology.world_size,
                 dtype_bytes,
                 1,
                 "reduced chunks gathered to each gradient's owner (gloo's reduce)",

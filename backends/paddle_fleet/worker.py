@@ -91,7 +91,7 @@ def joined(dtypes) -> str | None:
 def use_rank_device(cfg: RunConfig) -> str:
     """Make this rank's device Paddle's current one and return its name: the GPU the launcher selected
     for it (FLAGS_selected_gpus, the device contract), or the CPU."""
-    if cfg.device == "cuda":
+    if cfg.topology.device == "cuda":
         paddle.set_device(f"gpu:{os.environ.get('FLAGS_selected_gpus', '0')}")
         return paddle.device.cuda.get_device_name()
     paddle.set_device("cpu")
@@ -105,14 +105,14 @@ class FleetTrainer(Trainer):
         super().__init__(cfg)
         options = PaddleOptions.from_dict(cfg.backend_options)
         self.stage = options.sharding_stage
-        if self.stage >= 2 and cfg.device != "cuda":
+        if self.stage >= 2 and cfg.topology.device != "cuda":
             raise RuntimeError(
                 f"paddle-fleet sharding stage {self.stage} is unavailable on CPU: Paddle "
                 f"{paddle.__version__}'s group_sharded_parallel supports only GPU/XPU devices"
             )
-        if cfg.precision in AMP_DTYPES and cfg.device != "cuda":
+        if cfg.model.precision in AMP_DTYPES and cfg.topology.device != "cuda":
             raise RuntimeError(
-                f"paddle-fleet {cfg.precision} is unavailable on CPU: paddle.amp casts only on "
+                f"paddle-fleet {cfg.model.precision} is unavailable on CPU: paddle.amp casts only on "
                 f"GPU/XPU/custom devices in Paddle {paddle.__version__} (on CPU its autocast "
                 "'makes no effect'), so the run would silently train in fp32"
             )
@@ -123,11 +123,11 @@ class FleetTrainer(Trainer):
             strategy.hybrid_configs = {"dp_degree": 1, "sharding_degree": cfg.process_group_size}
         fleet.init(is_collective=True, strategy=strategy)
 
-        model = GPT(cfg.spec, cfg.activation_checkpointing).load_spec_weights(cfg.seed)
+        model = GPT(cfg.model.spec, cfg.model.activation_checkpointing).load_spec_weights(cfg.model.seed)
         self.seen: dict[str, str] = {}
         self.watch_numerics(model)
         optimizer = make_optimizer(model)
-        self.amp_dtype = AMP_DTYPES.get(cfg.precision)
+        self.amp_dtype = AMP_DTYPES.get(cfg.model.precision)
         self.amp_level = options.amp_level if self.amp_dtype else None
         if self.amp_dtype and self.amp_level == "O2":  # bf16/fp16 parameters and gradients, fp32 masters
             # Paddle's annotation returns the optimizer as its _OptimizerLike protocol; it is the same AdamW.
@@ -135,7 +135,7 @@ class FleetTrainer(Trainer):
                 models=model, optimizers=optimizer, level="O2", dtype=self.amp_dtype, master_weight=True
             )
         self.gpt, self.adamw = model, optimizer  # unwrapped: for weights and state counting
-        scaler = paddle.amp.GradScaler(init_loss_scaling=2.0**15) if cfg.precision == "fp16" else None
+        scaler = paddle.amp.GradScaler(init_loss_scaling=2.0**15) if cfg.model.precision == "fp16" else None
         if self.stage >= 2:
             from paddle.distributed.sharding import group_sharded_parallel
 
@@ -146,7 +146,12 @@ class FleetTrainer(Trainer):
             # Paddle 3.3.1 wraps a 1-process model in NoPipelineParallel, which accepts only a PipelineLayer:
             # alone (world 1, the isolated counterfactual) the model runs unwrapped, with nothing to sync.
             if cfg.process_group_size > 1:
-                traced = cfg.trace_comm and cfg.trace_steps and cfg.device == "cpu" and not self.stage
+                traced = (
+                    cfg.measurement.trace_comm
+                    and cfg.measurement.trace_steps
+                    and cfg.topology.device == "cpu"
+                    and not self.stage
+                )
                 with reducer_log() if traced else nullcontext({"text": ""}) as construction:
                     model = fleet.distributed_model(model)  # its log names its gradient groups
                 self.reducer_groups = paddle_reducer_groups(construction["text"])
@@ -187,7 +192,7 @@ class FleetTrainer(Trainer):
             "grad_reduce": None
             if self.world_size == 1
             else joined(p.grad.dtype for p in params if p.grad is not None),
-            "master_weights": updated and master_weights(self.cfg.precision, updated),
+            "master_weights": updated and master_weights(self.cfg.model.precision, updated),
             "optimizer_state": joined(
                 t.dtype for k, t in state.items() if "moment" in k and isinstance(t, paddle.Tensor)
             ),
@@ -230,7 +235,7 @@ class FleetTrainer(Trainer):
         the reducer, and a Paddle whose log reads otherwise gives no call of a known size: bytes on the wire
         only, with neither op nor time. On GPU NCCL does not use those sockets
         inside a node, and the profiler's NCCL path is not built: no trace."""
-        if self.cfg.device != "cpu":
+        if self.cfg.topology.device != "cpu":
             return {
                 "method": None,
                 "reason": "no trace for paddle-fleet on GPU: its NCCL kernels in paddle.profiler are not "
@@ -266,7 +271,7 @@ class FleetTrainer(Trainer):
     def synchronize(self) -> None:
         """On GPU, a device-wide sync of this worker's GPU (paddle.device.synchronize of the current
         place: cudaDeviceSynchronize, so also the communication streams); CPU ops finish as they run."""
-        if self.cfg.device == "cuda":
+        if self.cfg.topology.device == "cuda":
             paddle.device.synchronize()
 
     def math_mode(self) -> dict:
@@ -280,7 +285,7 @@ class FleetTrainer(Trainer):
             "tf32": None,
             "tf32_setting": ", ".join(f"{k.replace('.set_', '.get_')}()={v}" for k, v in settings.items()),
         }
-        if self.cfg.device == "cuda":
+        if self.cfg.topology.device == "cuda":
             capable = tuple(paddle.device.cuda.get_device_capability()) >= (8, 0)
             switch = settings["paddle.base.core.set_cublas_switch"]
             mode["tf32"] = switch and capable and os.environ.get("NVIDIA_TF32_OVERRIDE") != "0"
@@ -289,13 +294,13 @@ class FleetTrainer(Trainer):
         return mode
 
     def reset_peak_memory(self) -> None:
-        if self.cfg.device == "cuda":
+        if self.cfg.topology.device == "cuda":
             paddle.device.cuda.reset_max_memory_allocated()
             paddle.device.cuda.reset_max_memory_reserved()
 
     def memory(self) -> dict:
         """The GPU allocator's peaks since the reset after warm-up; empty on CPU."""
-        if self.cfg.device != "cuda":
+        if self.cfg.topology.device != "cuda":
             return {}
         return {
             "allocated_peak": paddle.device.cuda.max_memory_allocated(),
@@ -325,12 +330,12 @@ class FleetTrainer(Trainer):
         params = dict(self.gpt.named_parameters())
         return {
             name: params[name + ".weight" if name.endswith("emb") else name].astype("float32").numpy()
-            for name in self.cfg.spec.parameter_shapes()
+            for name in self.cfg.model.spec.parameter_shapes()
         }
 
     def versions(self) -> dict:
         out = {"paddle": paddle.__version__}
-        if self.cfg.device == "cuda":
+        if self.cfg.topology.device == "cuda":
             out.update({"cuda": paddle.version.cuda(), "cudnn": paddle.version.cudnn()})
         return out
 

@@ -43,18 +43,18 @@ def communication(cfg) -> str:
     no CPU kernel)."""
     requested = TFOptions.from_dict(cfg.backend_options).collective
     if requested == "auto":
-        return "NCCL" if cfg.device == "cuda" else "AUTO"
+        return "NCCL" if cfg.topology.device == "cuda" else "AUTO"
     return requested.upper()
 
 
 def all_reduce_kernel(cfg) -> str:
     """The collective TensorFlow's runtime resolves this run's all-reduce to (see GPU_ALL_REDUCE)."""
-    return GPU_ALL_REDUCE[communication(cfg)] if cfg.device == "cuda" else "RingReduce"
+    return GPU_ALL_REDUCE[communication(cfg)] if cfg.topology.device == "cuda" else "RingReduce"
 
 
 def communication_settings(cfg) -> dict:
     """The record's account of the collectives: asked for, handed to MWMS, and what TF's runtime runs."""
-    requested = TFOptions.from_dict(cfg.backend_options).collective
+    requested, device = TFOptions.from_dict(cfg.backend_options).collective, cfg.topology.device
     implementation, kernel = communication(cfg), all_reduce_kernel(cfg)
     overridden = requested == "auto" and implementation != "AUTO"
     return {
@@ -63,7 +63,7 @@ def communication_settings(cfg) -> dict:
         "all_reduce": kernel,
         "all_gather": "RingGather",
         "summary": (
-            f"communication: {implementation} (--collective {requested} on {cfg.device}): all-reduce "
+            f"communication: {implementation} (--collective {requested} on {device}): all-reduce "
             f"{kernel}, all-gather RingGather"
             + ("; TF's own AUTO would all-reduce with RingReduce" if overridden else "")
         ),
@@ -93,9 +93,9 @@ def attention_memory(cfg) -> dict:
     them, so at long sequences this memory is TF's, not the model's.
     Softmax's gradient reads the softmax output (tensorflow/python/ops/nn_grad.py), so every layer's is
     held from forward to backward: a lower bound on what attention holds, the logits and mask aside."""
-    b, h, t = cfg.micro_batch, cfg.spec.n_heads, cfg.spec.seq_len
+    b, h, t = cfg.batch.micro_batch, cfg.model.spec.n_heads, cfg.model.spec.seq_len
     per_layer = b * h * t * t * 4
-    held_layers = 1 if cfg.activation_checkpointing else cfg.spec.n_layers
+    held_layers = 1 if cfg.model.activation_checkpointing else cfg.model.spec.n_layers
     held = held_layers * per_layer
     return {
         "implementation": "materialised (B,H,T,T) logits",
@@ -131,12 +131,12 @@ def worker_addresses(cfg, port: int) -> list[str]:
     port without talking to the others, and the addresses stay distinct even when nodes share a machine."""
     if cfg.process_group_size == 1:
         return []
-    if cfg.nodes == 1:
-        return [f"localhost:{p}" for p in local_ports(port, cfg.world_size)]
+    if cfg.topology.nodes == 1:
+        return [f"localhost:{p}" for p in local_ports(port, cfg.topology.world_size)]
     return [
-        f"{host}:{port + n * cfg.gpus_per_node + i}"
-        for n, host in enumerate(cfg.hosts)
-        for i in range(cfg.gpus_per_node)
+        f"{host}:{port + n * cfg.topology.gpus_per_node + i}"
+        for n, host in enumerate(cfg.topology.hosts)
+        for i in range(cfg.topology.gpus_per_node)
     ]
 
 
@@ -167,15 +167,16 @@ class TFMultiWorkerMirrored(Backend[TFOptions]):
     Options = TFOptions
 
     def validate(self, cfg):
-        if cfg.nodes > 1 and len(cfg.hosts) != cfg.nodes:
+        if cfg.topology.nodes > 1 and len(cfg.topology.hosts) != cfg.topology.nodes:
             raise InvalidConfig(
-                f"tf-mwms on {cfg.nodes} nodes needs the host of every node (--hosts or --hostfile; "
-                f"got {','.join(cfg.hosts) or 'none'}): each worker's TF_CONFIG lists all workers"
+                f"tf-mwms on {cfg.topology.nodes} nodes needs the host of every node (--hosts or --hostfile; "
+                f"got {','.join(cfg.topology.hosts) or 'none'}): each worker's TF_CONFIG lists all workers"
             )
-        if cfg.device != "cuda" and self.options(cfg).collective == "nccl":
+        if cfg.topology.device != "cuda" and self.options(cfg).collective == "nccl":
             raise InvalidConfig(
                 f"tf-mwms --collective nccl needs --device cuda (NCCL all-reduces GPU memory; on "
-                f"{cfg.device} TensorFlow would quietly run its ring instead); use --collective auto or ring"
+                f"{cfg.topology.device} TensorFlow would quietly run its ring instead); "
+                "use --collective auto or ring"
             )
 
     def label(self, cfg):
@@ -190,13 +191,13 @@ class TFMultiWorkerMirrored(Backend[TFOptions]):
         """Keras's mixed policy (mixed_bfloat16 / mixed_float16): fp32 variables, cast inside each layer
         as autocast casts them, but every layer's output is in the low precision, so the residual stream
         between blocks is too; the gradients of the fp32 variables are fp32 and all-reduced as they are."""
-        if cfg.precision not in LOW_PRECISIONS:
+        if cfg.model.precision not in LOW_PRECISIONS:
             return autocast_numerics(cfg)
-        policy = {"bf16": "mixed_bfloat16", "fp16": "mixed_float16"}[cfg.precision]
+        policy = {"bf16": "mixed_bfloat16", "fp16": "mixed_float16"}[cfg.model.precision]
         return autocast_numerics(
             cfg,
-            f"Keras {policy} policy: fp32 variables, layer outputs in {cfg.precision}",
-            activations=cfg.precision,
+            f"Keras {policy} policy: fp32 variables, layer outputs in {cfg.model.precision}",
+            activations=cfg.model.precision,
         )
 
     def schedule(self, cfg):
@@ -216,7 +217,7 @@ class TFMultiWorkerMirrored(Backend[TFOptions]):
         """One process per worker, each shown only its own GPU (devices[i]), so MWMS has exactly one
         local replica; an isolated worker is rank 0 of a job of its own."""
         workers = worker_addresses(cfg, port)
-        first = 0 if cfg.isolated_index is not None else cfg.first_local_rank
+        first = 0 if cfg.role.isolated_index is not None else cfg.first_local_rank
         processes = []
         for i in range(cfg.local_procs):
             index = first + i

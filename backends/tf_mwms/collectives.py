@@ -21,7 +21,7 @@ class TFCollectives(Collectives):
 
     def __init__(self, cfg):
         super().__init__(cfg)
-        tf.config.threading.set_intra_op_parallelism_threads(cfg.threads_per_worker)
+        tf.config.threading.set_intra_op_parallelism_threads(cfg.topology.threads_per_worker)
         tf.config.threading.set_inter_op_parallelism_threads(1)
         self.strategy = tf.distribute.MultiWorkerMirroredStrategy(
             communication_options=communication_options(cfg)

@@ -11,6 +11,6 @@ def mwms_schedule(cfg: RunConfig) -> Schedule:
     one collective (the strategy's all-reduce of the gradient list), not overlapped with compute."""
     return whole_tensors(
         cfg,
-        [CommTerm("all_reduce", cfg.spec.n_params, 4, 1, "gradients")],
+        [CommTerm("all_reduce", cfg.model.spec.n_params, 4, 1, "gradients")],
         "one packed all-reduce after backward (not overlapped)",
     )

@@ -94,10 +94,10 @@ class MWMSTrainer(Trainer):
     def __init__(self, cfg: RunConfig):
         super().__init__(cfg)
         # Thread pools are fixed when the runtime starts, i.e. by the strategy below: set them first.
-        tf.config.threading.set_intra_op_parallelism_threads(cfg.threads_per_worker)
+        tf.config.threading.set_intra_op_parallelism_threads(cfg.topology.threads_per_worker)
         tf.config.threading.set_inter_op_parallelism_threads(1)
-        if cfg.precision in POLICIES:  # fp32 variables, bf16/fp16 compute; the loss is computed in fp32
-            keras.mixed_precision.set_global_policy(POLICIES[cfg.precision])
+        if cfg.model.precision in POLICIES:  # fp32 variables, bf16/fp16 compute; the loss is computed in fp32
+            keras.mixed_precision.set_global_policy(POLICIES[cfg.model.precision])
         self.tf32 = any(apply_tf32_rule(cfg).values())
         opts = TFOptions.from_dict(cfg.backend_options)
         self.strategy = tf.distribute.MultiWorkerMirroredStrategy(
@@ -112,9 +112,11 @@ class MWMSTrainer(Trainer):
             else cpu_name()
         )
         with self.strategy.scope():
-            self.model = GPT(cfg.spec, cfg.activation_checkpointing).load_spec_weights(cfg.seed)
+            self.model = GPT(cfg.model.spec, cfg.model.activation_checkpointing).load_spec_weights(
+                cfg.model.seed
+            )
             self.optimizer = make_optimizer(self.model)
-            if cfg.precision == "fp16":
+            if cfg.model.precision == "fp16":
                 self.optimizer = keras.optimizers.LossScaleOptimizer(self.optimizer)
                 self.optimizer.build(self.model.trainable_variables)
             self.grad_buffers = (
@@ -127,10 +129,10 @@ class MWMSTrainer(Trainer):
                     )
                     for v in self.model.trainable_variables
                 ]
-                if cfg.grad_accum > 1
+                if cfg.batch.grad_accum > 1
                 else []
             )
-        self.loss_scale = self.optimizer.scale_loss if cfg.precision == "fp16" else (lambda loss: loss)
+        self.loss_scale = self.optimizer.scale_loss if cfg.model.precision == "fp16" else (lambda loss: loss)
         self.gradients = tf.function(self.replica_gradients, jit_compile=opts.xla)
         self.accumulate = tf.function(lambda x, y: self.strategy.run(self.replica_accumulate, args=(x, y)))
         self.apply = tf.function(lambda x, y: self.strategy.run(self.replica_apply, args=(x, y)))
@@ -142,7 +144,7 @@ class MWMSTrainer(Trainer):
         Dense gradients, as DDP all-reduces: the position embedding's gradient is IndexedSlices, which
         MWMS "all-reduces" by gathering every replica's slices, and Keras's AdamW squares those slices
         one by one for its second moment: g0^2 + g1^2 instead of (g0 + g1)^2 for a row both replicas hold."""
-        share = self.cfg.grad_accum * self.strategy.num_replicas_in_sync
+        share = self.cfg.batch.grad_accum * self.strategy.num_replicas_in_sync
         with tf.GradientTape() as tape:
             loss = self.model(x, y)
             scaled = self.loss_scale(loss / share)
@@ -158,7 +160,7 @@ class MWMSTrainer(Trainer):
         loss, grads = self.gradients(x, y)
         if self.grad_buffers:
             grads = [buffer.read_value() + grad for buffer, grad in zip(self.grad_buffers, grads)]
-        if self.cfg.precision == "fp16":
+        if self.cfg.model.precision == "fp16":
             grads = self.agree_on_overflow(grads)
         self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))  # all-reduce (SUM) inside
         for buffer in self.grad_buffers:
@@ -227,9 +229,9 @@ class MWMSTrainer(Trainer):
                         ]
         # The step functions as the steps traced them: every micro-batch is (micro_batch, seq_len) int64
         # inputs and targets (Trainer.step's contract), so these specs find those graphs, no new trace.
-        batch = tf.TensorSpec((self.cfg.micro_batch, self.cfg.spec.seq_len), tf.int64)
+        batch = tf.TensorSpec((self.cfg.batch.micro_batch, self.cfg.model.spec.seq_len), tf.int64)
         inputs = {}
-        for fn in (self.apply, self.accumulate) if self.cfg.grad_accum > 1 else (self.apply,):
+        for fn in (self.apply, self.accumulate) if self.cfg.batch.grad_accum > 1 else (self.apply,):
             for op in fn.get_concrete_function(batch, batch).graph.get_operations():
                 if op.type in TF_OPS and op.inputs:
                     tensor = op.inputs[0]
@@ -263,11 +265,11 @@ class MWMSTrainer(Trainer):
         matmul called once on zeros (after the measured steps) give the matmul's and the residual stream's
         dtypes under the mixed policy; the variables' dtype is what forward holds before Keras casts it
         inside each layer; the step's traced graph gives the dtype its collectives reduce."""
-        d = self.cfg.spec.d_model
+        d = self.cfg.model.spec.d_model
         block = self.model.blocks[0]
         compute = block.mlp.fc(tf.zeros((1, d))).dtype
         activations = block(tf.zeros((1, 1, d))).dtype
-        batch = tf.TensorSpec((self.cfg.micro_batch, self.cfg.spec.seq_len), tf.int64)
+        batch = tf.TensorSpec((self.cfg.batch.micro_batch, self.cfg.model.spec.seq_len), tf.int64)
         graph = self.apply.get_concrete_function(batch, batch).graph
         reduced = [op.inputs[0].dtype for op in graph.get_operations() if op.type in TF_OPS and op.inputs]
         inner = getattr(self.optimizer, "inner_optimizer", self.optimizer)
@@ -278,7 +280,7 @@ class MWMSTrainer(Trainer):
             "forward_params": dtype_name(block.mlp.fc.kernel.dtype),
             "activations": dtype_name(activations),
             "grad_reduce": joined(reduced) if self.world_size > 1 else None,
-            "master_weights": updated and master_weights(self.cfg.precision, updated),
+            "master_weights": updated and master_weights(self.cfg.model.precision, updated),
             "optimizer_state": joined(v.dtype for v in moments),
             "loss_scaling": "dynamic" if inner is not self.optimizer else "none",  # LossScaleOptimizer
             "tf32": self.tf32,

@@ -24,7 +24,7 @@ class TorchCollectives(Collectives):
 
     def __init__(self, cfg, comm=dist):
         super().__init__(cfg)
-        torch.set_num_threads(cfg.threads_per_worker)
+        torch.set_num_threads(cfg.topology.threads_per_worker)
         self.comm = comm
         self.device, self.device_name = rank_device(cfg, int(os.environ.get("LOCAL_RANK", 0)))
         self.dtype = DTYPES[self.spec.dtype]

@@ -63,26 +63,27 @@ class TorchFSDP(Backend[FSDPOptions]):
         return (
             self.name
             + ("" if opts.reshard_after_forward else "-noreshard")
-            + (f"-{cfg.precision}reduce" if self.reduce_bytes(cfg) == 2 else "")
+            + (f"-{cfg.model.precision}reduce" if self.reduce_bytes(cfg) == 2 else "")
         )
 
     def reduce_bytes(self, cfg) -> int:
         """Element bytes of the gradients' reduce-scatter: fp32 unless a low-precision run turned
         --fp32-reduce off."""
-        low = cfg.precision in LOW_PRECISIONS
-        return ELEMENT_BYTES[cfg.precision] if low and not self.options(cfg).fp32_reduce else 4
+        low = cfg.model.precision in LOW_PRECISIONS
+        return ELEMENT_BYTES[cfg.model.precision] if low and not self.options(cfg).fp32_reduce else 4
 
     def numerics(self, cfg):
         """MixedPrecisionPolicy(param_dtype) casts each unit's parameters as it gathers them, with autocast
         off: every forward op, LayerNorm and the residual stream included, runs in the low precision."""
-        if cfg.precision not in LOW_PRECISIONS:
+        if cfg.model.precision not in LOW_PRECISIONS:
             return autocast_numerics(cfg)
-        reduce = "fp32" if self.reduce_bytes(cfg) == 4 else cfg.precision
+        precision = cfg.model.precision
+        reduce = "fp32" if self.reduce_bytes(cfg) == 4 else precision
         return autocast_numerics(
             cfg,
-            f"FSDP2 MixedPrecisionPolicy(param_dtype={cfg.precision}, reduce_dtype={reduce}), no autocast",
-            forward_params=cfg.precision,
-            activations=cfg.precision,
+            f"FSDP2 MixedPrecisionPolicy(param_dtype={precision}, reduce_dtype={reduce}), no autocast",
+            forward_params=cfg.model.precision,
+            activations=cfg.model.precision,
             grad_reduce=reduce,
             why={"grad_reduce": "--fp32-reduce off"},
         )
@@ -95,7 +96,7 @@ class TorchFSDP(Backend[FSDPOptions]):
         reduce_dtype: schedule.py."""
         opts = self.options(cfg)
         return fsdp_schedule(
-            cfg, ELEMENT_BYTES[cfg.precision], self.reduce_bytes(cfg), opts.reshard_after_forward
+            cfg, ELEMENT_BYTES[cfg.model.precision], self.reduce_bytes(cfg), opts.reshard_after_forward
         )
 
     def launch(self, cfg, run_dir, port, devices):

@@ -16,8 +16,8 @@ def gathered_numels(cfg: RunConfig) -> dict[str, int]:
     name: FSDP2 cuts a parameter on dim 0 into world-size chunks padded to the first one's length, so dim
     0 counts as rounded up to a multiple of N. Dim 0 in PyTorch's layout: a Linear's out_features (the
     neutral spec stores the transpose, workloads/spec.py), an embedding's rows."""
-    world, out = cfg.world_size, {}
-    for name, shape in cfg.spec.parameter_shapes().items():
+    world, out = cfg.topology.world_size, {}
+    for name, shape in cfg.model.spec.parameter_shapes().items():
         dim0 = shape[1] if len(shape) == 2 and name not in EMBEDDINGS else shape[0]
         out[name] = math.prod(shape) // dim0 * (-(-dim0 // world) * world)
     return out
@@ -35,14 +35,14 @@ def fsdp_schedule(
     (reduce_dtype); every tensor as FSDP2 pads its shards (gathered_numels)."""
     steps = Steps(cfg)
     numels = gathered_numels(cfg)
-    blocks = [f"block.{i}" for i in range(cfg.spec.n_layers)]
+    blocks = [f"block.{i}" for i in range(cfg.model.spec.n_layers)]
     block_elems = dict.fromkeys(blocks, 0)
     for name, n in numels.items():
         if name.startswith("blocks."):
             block_elems[unit_of(name)] += n
     root = sum(numels.values()) - sum(block_elems.values())
     root_gathers, block_gathers = [], []
-    for m in range(cfg.grad_accum):
+    for m in range(cfg.batch.grad_accum):
         first = steps.at("forward", "embed", m)
         root_gathers.append(Call(root, first - 1, first, "root parameters"))
         for u in blocks:
@@ -58,11 +58,21 @@ def fsdp_schedule(
     return Schedule(
         (
             Term(
-                "all_gather", "root parameters (embeddings, ln_f)", gather_bytes, cfg.grad_accum, root_gathers
+                "all_gather",
+                "root parameters (embeddings, ln_f)",
+                gather_bytes,
+                cfg.batch.grad_accum,
+                root_gathers,
             ),
-            Term("all_gather", "block parameters", gather_bytes, per_micro * cfg.grad_accum, block_gathers),
+            Term(
+                "all_gather",
+                "block parameters",
+                gather_bytes,
+                per_micro * cfg.batch.grad_accum,
+                block_gathers,
+            ),
             Term("reduce_scatter", "gradients", reduce_bytes, 1, reduces),
         ),
         "FSDP2 per-block all-gather one block ahead, per-block reduce-scatter in backward, root exposed",
-        kept_blocks=frozenset() if reshard_after_forward else frozenset(range(cfg.spec.n_layers)),
+        kept_blocks=frozenset() if reshard_after_forward else frozenset(range(cfg.model.spec.n_layers)),
     )

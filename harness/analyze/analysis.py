@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from core.records import config_key, device_name
+from core.records import config_key, device_name, run_config
 from harness.analyze.metrics import summarize
 from harness.analyze.summary import incident_text
 
@@ -24,7 +24,7 @@ DEFAULT_NOISE_CV = 0.10
 
 def run_row(record: dict) -> dict:
     """One run as a flat row: what was run (the group keys) and its per-run figures."""
-    cfg, env, info = record["config"], record.get("environment", {}), record.get("backend_info", {})
+    cfg, env, info = run_config(record), record.get("environment", {}), record.get("backend_info", {})
     s = summarize(record)
     sweep = record.get("sweep") or {}
     error = record.get("error") or {}
@@ -39,21 +39,21 @@ def run_row(record: dict) -> dict:
         "incident": incident_text(record.get("incident")),
         "sweep_id": sweep.get("id"),
         "repeat": sweep.get("repeat"),
-        "backend": cfg["backend"],
+        "backend": cfg.backend,
         "label": key.label,
         "framework": info.get("framework"),
         "sharding": info.get("sharding"),
         "workload": key.workload,
         "precision": key.precision,
         "device": device_name(record),
-        "device_type": cfg["device"],
+        "device_type": cfg.topology.device,
         "host": env.get("harness_host"),
         "scaling": key.scaling,
         "batch": key.batch,
         "settings": key.settings,
         "world_size": key.world_size,
-        "threads_per_worker": cfg["threads_per_worker"],
-        "steps": cfg["steps"],
+        "threads_per_worker": cfg.topology.threads_per_worker,
+        "steps": cfg.measurement.steps,
         "throughput": s["throughput_tokens_per_s"],
         "per_device_throughput": s["per_device_tokens_per_s"],
         "t_step_s": s["step_time_s"]["median"],

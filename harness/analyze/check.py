@@ -26,7 +26,7 @@ from harness.usage import EXIT_FAILED, EXIT_OK, UsageError
 
 
 def checked(data, backends: tuple[str, ...]) -> str:
-    """What an ok file is ("training, schema 3"; "training, schema 1, migrated to 3"); raises RecordInvalid
+    """What an ok file is ("training, schema 4"; "training, schema 1, migrated to 4"); raises RecordInvalid
     naming the failing field."""
     if isinstance(data, dict) and data.get("kind") == BASELINE_KIND:
         return checked_baseline(data, backends)

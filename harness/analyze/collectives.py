@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import nnls
 
+from core.records import run_config
 from harness.analyze.metrics import bus_factor, slowest, stats
 
 
@@ -38,7 +39,7 @@ def summarize_commbench(record: dict) -> dict:
     """Per op: per size the slowest rank's call times (median, p10, p90), algbw and busbw at the median;
     and the α-β fit over all sizes. Series other than the calls alone (`times`) that records of earlier
     versions hold are left out."""
-    world = record["config"]["world_size"]
+    world = run_config(record).topology.world_size
     ranks = [r for r in record["ranks"] if r.get("status") == "ok"]
     if len(ranks) < world:
         return {"error": f"{world - len(ranks)} rank(s) without results"}
@@ -62,7 +63,7 @@ def summarize_commbench(record: dict) -> dict:
             entry["fit"] = fit_alpha_beta(
                 [p["bytes"] for p in points], [p["time_s"]["median"] for p in points], op, world
             )
-    return {"ops": ops, "world_size": world, "dtype": record["config"]["commbench"]["dtype"]}
+    return {"ops": ops, "world_size": world, "dtype": run_config(record).commbench_spec.dtype}
 
 
 def op_time_index(summary: dict, op: str) -> float | None:
@@ -89,7 +90,7 @@ def commbench_rows(records: list[dict]) -> pd.DataFrame:
         summary = record.get("summary") or {}
         if record.get("status") != "ok" or "ops" not in summary:
             continue
-        cfg = record["config"]
+        topo = run_config(record).topology
         for op, entry in summary["ops"].items():
             fit = entry.get("fit") or {}
             for p in entry["points"]:
@@ -98,9 +99,9 @@ def commbench_rows(records: list[dict]) -> pd.DataFrame:
                         "run_id": record["run_id"],
                         "label": record["backend_info"]["label"],
                         "api": record["backend_info"].get("api"),
-                        "device": (record.get("environment") or {}).get("device_kind") or cfg["device"],
-                        "world_size": cfg["world_size"],
-                        "nodes": cfg.get("nodes", 1),
+                        "device": (record.get("environment") or {}).get("device_kind") or topo.device,
+                        "world_size": topo.world_size,
+                        "nodes": topo.nodes,
                         "dtype": summary["dtype"],
                         "op": op,
                         "bytes": p["bytes"],

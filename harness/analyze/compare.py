@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import t as student_t
 
-from core.records import ConfigKey, config_key, device_name, write_json_atomic
+from core.records import ConfigKey, config_key, device_name, run_config, write_json_atomic
 from harness.analyze.baseline import InputError, load_all
 from harness.analyze.collectives import largest_busbw, op_time_index
 from harness.analyze.summary import fmt_bytes
@@ -65,10 +65,10 @@ HOOK_DEFAULTS = {"step_delay_s": 0.0, "fault": None}
 
 
 def hook_value(run: dict, name: str):
-    """A run's test hook `name`: from its top-level test_hooks, or, in a record from before they left the
-    configuration, from its config."""
+    """A run's test hook `name`, from its top-level test_hooks (core.records.migrate moved those of a record
+    from before they left the configuration)."""
     hooks = run.get("test_hooks") or {}
-    return hooks.get(name, run["config"].get(name, HOOK_DEFAULTS[name]))
+    return hooks.get(name, HOOK_DEFAULTS[name])
 
 
 # ---- matching -----------------------------------------------------------------------------------------
@@ -200,7 +200,7 @@ def median_of(runs: list[dict], field: str) -> float | None:
 def memory_field(runs: list[dict]) -> tuple[str, str]:
     """Per-rank peak memory: the allocator's peak on a GPU, the process RSS on a CPU."""
     if (
-        all(r["config"].get("device") == "cuda" for r in runs)
+        all(run_config(r).topology.device == "cuda" for r in runs)
         and median_of(runs, "peak_allocated_bytes") is not None
     ):
         return "peak_allocated_bytes", "peak allocated / rank"
@@ -272,8 +272,8 @@ def compare_collectives(base_runs, cand_runs, threshold, alpha) -> list[dict]:
     metrics: list[dict] = []
     ops = [
         op
-        for op in base_runs[0]["config"]["commbench"]["ops"]
-        if op in cand_runs[0]["config"]["commbench"]["ops"]
+        for op in run_config(base_runs[0]).commbench_spec.ops
+        if op in run_config(cand_runs[0]).commbench_spec.ops
     ]
     for op in ops:
         b = [v for v in (op_time_index(r["summary"], op) for r in base_runs) if v]
@@ -327,7 +327,7 @@ def env_differences(base_runs: list[dict], cand_runs: list[dict]) -> list[str]:
     getters += [
         (n, lambda r, n=n: r["environment"].get("versions", {}).get(n)) for n in names if n != "python"
     ]
-    getters += [(f, lambda r, f=f: r["config"].get(f)) for f in CONFIG_FIELDS]
+    getters += [(f, lambda r, f=f: run_config(r).setting(f)) for f in CONFIG_FIELDS]
     getters += [(h, lambda r, h=h: hook_value(r, h)) for h in HOOK_DEFAULTS]
     out = []
     for name, get in getters:

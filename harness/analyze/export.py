@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from core.records import write_atomic
+from core.records import run_config, write_atomic
 from harness.analyze.analysis import GROUP_KEYS
 from harness.analyze.metrics import per_step_series
 
@@ -37,7 +37,7 @@ CURVES = {
 
 def run_name(record: dict) -> str:
     """A run's folder in the TensorBoard log dir: its label, N and run id, so runs sort by configuration."""
-    return f"{record['backend_info']['label']}-N{record['config']['world_size']}-{record['run_id']}"
+    return f"{record['backend_info']['label']}-N{run_config(record).topology.world_size}-{record['run_id']}"
 
 
 def write_tensorboard(records: list[dict], log_dir: Path) -> list[Path]:

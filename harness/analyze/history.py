@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from core.records import device_name, workload_name, write_atomic
+from core.records import device_name, run_config, workload_name, write_atomic
 from harness.analyze.baseline import InputError, load_all
 from harness.analyze.compare import run_key
 from harness.usage import EXIT_OK, UsageError, positive
@@ -42,14 +42,14 @@ def select(runs: list[dict], args) -> list[dict]:
     """The runs of exactly one configuration; several left after the filters is a usage error."""
 
     def wanted(r):
-        cfg = r["config"]
+        cfg = run_config(r)
         return (
             r.get("kind", "training") == "training"
-            and args.backend in (r["backend_info"].get("label"), cfg["backend"])
+            and args.backend in (r["backend_info"].get("label"), cfg.backend)
             and args.workload == workload_name(cfg)
-            and cfg["world_size"] == args.gpus
-            and (args.precision is None or cfg["precision"] == args.precision)
-            and (args.scaling is None or cfg.get("scaling") == args.scaling)
+            and cfg.topology.world_size == args.gpus
+            and (args.precision is None or cfg.model.precision == args.precision)
+            and (args.scaling is None or cfg.batch.scaling == args.scaling)
             and (args.device_kind is None or r["environment"].get("device_kind") == args.device_kind)
         )
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from workloads.spec import ModelSpec
+from core.records import run_config
 
 # Dense peak FLOP/s (no sparsity) from NVIDIA's data sheets, by the exact name the driver reports
 # (torch.cuda.get_device_name, nvidia-smi): a substring would take "RTX A1000" for an A100. "tf32" is the
@@ -258,10 +258,6 @@ def compute_time(
     return (max(per_worker) if per_worker else None), detail
 
 
-def tokens_per_step(cfg: dict) -> int:
-    return cfg["micro_batch"] * cfg["grad_accum"] * cfg["world_size"] * cfg["spec"]["seq_len"]
-
-
 def per_step_series(record: dict) -> dict[str, list[float]]:
     """The run's curves over its measured steps, as the summary derives them: the loss averaged over the
     ranks, the step time of the slowest rank, and the tokens per second that step time gives. Empty lists
@@ -271,7 +267,7 @@ def per_step_series(record: dict) -> dict[str, list[float]]:
     return {
         "loss": [float(np.mean(step)) for step in zip(*[r["losses"] for r in ranks])] if ranks else [],
         "step_time_s": step_times,
-        "tokens_per_s": [tokens_per_step(record["config"]) / t for t in step_times if t > 0],
+        "tokens_per_s": [run_config(record).tokens_per_step / t for t in step_times if t > 0],
     }
 
 
@@ -279,12 +275,11 @@ def cpu_oversubscription(record: dict) -> dict | None:
     """CPU workers on one node asking for more threads than the CPUs they may use (affinity, cgroup quota;
     the host's count for records made before that was recorded): their step times measure the contention,
     so the record says so. None on GPUs or when the workers fit."""
-    cfg, env = record["config"], record.get("environment") or {}
+    topo, env = run_config(record).topology, record.get("environment") or {}
     cpus = env.get("cpus_available") or env.get("cpu_count")
-    if cfg.get("device") != "cpu" or not cpus:
+    if topo.device != "cpu" or not cpus:
         return None
-    workers = cfg.get("gpus_per_node") or cfg["world_size"] // cfg.get("nodes", 1)
-    threads = cfg.get("threads_per_worker") or 1
+    workers, threads = topo.gpus_per_node, topo.threads_per_worker
     if workers * threads <= cpus:
         return None
     return {"workers_per_node": workers, "threads_per_worker": threads, "cpus": cpus}
@@ -292,15 +287,15 @@ def cpu_oversubscription(record: dict) -> dict | None:
 
 def summarize(record: dict) -> dict:
     """The derived figures of one run record. Unmeasurable figures are None, never guessed."""
-    cfg, info = record["config"], record.get("backend_info", {})
-    spec = ModelSpec(**cfg["spec"])
-    world = cfg["world_size"]
+    cfg, info = run_config(record), record.get("backend_info", {})
+    spec = cfg.model.spec
+    world = cfg.topology.world_size
     ranks = [r for r in record.get("ranks", []) if r.get("status") == "ok"]
     series = per_step_series(record)
     step_times = series["step_time_s"]
     t = stats(step_times)
-    n_tokens = tokens_per_step(cfg)
-    samples_per_step = cfg["micro_batch"] * cfg["grad_accum"] * world
+    n_tokens = cfg.tokens_per_step
+    samples_per_step = cfg.global_batch
     t_step = t["median"]
     throughput = n_tokens / t_step if t_step else None
 
@@ -324,7 +319,7 @@ def summarize(record: dict) -> dict:
     losses = series["loss"]
     device = ranks[0]["device"] if ranks else None
     tf32_states = {(r.get("math_mode") or {}).get("tf32") for r in ranks}
-    peak_kind = peak_precision(cfg["precision"], tf32_states == {True})
+    peak_kind = peak_precision(cfg.model.precision, tf32_states == {True})
     peak = device_peak_flops(device, peak_kind)
     per_device = throughput / world if throughput else None
     mfu = spec.flops_per_token * per_device / peak if (peak and per_device) else None
@@ -335,7 +330,7 @@ def summarize(record: dict) -> dict:
         return max(values) if values else None
 
     analytic_state = spec.model_state_bytes(
-        cfg["precision"], info.get("precision_scheme"), info.get("sharding", "none"), world
+        cfg.model.precision, info.get("precision_scheme"), info.get("sharding", "none"), world
     )
     measured_state = rank_max("model_state_bytes", "total")
     data_prep = stats(per_step_max(ranks, "data_prep"))["median"]

@@ -10,7 +10,7 @@ import io
 import numpy as np
 import pandas as pd
 
-from core.records import batch_name
+from core.records import batch_name, run_config
 from harness.analyze.analysis import aggregate, runs_table
 
 CORNERS = ("fast", "nominal", "slow")
@@ -21,7 +21,7 @@ def prediction_rows(records: list[dict]) -> pd.DataFrame:
     """One row per prediction record (one configuration at one N): nominal figures and their band."""
     rows = []
     for r in records:
-        corners, cfg, hw = r["summary"]["corners"], r["config"], r["inputs"]["hardware"]
+        corners, cfg, hw = r["summary"]["corners"], run_config(r), r["inputs"]["hardware"]
 
         def band(key, corners=corners):
             values = [corners[c][key] for c in CORNERS]
@@ -32,13 +32,13 @@ def prediction_rows(records: list[dict]) -> pd.DataFrame:
         row = {
             "run_id": r["run_id"],
             "label": r["backend_info"]["label"],
-            "workload": cfg["workload"],
-            "precision": cfg["precision"],
+            "workload": cfg.model.workload,
+            "precision": cfg.model.precision,
             "batch": batch_name(cfg),
             "hardware": hw["name"],
             "device": hw.get("device_name") or hw.get("device"),
-            "world_size": cfg["world_size"],
-            "nodes": cfg["nodes"],
+            "world_size": cfg.topology.world_size,
+            "nodes": cfg.topology.nodes,
             "compute": corners["nominal"]["compute_method"],
             "memory_bytes": corners["nominal"]["memory"]["total"],
             "fits": r["summary"]["fits"]["verdict"],

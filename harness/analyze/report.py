@@ -21,7 +21,7 @@ import pandas as pd
 
 from backends import REFERENCE_BACKEND, all_backends
 from core.precision import DEFINITION_TEXT
-from core.records import DEFAULT_OUT, load_records, write_atomic
+from core.records import DEFAULT_OUT, load_records, run_config, write_atomic
 from harness.analyze.analysis import DEFAULT_NOISE_CV, aggregate, contexts, runs_table
 from harness.analyze.collectives import commbench_aggregate, commbench_rows
 from harness.analyze.export import write_github_benchmark, write_tensorboard
@@ -411,7 +411,7 @@ def environment_section(records: list[dict]) -> Section:
         ["device", distinct(lambda r: r["environment"].get("device_kind"))],
         ["hosts", distinct(lambda r: ", ".join(r["environment"].get("hostnames") or []))],
         ["CPU cores (harness host)", distinct(lambda r: r["environment"].get("cpu_count"))],
-        ["threads per worker", distinct(lambda r: r["config"]["threads_per_worker"])],
+        ["threads per worker", distinct(lambda r: run_config(r).topology.threads_per_worker)],
         ["platform", distinct(lambda r: r["environment"].get("platform"))],
         ["framework versions", ", ".join(versions) or "n/a"],
         [
@@ -553,7 +553,7 @@ def commbench_sections(records: list[dict], with_figures: bool) -> list[Section]
                     [
                         r["run_id"],
                         r["backend_info"]["label"],
-                        str(r["config"]["world_size"]),
+                        str(run_config(r).topology.world_size),
                         r["status"],
                         str((r.get("error") or {}).get("message")),
                     ]

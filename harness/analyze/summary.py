@@ -9,6 +9,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from core.records import run_config
+
 
 def fmt_bytes(n) -> str:
     if n is None:
@@ -71,31 +73,32 @@ def incident_text(incident: dict | None) -> str | None:
 
 def print_summary(record: dict, stream=None) -> None:
     """A short human summary of one run record."""
-    cfg, s, env = record["config"], record["summary"], record["environment"]
+    cfg, s, env = run_config(record), record["summary"], record["environment"]
+    topo = cfg.topology
     console = Console(file=stream or sys.stdout, width=100)
     if "step_time_s" not in s:  # the figures could not be derived; the raw rank records are in the record
         console.print(f"status {record['status']}; no summary: {s.get('error')}", markup=False)
         return
     title = (
-        f"{record['backend_info']['label']} · {cfg['workload']} · {cfg['world_size']} x {cfg['device']} "
-        f"workers · {cfg['precision']} · status {record['status']}"
+        f"{record['backend_info']['label']} · {cfg.model.workload} · {topo.world_size} x {topo.device} "
+        f"workers · {cfg.model.precision} · status {record['status']}"
     )
     table = Table(title=title, show_header=False, title_justify="left")
     t = s["step_time_s"]
-    global_seq = cfg["micro_batch"] * cfg["grad_accum"] * cfg["world_size"]
+    global_seq = cfg.batch.micro_batch * cfg.batch.grad_accum * cfg.topology.world_size
     step_ms = {q: fmt(t[q] and t[q] * 1e3, "{:.1f}") for q in ("median", "p10", "p90")}
     t_compute_ms = fmt(s["t_compute_s"] and s["t_compute_s"] * 1e3, "{:.1f}")
     rows = [
         (
             "device",
-            f"{env['device_kind']} ({cfg['threads_per_worker']} thread(s)/worker)"
-            if cfg["device"] == "cpu"
+            f"{env['device_kind']} ({cfg.topology.threads_per_worker} thread(s)/worker)"
+            if cfg.topology.device == "cpu"
             else str(env["device_kind"]),
         ),
         (
             "global batch",
-            f"{cfg['micro_batch']} x {cfg['grad_accum']} accum x {cfg['world_size']} ranks = "
-            f"{global_seq} seq x {cfg['spec']['seq_len']} tok",
+            f"{cfg.batch.micro_batch} x {cfg.batch.grad_accum} accum x {cfg.topology.world_size} ranks = "
+            f"{global_seq} seq x {cfg.model.spec.seq_len} tok",
         ),
         (
             "step time (median [p10, p90])",

@@ -79,7 +79,7 @@ def configs(args, profile) -> list[RunConfig]:
                 f"--gpus {n} does not fill whole nodes of {per_node} ({profile.name}): give at most "
                 f"{per_node} or a multiple of it"
             )
-        cfg = RunConfig(
+        cfg = RunConfig.build(
             backend=backend.name,
             workload=args.workload,
             spec=spec,
@@ -169,7 +169,7 @@ def prediction_record(cfg: RunConfig, prediction: dict, profile, calib, inputs: 
     return {
         "schema_version": SCHEMA_VERSION,
         "kind": "prediction",
-        "run_id": f"predict-{label}-{profile.name}-n{cfg.world_size}-{stamp}-{uuid.uuid4().hex[:6]}",
+        "run_id": f"predict-{label}-{profile.name}-n{cfg.topology.world_size}-{stamp}-{uuid.uuid4().hex[:6]}",
         "status": "ok",
         "error": None,
         "config": cfg.to_dict(),
@@ -201,7 +201,7 @@ def cmd_predict(args) -> int:
             "the local profile needs a 1-rank training record of this backend and precision in --calibrate "
             "(no peak FLOP/s is known for a CPU)" + (f"; {'; '.join(calib.notes)}" if calib.notes else "")
         )
-    tokens = args.tokens or 20 * cfgs[0].spec.n_params
+    tokens = args.tokens or 20 * cfgs[0].model.spec.n_params
     points = []
     for cfg in cfgs:
         try:
@@ -209,17 +209,22 @@ def cmd_predict(args) -> int:
         except ProfileError as exc:
             raise UsageError(str(exc)) from None
         points.append(
-            {"world_size": cfg.world_size, "nodes": cfg.nodes, "prediction": prediction, "cfg": cfg}
+            {
+                "world_size": cfg.topology.world_size,
+                "nodes": cfg.topology.nodes,
+                "prediction": prediction,
+                "cfg": cfg,
+            }
         )
     label = get_backend(cfgs[0].backend).label(cfgs[0])
     method = points[0]["prediction"]["corners"]["nominal"]["compute_method"]
     header = (
-        f"PREDICTED (not measured): {label}, {cfgs[0].workload} "
-        f"({cfgs[0].spec.n_params / 1e6:,.1f}M params), "
-        f"{cfgs[0].precision}, on {profile.name}"
+        f"PREDICTED (not measured): {label}, {cfgs[0].model.workload} "
+        f"({cfgs[0].model.spec.n_params / 1e6:,.1f}M params), "
+        f"{cfgs[0].model.precision}, on {profile.name}"
         + (f" ({profile.description})" if profile.name == "local" else "")
         + f"; compute: {method}; training on {tokens:.3g} tokens "
-        f"(6PT = {6 * cfgs[0].spec.n_params * tokens:.3g} FLOPs); nominal (fast–slow corner)"
+        f"(6PT = {6 * cfgs[0].model.spec.n_params * tokens:.3g} FLOPs); nominal (fast–slow corner)"
     )
     print_table(points, header)
     for note in calib.notes:

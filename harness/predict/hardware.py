@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from core.records import run_config
 from harness.analyze.collectives import call_time, summarize_commbench
 from harness.analyze.metrics import bus_factor
 
@@ -174,13 +175,13 @@ def local_profile(commbench_records: list[dict], backend: str, cpus: int | None)
 
     def device_of(record):  # ("cpu", "cpu") or ("cuda", "NVIDIA H200")
         ranks = record.get("ranks") or [{}]
-        return record["config"]["device"], ranks[0].get("device")
+        return run_config(record).topology.device, ranks[0].get("device")
 
     mine.sort(key=started)
     here = device_of(mine[-1])  # the newest record's device; records of another are named, not mixed in
     used = [r for r in mine if device_of(r) == here]
     skipped = [r["run_id"] for r in mine if device_of(r) != here]
-    by_world = {r["config"]["world_size"]: summarize_commbench(r) for r in used}  # the latest per N
+    by_world = {run_config(r).topology.world_size: summarize_commbench(r) for r in used}  # the latest per N
     device = here[0]
     unused = f"; not used, of another device: {', '.join(skipped)}" if skipped else ""
     return Profile(

@@ -18,6 +18,7 @@ from backends import get_backend
 from backends.base import parameter_numels
 from backends.schedule import Message, Schedule, Steps
 from core.config import RunConfig
+from core.records import run_config
 from harness.analyze.metrics import summarize
 from harness.predict.hardware import CORNERS, Profile, ProfileError, pick
 
@@ -63,14 +64,14 @@ def segment_flops(cfg: RunConfig, steps: Steps) -> np.ndarray:
     """FLOPs of each segment per rank: a block's matmuls and attention, the head's vocabulary projection,
     backward twice forward (plus a forward again under activation checkpointing); the embedding is a
     lookup."""
-    spec, tokens = cfg.spec, cfg.micro_batch * cfg.spec.seq_len
+    spec, tokens = cfg.model.spec, cfg.batch.micro_batch * cfg.model.spec.seq_len
     head = 2 * spec.d_model * spec.vocab_size
     block = (spec.flops_per_token / 3 - head) / spec.n_layers
     out = []
     for s in steps.list:
         per_token = {"embed": 0.0, "head": head}.get(s.unit, block)
         if s.phase == "backward":
-            per_token *= 2 + (1 if cfg.activation_checkpointing and s.unit.startswith("block") else 0)
+            per_token *= 2 + (1 if cfg.model.activation_checkpointing and s.unit.startswith("block") else 0)
         if s.phase == "optimizer":
             per_token = 0.0
         out.append(per_token * tokens)
@@ -79,7 +80,7 @@ def segment_flops(cfg: RunConfig, steps: Steps) -> np.ndarray:
 
 def local_parameters(cfg: RunConfig, sharding: str) -> float:
     """Parameters whose optimizer step one rank runs: 1/N of them once the optimizer state is sharded."""
-    return cfg.spec.n_params / (cfg.world_size if sharding != "none" else 1)
+    return cfg.model.spec.n_params / (cfg.topology.world_size if sharding != "none" else 1)
 
 
 def replay(durations, messages: list[Message], comm_time) -> dict:
@@ -143,10 +144,12 @@ def overlap(first: list[tuple[float, float]], second: list[tuple[float, float]])
 
 def activation_bytes(cfg: RunConfig, element_bytes: int) -> dict:
     """Activations of one micro-batch kept for backward, and the logits' fp32 copies for the loss."""
-    spec = cfg.spec
-    tokens = cfg.micro_batch * spec.seq_len
+    spec = cfg.model.spec
+    tokens = cfg.batch.micro_batch * spec.seq_len
     layer = ACTIVATION_ELEMENTS_PER_LAYER * tokens * spec.d_model * element_bytes
-    if cfg.activation_checkpointing:  # each block's input kept, one block's activations during recompute
+    if (
+        cfg.model.activation_checkpointing
+    ):  # each block's input kept, one block's activations during recompute
         blocks = spec.n_layers * tokens * spec.d_model * element_bytes + layer
     else:
         blocks = spec.n_layers * layer
@@ -163,29 +166,31 @@ def memory(cfg: RunConfig, factor: float, plan: Schedule | None = None) -> dict:
     sharding = backend.sharding(cfg)
     scheme = backend.precision_scheme(cfg)
     plan = plan or backend.schedule(cfg)
-    element = 4 if cfg.precision == "fp32" else 2
-    state = cfg.spec.model_state_bytes(cfg.precision, scheme, sharding, cfg.world_size)["total"]
+    element = 4 if cfg.model.precision == "fp32" else 2
+    state = cfg.model.spec.model_state_bytes(cfg.model.precision, scheme, sharding, cfg.topology.world_size)[
+        "total"
+    ]
     numels = parameter_numels(cfg)
-    blocks = [0] * cfg.spec.n_layers
+    blocks = [0] * cfg.model.spec.n_layers
     for name, n in numels.items():
         if name.startswith("blocks."):
             blocks[int(name.split(".")[1])] += n
     largest_block = max(blocks)
     gathered = 0.0
-    if sharding == "parameters" and cfg.world_size > 1:
-        root = cfg.spec.n_params - sum(n for name, n in numels.items() if name.startswith("blocks."))
+    if sharding == "parameters" and cfg.topology.world_size > 1:
+        root = cfg.model.spec.n_params - sum(n for name, n in numels.items() if name.startswith("blocks."))
         # the blocks the stack's schedule keeps whole from forward to backward (FSDP2 without
         # reshard_after_forward; ZeRO-3's within stage3_max_reuse_distance), at its start all at once;
         # else two blocks in flight (the one computed and the one prefetched); the root; one block's full
         # gradient
         kept = sum(blocks[i] for i in plan.kept_blocks)
-        in_flight = 0 if len(plan.kept_blocks) == cfg.spec.n_layers else 2 * largest_block
+        in_flight = 0 if len(plan.kept_blocks) == cfg.model.spec.n_layers else 2 * largest_block
         # gathered in the dtype the stack gathers in (FSDP2's param_dtype; fp32 under DeepSpeed's autocast)
         gather = next(t.dtype_bytes for t in plan.terms if t.op == "all_gather")
         gathered = (kept + in_flight + root) * gather + largest_block * 4
     buffers = 0.0
-    if sharding == "none" and cfg.world_size > 1:
-        buffers = cfg.spec.n_params * 4  # DDP/Paddle buckets and TF's pack are a copy of the gradients
+    if sharding == "none" and cfg.topology.world_size > 1:
+        buffers = cfg.model.spec.n_params * 4  # DDP/Paddle buckets and TF's pack are a copy of the gradients
     act = activation_bytes(cfg, element)
     activations = factor * (act["blocks"] + act["logits"])
     terms = {
@@ -206,10 +211,10 @@ def compute_durations(cfg: RunConfig, steps: Steps, profile: Profile, calib: Cal
         seconds = flops * calib.seconds_per_flop[k]
         method = "measured"
     else:
-        peak = profile.peak_flops.get(cfg.precision)
+        peak = profile.peak_flops.get(cfg.model.precision)
         if not peak:
             raise ProfileError(
-                f"profile {profile.name} has no peak FLOP/s for {cfg.precision} "
+                f"profile {profile.name} has no peak FLOP/s for {cfg.model.precision} "
                 "and no calibration run was given"
             )
         seconds = flops / (peak * pick(ASSUMED_MFU, corner))
@@ -220,19 +225,19 @@ def compute_durations(cfg: RunConfig, steps: Steps, profile: Profile, calib: Cal
     elif calib.seconds_per_flop:  # calibrated without optimizer times: the optimizer is in the FLOP rate
         seconds[-1] = 0.0
     elif hbm := profile.hbm(corner):
-        scheme = "fp32" if cfg.precision == "fp32" else get_backend(cfg.backend).precision_scheme(cfg)
+        scheme = "fp32" if cfg.model.precision == "fp32" else get_backend(cfg.backend).precision_scheme(cfg)
         seconds[-1] = params * OPTIMIZER_BYTES_PER_PARAM[scheme] / hbm
     return seconds, method
 
 
 def predict_point(cfg: RunConfig, profile: Profile, calib: Calibration, tokens: float, price: float | None):
-    """Every figure at every corner for one configuration (cfg.world_size ranks), and the N=1 reference
+    """Every figure at every corner for one configuration (world_size ranks), and the N=1 reference
     of the same per-rank work for speedup."""
     plan = get_backend(cfg.backend).schedule(cfg)
     messages, how = plan.messages, plan.description
     steps = Steps(cfg)
-    one = dataclasses.replace(cfg, world_size=1, nodes=1, gpus_per_node=1)
-    spec = cfg.spec
+    one = cfg.evolve(world_size=1, nodes=1, gpus_per_node=1)
+    spec = cfg.model.spec
     out: dict[str, Any] = {"corners": {}, "schedule": how, "messages_per_step": len(messages)}
     for corner in CORNERS:
         durations, method = compute_durations(cfg, steps, profile, calib, corner)
@@ -240,20 +245,20 @@ def predict_point(cfg: RunConfig, profile: Profile, calib: Calibration, tokens: 
         result = replay(
             durations,
             messages,
-            lambda m, c=corner: profile.collective_time(m.op, m.size_bytes, cfg.world_size, c),
+            lambda m, c=corner: profile.collective_time(m.op, m.size_bytes, cfg.topology.world_size, c),
         )
         cv = calib.step_cv if calib.step_cv is not None else pick(profile.step_cv, corner, False)
-        straggler = cv * result["compute_s"] * expected_slowest(cfg.world_size)
+        straggler = cv * result["compute_s"] * expected_slowest(cfg.topology.world_size)
         step = result["step_s"] + slowdown * result["overlapped_s"] + straggler
         single, _ = compute_durations(one, Steps(one), profile, calib, corner)
         t_one = float(np.sum(single))
         tokens_per_step = cfg.tokens_per_step
         throughput = tokens_per_step / step
         one_throughput = one.tokens_per_step / t_one
-        per_device = throughput / cfg.world_size
+        per_device = throughput / cfg.topology.world_size
         k = CORNERS.index(corner)
         mem = memory(cfg, calib.activation_factor[k], plan)
-        peak = profile.peak_flops.get(cfg.precision)
+        peak = profile.peak_flops.get(cfg.model.precision)
         train_s = tokens / throughput
         out["corners"][corner] = {
             "step_time_s": step,
@@ -265,12 +270,12 @@ def predict_point(cfg: RunConfig, profile: Profile, calib: Calibration, tokens: 
             "throughput_tokens_per_s": throughput,
             "per_device_tokens_per_s": per_device,
             "speedup": throughput / one_throughput,
-            "scaling_efficiency": throughput / one_throughput / cfg.world_size,
+            "scaling_efficiency": throughput / one_throughput / cfg.topology.world_size,
             "mfu": spec.flops_per_token * per_device / peak if peak else None,
             "memory": mem,
             "train_time_s": train_s,
-            "gpu_hours": train_s * cfg.world_size / 3600,
-            "cost_usd": train_s * cfg.world_size / 3600 * price if price else None,
+            "gpu_hours": train_s * cfg.topology.world_size / 3600,
+            "cost_usd": train_s * cfg.topology.world_size / 3600 * price if price else None,
             "compute_method": method,
         }
     nominal = out["corners"]["nominal"]["memory"]
@@ -313,20 +318,22 @@ def calibrate(records: list[dict], cfg: RunConfig, profile: Profile) -> Calibrat
     label = get_backend(cfg.backend).label(cfg)
     candidates = []
     for r in records:
-        rc = r["config"]
+        rc = run_config(r)
         why = None
         if r["status"] != "ok":
             why = f"status {r['status']}"
         elif (r.get("backend_info") or {}).get("label") != label:
             why = f"{(r.get('backend_info') or {}).get('label')}, not {label}"
-        elif rc["world_size"] != 1:
-            why = f"{rc['world_size']} ranks (compute calibrates from a 1-rank run)"
-        elif rc["precision"] != cfg.precision:
-            why = f"precision {rc['precision']}"
-        elif profile.device == "cpu" and rc["device"] != "cpu":
+        elif rc.topology.world_size != 1:
+            why = f"{rc.topology.world_size} ranks (compute calibrates from a 1-rank run)"
+        elif rc.model.precision != cfg.model.precision:
+            why = f"precision {rc.model.precision}"
+        elif profile.device == "cpu" and rc.topology.device != "cpu":
             why = "not a CPU run"
-        elif profile.device == "cpu" and rc["threads_per_worker"] != cfg.threads_per_worker:
-            why = f"{rc['threads_per_worker']} threads per worker, not {cfg.threads_per_worker}"
+        elif profile.device == "cpu" and rc.topology.threads_per_worker != cfg.topology.threads_per_worker:
+            why = (
+                f"{rc.topology.threads_per_worker} threads per worker, not {cfg.topology.threads_per_worker}"
+            )
         elif profile.device == "cuda" and (r["ranks"][0].get("device") != profile.device_name):
             why = f"device {r['ranks'][0].get('device')} is not {profile.device_name}"
         if why:
@@ -338,22 +345,20 @@ def calibrate(records: list[dict], cfg: RunConfig, profile: Profile) -> Calibrat
     # One shape: seconds per FLOP differ between model sizes, so runs of other shapes are not mixed in (the
     # newest run's shape is taken; the prediction scales it by FLOPs to the shape asked for).
     newest = max(candidates, key=lambda r: (r.get("environment") or {}).get("start_time") or "")
+
+    def shape(record: dict) -> tuple:
+        model = run_config(record).model
+        return model.spec, model.activation_checkpointing
+
     for r in candidates:
-        if r["config"]["spec"] != newest["config"]["spec"] or r["config"].get(
-            "activation_checkpointing"
-        ) != newest["config"].get("activation_checkpointing"):
+        if shape(r) != shape(newest):
             calib.notes.append(f"{r['run_id']}: not used (another shape than {newest['run_id']})")
-    candidates = [
-        r
-        for r in candidates
-        if r["config"]["spec"] == newest["config"]["spec"]
-        and r["config"].get("activation_checkpointing") == newest["config"].get("activation_checkpointing")
-    ]
+    candidates = [r for r in candidates if shape(r) == shape(newest)]
     # Repeats (separate launches) of the same run: the median of their median steps, the band from the
     # lowest p10 to the highest p90, as launches on a shared machine differ by more than steps within one.
     flops, nominal, fast, slow, optimizer, cvs = 0.0, [], [], [], [], []
     for record in candidates:
-        rc = RunConfig.from_dict(record["config"])
+        rc = run_config(record)
         summary = summarize(record)
         opt = [
             t for r in record["ranks"] if r.get("status") == "ok" for t in r.get("optimizer_step_times") or []
@@ -366,7 +371,7 @@ def calibrate(records: list[dict], cfg: RunConfig, profile: Profile) -> Calibrat
         fast.append((step["p10"] - t_opt) / flops)
         slow.append((step["p90"] - t_opt) / flops)
         if opt:
-            optimizer.append(t_opt / rc.spec.n_params)
+            optimizer.append(t_opt / rc.model.spec.n_params)
         else:
             calib.notes.append(
                 f"{record['run_id']}: no optimizer times recorded; the optimizer scales with FLOPs"
@@ -377,7 +382,7 @@ def calibrate(records: list[dict], cfg: RunConfig, profile: Profile) -> Calibrat
                 "backend": get_backend(rc.backend).label(rc),
                 "step_time_s": step["median"],
                 "optimizer_s": t_opt,
-                "threads_per_worker": rc.threads_per_worker,
+                "threads_per_worker": rc.topology.threads_per_worker,
             }
         )
     calib.seconds_per_flop = (min(fast), float(np.median(nominal)), max(slow))
@@ -397,12 +402,12 @@ def fit_activation_factor(records: list[dict], calib: Calibration) -> None:
     only fair measure (a CPU's RSS holds the framework runtime)."""
     ratios = []
     for r in records:
-        if r.get("status") != "ok" or r["config"].get("device") != "cuda":
+        if r.get("status") != "ok" or run_config(r).topology.device != "cuda":
             continue
         peak = summarize(r)["peak_allocated_bytes"]
         if not peak:
             continue
-        rc = RunConfig.from_dict(r["config"])
+        rc = run_config(r)
         modelled = memory(rc, 1.0)
         if modelled["activations"] > 0:
             ratios.append((peak - (modelled["total"] - modelled["activations"])) / modelled["activations"])

@@ -7,6 +7,7 @@ import numpy as np
 
 from core.config import RunConfig
 from core.process import available_cpus
+from core.records import run_config
 from harness.analyze.metrics import summarize
 from harness.predict.hardware import local_profile
 from harness.predict.model import calibrate, predict_point
@@ -32,14 +33,14 @@ def predicted(cfg: RunConfig, others: list[dict]) -> dict:
 def predict_measured(target: dict, records: list[dict]) -> dict:
     """`target` (an ok training record at N > 1 ranks on this machine) predicted from `records` (never
     from the target itself): step time and exposed communication ratio, predicted beside measured."""
-    cfg = RunConfig.from_dict(target["config"])
+    cfg = run_config(target)
     guess = predicted(cfg, [r for r in records if r["run_id"] != target["run_id"]])
     measured = summarize(target)
     step, exposed = measured["step_time_s"]["median"], measured["exposed_comm_ratio"]
     return {
         "run_id": target["run_id"],
         "label": target["backend_info"]["label"],
-        "world_size": cfg.world_size,
+        "world_size": cfg.topology.world_size,
         "calibrated_from": guess["calibrated_from"],
         "commbench": guess["commbench"],
         "step_time_s": {"measured": step, "predicted": guess["step_time_s"]},
@@ -61,7 +62,9 @@ def predict_repeats(records: list[dict], world_size: int = 2) -> dict:
         (
             r
             for r in records
-            if r["kind"] == "training" and r["status"] == "ok" and r["config"]["world_size"] == world_size
+            if r["kind"] == "training"
+            and r["status"] == "ok"
+            and run_config(r).topology.world_size == world_size
         ),
         key=lambda r: r["run_id"],
     )
@@ -69,7 +72,7 @@ def predict_repeats(records: list[dict], world_size: int = 2) -> dict:
         raise ValueError(f"no ok training record at {world_size} ranks to predict")
     if any(r["config"] != targets[0]["config"] for r in targets):
         raise ValueError(f"the {len(targets)} runs at {world_size} ranks are not repeats of one config")
-    cfg = RunConfig.from_dict(targets[0]["config"])
+    cfg = run_config(targets[0])
     target_ids = {r["run_id"] for r in targets}
     guess = predicted(cfg, [r for r in records if r["run_id"] not in target_ids])
     summaries = [summarize(r) for r in targets]

@@ -27,19 +27,19 @@ from workloads.spec import PRESETS
 def cmd_run(args) -> int:
     cfg = build_config(args, args.backend, requested_world(args))
     backend = get_backend(cfg.backend)
-    ok, reason = backend.availability(cfg.python)
+    ok, reason = backend.availability(cfg.topology.python)
     if not ok:
         print(f"harness: error: backend {backend.name} is unavailable here: {reason}", file=sys.stderr)
         return EXIT_USAGE
     check_run_id(args.run_id, cfg, args.out)
     check_out_dir(args.out)
     stop_on_sigterm()
-    if cfg.node_rank:  # another node's harness only runs its launcher; node 0 writes the record
+    if cfg.topology.node_rank:  # another node's harness only runs its launcher; node 0 writes the record
         node = run_node(backend, cfg, args.out / "logs" / args.run_id, sys.argv, hooks=hooks_from_args(args))
         # ranks_ok: every rank of the node had measured, even if one then died while tracing (an incident)
         done = not node["timed_out"] and not node.get("stopped") and node["ranks_ok"]
         print(
-            f"node {cfg.node_rank}: launcher exit codes {node['returncodes']}"
+            f"node {cfg.topology.node_rank}: launcher exit codes {node['returncodes']}"
             f"{' (timed out)' if node['timed_out'] else ''}; "
             f"node 0 writes the record {args.out / (args.run_id + '.json')}"
         )

@@ -18,6 +18,7 @@ from rich.table import Table
 from backends import backend_names, get_backend
 from core.config import COLLECTIVE_OPS, COMMBENCH_DTYPES, CommbenchSpec, InvalidConfig, RunConfig
 from core.process import available_cpus
+from core.records import run_config
 from harness.analyze.summary import fmt_bytes
 from harness.run.devices import resolve_device
 from harness.run.launch import stop_on_sigterm
@@ -100,7 +101,7 @@ def build_commbench_config(args) -> RunConfig:
         raise UsageError(f"backend {backend.name} runs on one node only; drop --nodes/--hosts")
     per_node = n // layout["nodes"]
     device = resolve_device(args.device, per_node)
-    probe = RunConfig(
+    probe = RunConfig.build(
         backend=backend.name, workload="tiny", spec=PRESETS["tiny"], world_size=n, device=device
     )
     spec = CommbenchSpec(
@@ -110,7 +111,7 @@ def build_commbench_config(args) -> RunConfig:
         iters=args.iters,
         warmup=args.warmup_iters,
     )
-    cfg = RunConfig(
+    cfg = RunConfig.build(
         backend=backend.name,
         workload="tiny",  # no model is built; the field is required of every run config
         spec=PRESETS["tiny"],
@@ -142,10 +143,10 @@ def gbps(x) -> str:
 def print_commbench(record: dict, stream=None) -> None:
     """The per-size table of each op (times of the slowest rank), and its α-β fit."""
     console = Console(file=stream or sys.stdout, width=110)
-    cfg, s = record["config"], record["summary"]
+    cfg, s = run_config(record), record["summary"]
     title = (
         f"commbench · {record['backend_info']['label']} ({record['backend_info']['api']}) · "
-        f"{cfg['world_size']} x {cfg['device']} ranks · {cfg['commbench']['dtype']} · "
+        f"{cfg.topology.world_size} x {cfg.topology.device} ranks · {cfg.commbench_spec.dtype} · "
         f"status {record['status']}"
     )
     if record["status"] != "ok" or "ops" not in s:
@@ -183,22 +184,25 @@ def print_commbench(record: dict, stream=None) -> None:
 def cmd_commbench(args) -> int:
     cfg = build_commbench_config(args)
     backend = get_backend(cfg.backend)
-    ok, reason = backend.availability(cfg.python)
+    ok, reason = backend.availability(cfg.topology.python)
     if not ok:
         raise UsageError(f"backend {backend.name} is unavailable here: {reason}")
     check_run_id(args.run_id, cfg, args.out)
     check_out_dir(args.out)
     stop_on_sigterm()
-    if cfg.node_rank:
+    if cfg.topology.node_rank:
         node = run_node(backend, cfg, args.out / "logs" / args.run_id, sys.argv, hooks=hooks_from_args(args))
-        print(f"node {cfg.node_rank}: launcher exit codes {node['returncodes']}; node 0 writes the record")
+        print(
+            f"node {cfg.topology.node_rank}: launcher exit codes {node['returncodes']}; "
+            "node 0 writes the record"
+        )
         done = not node["timed_out"] and all(rc == 0 for rc in node["returncodes"])
         return EXIT_OK if done else EXIT_FAILED
-    bench = cfg.commbench
+    bench = cfg.role.commbench
     if bench is None:  # build_commbench_config always sets it
         raise ValueError("a commbench run configuration without its commbench settings")
     print(
-        f"commbench: {backend.name} on {cfg.world_size} {cfg.device} ranks, "
+        f"commbench: {backend.name} on {cfg.topology.world_size} {cfg.topology.device} ranks, "
         f"{len(bench['ops'])} op(s) x {len(bench['sizes'])} size(s) x "
         f"{bench['iters']} calls",
         flush=True,

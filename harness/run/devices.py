@@ -63,16 +63,16 @@ def resolve_device(requested: str, per_node: int) -> str:
 def node_devices(cfg: RunConfig) -> list[str]:
     """The physical GPU ids of this node's ranks, in local-rank order: the first gpus_per_node ids of the
     user's mask, or 0..gpus_per_node-1 without one (every node is given the same ids). Empty on CPU."""
-    if cfg.device != "cuda":
+    if cfg.topology.device != "cuda":
         return []
     mask = visible_mask()
-    ids = mask if mask else [str(i) for i in range(cfg.gpus_per_node)]
-    if len(ids) < cfg.gpus_per_node:
+    ids = mask if mask else [str(i) for i in range(cfg.topology.gpus_per_node)]
+    if len(ids) < cfg.topology.gpus_per_node:
         raise UsageError(
-            f"CUDA_VISIBLE_DEVICES={','.join(ids)} shows {len(ids)} GPU(s) for {cfg.gpus_per_node} "
+            f"CUDA_VISIBLE_DEVICES={','.join(ids)} shows {len(ids)} GPU(s) for {cfg.topology.gpus_per_node} "
             "ranks per node"
         )
-    return ids[: cfg.gpus_per_node]
+    return ids[: cfg.topology.gpus_per_node]
 
 
 def isolated_devices(cfg: RunConfig, index: int) -> list[str]:

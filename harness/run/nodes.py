@@ -172,9 +172,9 @@ def node_layout(args, world: int, node_rank: int | None = None) -> dict:
 def check_run_id(run_id: str | None, cfg: RunConfig, out_dir: Path) -> None:
     """A multi-node run needs a run id every node knows; a result is never overwritten."""
     if run_id is None:
-        if cfg.nodes > 1:
+        if cfg.topology.nodes > 1:
             raise UsageError(
-                f"--nodes {cfg.nodes}: give --run-id ID, the same on every node (e.g. "
+                f"--nodes {cfg.topology.nodes}: give --run-id ID, the same on every node (e.g. "
                 "$SLURM_JOB_ID), so that all nodes write into one run dir"
             )
         return
@@ -182,7 +182,7 @@ def check_run_id(run_id: str | None, cfg: RunConfig, out_dir: Path) -> None:
         raise UsageError(f"--run-id '{run_id}': use letters, digits, '.', '_' and '-' (up to 128)")
     run_dir = Path(out_dir) / "logs" / run_id
     if (Path(out_dir) / f"{run_id}.json").exists() or (
-        cfg.node_rank == 0 and any(run_dir.glob("rank*.events.jsonl"))
+        cfg.topology.node_rank == 0 and any(run_dir.glob("rank*.events.jsonl"))
     ):
         raise UsageError(f"run id '{run_id}' was used before in {out_dir}: give a new --run-id")
 
@@ -190,7 +190,9 @@ def check_run_id(run_id: str | None, cfg: RunConfig, out_dir: Path) -> None:
 # ------------------------------------------------------------------------------------------- node markers
 def node_log(run_dir: Path, cfg: RunConfig, stem: str) -> Path:
     """A per-node log file: node 0 keeps the one-node name, so single-node run dirs look as before."""
-    return run_dir / (f"{stem}.log" if cfg.node_rank == 0 else f"{stem}.node{cfg.node_rank}.log")
+    return run_dir / (
+        f"{stem}.log" if cfg.topology.node_rank == 0 else f"{stem}.node{cfg.topology.node_rank}.log"
+    )
 
 
 def marker_path(run_dir: Path, node_rank: int) -> Path:
@@ -200,13 +202,13 @@ def marker_path(run_dir: Path, node_rank: int) -> Path:
 def start_node(cfg: RunConfig, run_dir: Path, argv: list[str], started: str) -> dict:
     """Say, in the run dir, that this node has started (so node 0 knows to wait for it)."""
     marker = {
-        "node_rank": cfg.node_rank,
+        "node_rank": cfg.topology.node_rank,
         "host": socket.gethostname(),
         "argv": list(argv),
         "started": started,
         "finished": False,
     }
-    write_json_atomic(marker_path(run_dir, cfg.node_rank), marker)
+    write_json_atomic(marker_path(run_dir, cfg.topology.node_rank), marker)
     return marker
 
 
@@ -265,10 +267,10 @@ def wait_for_nodes(run_dir: Path, cfg: RunConfig) -> list[dict | None]:
     run has failed whatever they do, and the record should not wait on a peer that waits for a dead one."""
     own = read_markers(run_dir, 1)[0] or {}
     own_ok = not own.get("timed_out") and own.get("ranks_ok", False)  # its ranks all measured
-    launches = 1 + (cfg.isolated_repeats if cfg.compute_method == "isolated" else 0)
-    deadline = time.monotonic() + (launches * cfg.timeout_s if own_ok else 0) + NODE_GRACE_S
+    launches = 1 + (cfg.measurement.isolated_repeats if cfg.measurement.compute_method == "isolated" else 0)
+    deadline = time.monotonic() + (launches * cfg.measurement.timeout_s if own_ok else 0) + NODE_GRACE_S
     while True:
-        markers = read_markers(run_dir, cfg.nodes)
+        markers = read_markers(run_dir, cfg.topology.nodes)
         if all(m is None or m.get("finished") for m in markers) or time.monotonic() > deadline:
             return markers
         if stopped():  # the others were signalled too: a short grace for their markers, then the record

@@ -251,7 +251,7 @@ def build_config(
         check_devices = False
     device = resolve_device(args.device, per_node) if check_devices or args.device == "auto" else args.device
     cores = available_cpus()
-    cfg = RunConfig(
+    cfg = RunConfig.build(
         backend=backend.name,
         workload=args.workload,
         spec=spec,

@@ -3,7 +3,6 @@ it writes nothing (the adapters' launch() is pure), so it works on a login node 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shlex
 from pathlib import Path
@@ -64,20 +63,21 @@ def cmd_plan(args) -> int:
     run_id = args.run_id or new_run_id(base)
     check_run_id(run_id, base, args.out)
     run_dir = (Path(args.out) / "logs" / run_id).resolve()
-    port = base.master_port or DEFAULT_MASTER_PORT
-    ok, reason = backend.availability(base.python)
+    topo = base.topology
+    port = topo.master_port or DEFAULT_MASTER_PORT
+    ok, reason = backend.availability(base.topology.python)
     print(
-        f"plan: {backend.label(base)} · {base.workload} · {base.nodes} node(s) x {base.gpus_per_node} "
-        f"rank(s) = {base.world_size} ranks on {base.device} · master {base.master_addr}:{port} · "
+        f"plan: {backend.label(base)} · {base.model.workload} · {topo.nodes} node(s) x {topo.gpus_per_node} "
+        f"rank(s) = {topo.world_size} ranks on {topo.device} · master {topo.master_addr}:{port} · "
         f"run id {run_id}"
     )
     if args.device == "auto":
         print(
-            f"note: --device auto was resolved on this machine ({base.device}); each node resolves it again "
+            f"note: --device auto was resolved on this machine ({topo.device}); each node resolves it again "
             "when it runs, so plan for the target with --device cuda (or cpu): a plan made on a login node "
             "without GPUs describes a GPU run only when told"
         )
-    if base.nodes == 1 and not base.master_port:
+    if base.topology.nodes == 1 and not base.topology.master_port:
         print(f"(a one-node run picks a free port per run; {port} is shown)")
     if not ok:
         print(f"note: {backend.name} is unavailable on this machine: {reason}")
@@ -86,16 +86,20 @@ def cmd_plan(args) -> int:
         f"run dir: {run_dir} (shared by all nodes); "
         f"node 0 writes {Path(args.out).resolve() / (run_id + '.json')}"
     )
-    for r in range(base.nodes):
-        cfg = dataclasses.replace(base, node_rank=r)
-        host = base.hosts[r] if base.hosts else ("this machine" if base.nodes == 1 else f"node {r}")
+    for r in range(base.topology.nodes):
+        cfg = base.evolve(node_rank=r)
+        host = (
+            base.topology.hosts[r]
+            if base.topology.hosts
+            else ("this machine" if base.topology.nodes == 1 else f"node {r}")
+        )
         print(f"\nnode {r} ({host}): run")
         print("  " + shlex.join(node_command(plan_argv(args.argv), r, run_id)))
         try:
             launch = node_plan(backend, cfg, run_dir, port)
             isolated = (
                 isolated_plans(backend, cfg, run_dir)
-                if cfg.compute_method == "isolated" and world > 1
+                if cfg.measurement.compute_method == "isolated" and world > 1
                 else []
             )
         except (InvalidConfig, ValueError, OSError) as exc:  # an adapter that needs the cluster to plan

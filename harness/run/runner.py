@@ -56,8 +56,8 @@ LOG_TAIL_LINES = 30
 
 def new_run_id(cfg: RunConfig) -> str:
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
-    what = "commbench" if cfg.commbench else cfg.workload
-    return f"{stamp}-{cfg.backend}-{what}-n{cfg.world_size}-{uuid.uuid4().hex[:6]}"
+    what = "commbench" if cfg.role.commbench else cfg.model.workload
+    return f"{stamp}-{cfg.backend}-{what}-n{cfg.topology.world_size}-{uuid.uuid4().hex[:6]}"
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
@@ -233,8 +233,8 @@ def isolated_plans(backend: Backend, cfg: RunConfig, run_dir: Path, repeat: int 
     """What THIS node starts for one launch of the isolated counterfactual: one single-process worker per
     local rank, each on the device and data shard of the rank it stands for, in its own dir and config."""
     plans = []
-    for k in range(cfg.first_local_rank, cfg.first_local_rank + cfg.gpus_per_node):
-        iso = dataclasses.replace(cfg, isolated_index=k)
+    for k in range(cfg.first_local_rank, cfg.first_local_rank + cfg.topology.gpus_per_node):
+        iso = cfg.evolve(isolated_index=k)
         iso_dir = isolated_dir(run_dir, k, repeat)
         plan = backend.launch(iso, iso_dir, free_port(), isolated_devices(cfg, k))
         plan.files[iso_dir / "config.json"] = iso.to_json()
@@ -252,14 +252,14 @@ def launch_node(backend: Backend, cfg: RunConfig, run_dir: Path, hooks: TestHook
     config.json (the run's, as node 0 sees it), atomically, since on a shared filesystem they share it, and
     the test hooks where any is set."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(run_dir / "config.json", dataclasses.replace(cfg, node_rank=0).to_dict())
+    write_json_atomic(run_dir / "config.json", cfg.evolve(node_rank=0).to_dict())
     hooks.write(run_dir)
-    plan = node_plan(backend, cfg, run_dir, cfg.master_port or free_port())
+    plan = node_plan(backend, cfg, run_dir, cfg.topology.master_port or free_port())
     write_files(plan.files)
     return run_processes(
         plan.processes,
         node_log(run_dir, cfg, "launcher"),
-        cfg.timeout_s,
+        cfg.measurement.timeout_s,
         cwd=REPO_ROOT,
         leftovers=plan.leftovers,
     )
@@ -274,31 +274,34 @@ def run_isolated(
 ) -> str | None:
     """The isolated counterfactual: N independent single-process workers started at the same time, each
     on the data shard of one rank, so they contend for the machines as the real run does but never talk;
-    launched cfg.isolated_repeats times, one launch after the other, since launch-to-launch variation
+    launched measurement.isolated_repeats times, one launch after the other, since launch-to-launch variation
     (process placement, allocator state) is as large as the effect measured. Each node runs the workers
     standing for its own ranks; returns an error message if they failed."""
-    for repeat in range(cfg.isolated_repeats):
+    for repeat in range(cfg.measurement.isolated_repeats):
         plans = isolated_plans(backend, cfg, run_dir, repeat)
         display.phase(
             "isolated counterfactual",
             events=events_path(isolated_dir(run_dir, cfg.first_local_rank, repeat), 0),
-            total=cfg.warmup + cfg.steps + optimizer_timed_steps(dataclasses.replace(cfg, isolated_index=0)),
-            detail=f"(launch {repeat + 1}/{cfg.isolated_repeats})",
+            total=cfg.measurement.warmup
+            + cfg.measurement.steps
+            + optimizer_timed_steps(cfg.evolve(isolated_index=0)),
+            detail=f"(launch {repeat + 1}/{cfg.measurement.isolated_repeats})",
         )
         for plan in plans:
             write_files(plan.files)
-        for k in range(cfg.first_local_rank, cfg.first_local_rank + cfg.gpus_per_node):
+        for k in range(cfg.first_local_rank, cfg.first_local_rank + cfg.topology.gpus_per_node):
             hooks.write(isolated_dir(run_dir, k, repeat))
         result = run_processes(
             [proc for plan in plans for proc in plan.processes],
             node_log(run_dir, cfg, "isolated"),
-            cfg.timeout_s,
+            cfg.measurement.timeout_s,
             cwd=REPO_ROOT,
             leftovers=[pattern for plan in plans for pattern in plan.leftovers],
         )
         if not result.ok:
             return (
-                f"isolated counterfactual launch {repeat + 1} failed on node {cfg.node_rank} (exit codes "
+                f"isolated counterfactual launch {repeat + 1} failed on node {cfg.topology.node_rank} "
+                f"(exit codes "
                 f"{result.returncodes}); see {run_dir}"
             )
     return None
@@ -311,8 +314,11 @@ def gather_isolated(
     spread between launches shows)."""
     errors = [m["isolated_error"] for m in markers if m and m.get("isolated_error")]
     records = []
-    for k in range(cfg.world_size):
-        launched = [gather_ranks(isolated_dir(run_dir, k, r), 1).get(0) for r in range(cfg.isolated_repeats)]
+    for k in range(cfg.topology.world_size):
+        launched = [
+            gather_ranks(isolated_dir(run_dir, k, r), 1).get(0)
+            for r in range(cfg.measurement.isolated_repeats)
+        ]
         launches = [rec for rec in launched if rec is not None and rec.get("status") == "ok"]
         if errors or len(launches) < len(launched):
             return [], "; ".join(
@@ -330,12 +336,12 @@ def environment(cfg: RunConfig, ranks: list[dict], argv: list[str], started: str
     first = next((r for r in ranks if r.get("versions")), {})
     devices = sorted({r["device"] for r in ranks if r.get("device")})
     return {
-        "device_type": cfg.device,
+        "device_type": cfg.topology.device,
         "device_kind": devices[0] if len(devices) == 1 else (", ".join(devices) or None),
         "device_names": [r.get("device") for r in ranks],
         "hostnames": sorted({r["host"] for r in ranks if r.get("host")}),
-        "world_size": cfg.world_size,
-        "threads_per_worker": cfg.threads_per_worker,
+        "world_size": cfg.topology.world_size,
+        "threads_per_worker": cfg.topology.threads_per_worker,
         "process_settings": first.get("process_settings"),  # as rank 0 got them
         "harness_host": socket.gethostname(),
         "cpu_count": os.cpu_count(),
@@ -364,9 +370,9 @@ def execute(
     out_dir/<run_id>.json and return it; another node's harness calls run_node (node 0 writes the record).
     `sweep` ({"id", "repeat"}) ties the run to the sweep that launched it; None for a single `harness run`.
     `display` is told each phase. `hooks`: test hooks for the workers (core.hooks), never in real use."""
-    if cfg.nodes > 1 and not run_id:
+    if cfg.topology.nodes > 1 and not run_id:
         raise ValueError("a multi-node run needs a run id every node agrees on; a random one would split it")
-    if cfg.node_rank != 0:
+    if cfg.topology.node_rank != 0:
         raise ValueError("execute() runs node 0; another node calls run_node and writes no record")
     run_id = run_id or new_run_id(cfg)
     run_node(backend, cfg, Path(out_dir) / "logs" / run_id, argv, display, hooks)
@@ -386,27 +392,27 @@ def run_node(
     marker = start_node(cfg, run_dir, argv, now_iso())
     display.phase("launching", events=events_path(run_dir, 0))
     result = launch_node(backend, cfg, run_dir, hooks)
-    per_node = cfg.world_size // cfg.nodes
+    per_node = cfg.topology.world_size // cfg.topology.nodes
     node_ranks = (  # the ranks this node's launcher ran: every rank where node 0's starts them all
-        range(cfg.world_size)
-        if backend.starts_remote_ranks and cfg.node_rank == 0
-        else range(cfg.node_rank * per_node, (cfg.node_rank + 1) * per_node)
+        range(cfg.topology.world_size)
+        if backend.starts_remote_ranks and cfg.topology.node_rank == 0
+        else range(cfg.topology.node_rank * per_node, (cfg.topology.node_rank + 1) * per_node)
     )
     measured = result.ok or (
         measured_before_failure(
             result,
-            gather_ranks(run_dir, cfg.world_size),
-            gather_ranks(run_dir, cfg.world_size, MEASURED),
+            gather_ranks(run_dir, cfg.topology.world_size),
+            gather_ranks(run_dir, cfg.topology.world_size, MEASURED),
             node_ranks,
         )
         is not None
     )
     marker = ranks_launched(run_dir, marker, result, measured)
     isolated_error = None
-    if measured and cfg.compute_method == "isolated" and cfg.world_size > 1:
+    if measured and cfg.measurement.compute_method == "isolated" and cfg.topology.world_size > 1:
         # Where node 0's launcher runs this node's ranks too, they may still be running: wait for them.
-        if backend.starts_remote_ranks and cfg.node_rank != 0:
-            isolated_error = wait_for_ranks(run_dir, 0, cfg.timeout_s)
+        if backend.starts_remote_ranks and cfg.topology.node_rank != 0:
+            isolated_error = wait_for_ranks(run_dir, 0, cfg.measurement.timeout_s)
         isolated_error = isolated_error or run_isolated(backend, cfg, run_dir, display, hooks)
     return finish_node(run_dir, marker, result, isolated_error)
 
@@ -417,16 +423,16 @@ def write_record(
     """Node 0: gather every node's ranks (waiting for the nodes still running unless `wait` is False),
     classify, and write the ONE run record."""
     run_dir = Path(out_dir) / "logs" / run_id
-    markers = wait_for_nodes(run_dir, cfg) if wait else read_markers(run_dir, cfg.nodes)
+    markers = wait_for_nodes(run_dir, cfg) if wait else read_markers(run_dir, cfg.topology.nodes)
     result = merged_launch(markers)
-    ranks = gather_ranks(run_dir, cfg.world_size)
-    status, error = classify(result, ranks, cfg.world_size, run_dir)
-    if error and len(ranks) < cfg.world_size and (absent := absent_nodes(markers)):
+    ranks = gather_ranks(run_dir, cfg.topology.world_size)
+    status, error = classify(result, ranks, cfg.topology.world_size, run_dir)
+    if error and len(ranks) < cfg.topology.world_size and (absent := absent_nodes(markers)):
         error["message"] += "; " + absent
     incident = None
-    if status != "ok" and error is not None and not cfg.commbench:  # a failure comes with its error
-        measured = gather_ranks(run_dir, cfg.world_size, MEASURED)
-        kept = measured_before_failure(result, ranks, measured, range(cfg.world_size))
+    if status != "ok" and error is not None and not cfg.role.commbench:  # a failure comes with its error
+        measured = gather_ranks(run_dir, cfg.topology.world_size, MEASURED)
+        kept = measured_before_failure(result, ranks, measured, range(cfg.topology.world_size))
         if kept is not None:  # every rank had measured: the failure came after, recorded as such
             culprit = error.get("rank")
             lost = trace_lost(kept[culprit]) if culprit in kept else any(map(trace_lost, kept.values()))
@@ -436,11 +442,11 @@ def write_record(
 
     isolated: list[dict] = []
     comm_error: str | None = None
-    if status == "ok" and cfg.compute_method == "isolated" and cfg.world_size > 1:
+    if status == "ok" and cfg.measurement.compute_method == "isolated" and cfg.topology.world_size > 1:
         isolated, comm_error = gather_isolated(run_dir, cfg, markers)
     node0 = markers[0] or {}
     rank_list = [ranks[r] for r in sorted(ranks)]
-    assemble = assemble_commbench_record if cfg.commbench else assemble_record
+    assemble = assemble_commbench_record if cfg.role.commbench else assemble_record
     record = assemble(
         backend,
         cfg,
@@ -512,7 +518,7 @@ def assemble_record(
     run ok and is recorded as what happened (phase, rank, message, last log lines). `test_hooks`: the
     hooks the workers ran with (core.hooks), None in real use, at the top level so that a faulted or
     slowed run is never taken for a real one."""
-    comm = {"t_compute_method": cfg.compute_method if cfg.world_size > 1 else "none"}
+    comm = {"t_compute_method": cfg.measurement.compute_method if cfg.topology.world_size > 1 else "none"}
     if comm_error:
         comm["error"] = comm_error
     record = {

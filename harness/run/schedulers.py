@@ -153,7 +153,9 @@ def fit_time_limit(args, run_args, harness_args: list[str]) -> list[str]:
     if args.command == "run":
         cfg = run_args.cfg
         launches = 1 + (
-            cfg.isolated_repeats if cfg.compute_method == "isolated" and cfg.world_size > 1 else 0
+            cfg.measurement.isolated_repeats
+            if cfg.measurement.compute_method == "isolated" and cfg.topology.world_size > 1
+            else 0
         )
     else:  # its runs at N > 1 add the isolated launches where a backend's method is (or resolves to) it
         launches = 1 + (run_args.isolated_repeats if sweep_measures_isolated(run_args) else 0)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from backends import backend_names, get_backend
 from backends.base import Backend
-from core.config import RunConfig
+from core.config import BatchConfig, RunConfig
 from core.process import available_cpus
 from core.records import config_key, load_records
 from harness.run.launch import stop_on_sigterm, stopped
@@ -79,7 +79,7 @@ def batch_args(args, scaling: str, ns: list[int]) -> argparse.Namespace:
             raise UsageError("--global-batch fixes the global batch: use it with --scaling strong")
         return out
     if not args.global_batch:
-        micro = args.micro_batch or RunConfig.micro_batch
+        micro = args.micro_batch or BatchConfig.micro_batch
         out.global_batch, out.micro_batch = micro * args.grad_accum * math.lcm(*ns), None
     return out
 
@@ -160,7 +160,7 @@ def progress_line(
         outcome += f" (incident after the measured steps: {record['incident']['phase']})"
     eta = elapsed / k * (n - k)
     return (
-        f"[{k}/{n}] {record['backend_info']['label']} N={run.cfg.world_size} "
+        f"[{k}/{n}] {record['backend_info']['label']} N={run.cfg.topology.world_size} "
         f"repeat {run.repeat + 1}/{repeats}: "
         f"{record['status']} in {took:.1f} s, {outcome} | elapsed {clock(elapsed)}, ETA {clock(eta)}"
     )
@@ -173,8 +173,8 @@ def cmd_sweep(args) -> int:
     cfg = runs[0].cfg
     print(
         f"sweep {sweep_id}: {len(runs)} runs = {len({r.backend.name for r in runs})} backend(s) x N in "
-        f"{','.join(map(str, args.gpus))} x {args.repeats} repeat(s); {cfg.scaling} scaling, "
-        f"{cfg.threads_per_worker} thread(s)/worker on {cfg.device}"
+        f"{','.join(map(str, args.gpus))} x {args.repeats} repeat(s); {cfg.batch.scaling} scaling, "
+        f"{cfg.topology.threads_per_worker} thread(s)/worker on {cfg.topology.device}"
     )
     for name, reason in skipped.items():
         print(f"skipped {name}: {reason}")
@@ -197,7 +197,7 @@ def cmd_sweep(args) -> int:
                 break
             t0 = time.monotonic()
             with RunDisplay(live=live, progress=bars) as display:
-                display.phase(f"run {k}/{len(runs)}: {run.backend.name} N={run.cfg.world_size}")
+                display.phase(f"run {k}/{len(runs)}: {run.backend.name} N={run.cfg.topology.world_size}")
                 try:
                     record = execute(
                         run.backend,

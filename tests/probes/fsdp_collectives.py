@@ -36,7 +36,7 @@ for name in counts:
 result = {}
 trainer = None
 for accum in (1, 2):
-    cfg = RunConfig(
+    cfg = RunConfig.build(
         backend="torch-fsdp",
         workload="tiny",
         spec=PRESETS["tiny"],
@@ -47,7 +47,7 @@ for accum in (1, 2):
         threads_per_worker=1,
     )
     trainer = make_trainer(cfg)
-    source = make_source(cfg.spec.vocab_size, cfg.spec.seq_len, cfg.global_batch, cfg.seed)
+    source = make_source(cfg.model.spec.vocab_size, cfg.model.spec.seq_len, cfg.global_batch, cfg.model.seed)
     batches = micro_batches(source, data_shard(cfg, trainer.rank), 0)
     trainer.step(batches)  # warm-up: lazy initialisation
     for name in counts:
