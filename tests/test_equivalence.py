@@ -279,13 +279,16 @@ def test_same_losses_as_torch_ddp(label, shape, accum, reference, out):
 #   own linear function: the bias added after the low-precision matmul's rounding) and Keras's mixed policy
 #   (layer outputs in bf16/fp16, TensorFlow's kernels): bf16 9.8e-5, 6.9e-5, 1.1e-4; fp16 2.2e-5, -, 2.5e-5.
 #   These are where bf16's 8-bit significand rounds at other places, averaged over the batch's 376 tokens x
-#   270 logits: BF16_LOSS_ATOL leaves ~2.5x room over the largest and still rejects the 6.7e-4 of a bf16
-#   model; fp16's 11-bit significand rounds 8x finer, and FP16_LOSS_ATOL leaves ~4x room.
-# - torch-ddp itself against its fp32 run: bf16 2.7e-5, fp16 1.8e-5, never 0 (0 would mean the run did not
-#   compute in the low precision): LOW_VS_FP32_LOSS_ATOL.
-BF16_LOSS_ATOL = 3e-4
+#   270 logits. They depend on the CPU's bf16 kernels: the figures above are from a Xeon VM (AVX-512 BF16);
+#   on an AMD EPYC VM (AVX2 only) the same runs give bf16 1.65e-4, 1.14e-4, 3.78e-4 and fp16 1.7e-5, -,
+#   3.7e-5. BF16_LOSS_ATOL leaves ~2.6x room over the largest of either CPU (a changed model moves the
+#   losses by 1e-2 and more; a bf16 gradient reduction is caught by the recorded numerics, checked below);
+#   fp16's 11-bit significand rounds 8x finer, and FP16_LOSS_ATOL leaves ~2.7x room.
+# - torch-ddp itself against its fp32 run: bf16 2.7e-5 (Xeon) and 9.5e-5 (EPYC), fp16 1.8e-5 and 1.4e-5,
+#   never 0 (0 would mean the run did not compute in the low precision): LOW_VS_FP32_LOSS_ATOL.
+BF16_LOSS_ATOL = 1e-3
 FP16_LOSS_ATOL = 1e-4
-LOW_VS_FP32_LOSS_ATOL = 1e-4
+LOW_VS_FP32_LOSS_ATOL = 3e-4
 LOW_PRECISION_CASES = [
     ("horovod", "bf16", LOSS_ATOL),
     ("deepspeed-zero2", "bf16", LOSS_ATOL),
