@@ -67,6 +67,16 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.skip(reason=f"changes this machine: set {MACHINE_TESTS}=1 to run it"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def matplotlib_font_cache():
+    """matplotlib builds its font cache on its first import on a machine, asking `fc-list` in a subprocess:
+    build it before any unit test (which may not start a process) imports it, as on a fresh CI machine."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.font_manager  # noqa: F401
+
+
 @pytest.fixture(autouse=True)
 def unit_tests_start_no_process(request, monkeypatch):
     """The unit tier's rule, checked rather than remembered: no subprocess unless marked `subprocess`."""
