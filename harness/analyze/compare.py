@@ -270,11 +270,8 @@ def compare_collectives(base_runs, cand_runs, threshold, alpha) -> list[dict]:
     """commbench runs, gated as training runs are: per op, one value per run (its time index: the geometric
     mean over sizes of the median call time), Welch's t-test on their logarithms, the same threshold."""
     metrics: list[dict] = []
-    ops = [
-        op
-        for op in run_config(base_runs[0]).commbench_spec.ops
-        if op in run_config(cand_runs[0]).commbench_spec.ops
-    ]
+    candidate_ops = run_config(cand_runs[0]).commbench_spec.ops
+    ops = [op for op in run_config(base_runs[0]).commbench_spec.ops if op in candidate_ops]
     for op in ops:
         b = [v for v in (op_time_index(r["summary"], op) for r in base_runs) if v]
         c = [v for v in (op_time_index(r["summary"], op) for r in cand_runs) if v]

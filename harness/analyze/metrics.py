@@ -264,10 +264,11 @@ def per_step_series(record: dict) -> dict[str, list[float]]:
     where no rank reported."""
     ranks = [r for r in record.get("ranks", []) if r.get("status") == "ok"]
     step_times = per_step_max(ranks, "step_times")
+    tokens = run_config(record).tokens_per_step
     return {
         "loss": [float(np.mean(step)) for step in zip(*[r["losses"] for r in ranks])] if ranks else [],
         "step_time_s": step_times,
-        "tokens_per_s": [run_config(record).tokens_per_step / t for t in step_times if t > 0],
+        "tokens_per_s": [tokens / t for t in step_times if t > 0],
     }
 
 
