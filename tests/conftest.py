@@ -3,14 +3,23 @@
 Tiers: `-m unit` is the in-process tier (no framework, no subprocess: a unit test that starts one fails,
 unless it is marked `subprocess`), under a minute in all; everything else is the integration tier, which
 launches real multi-process training runs (`slow` marks the long ones).
+
+Two test processes run at once (pytest-xdist, pyproject.toml's addopts), a module's tests in one of them.
+A test marked `timing` asserts on elapsed times or on the ratio of two runs' times, which a neighbour's
+launches would skew: it runs alone (`share_the_machine`), so no test fails on a busy machine when the code
+is right.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import subprocess
 import sys
+import tempfile
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -55,6 +64,7 @@ def out(tmp_path) -> Path:
 MACHINE_TESTS = "DISTBENCH_MACHINE_TESTS"
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups set here
 def pytest_collection_modifyitems(items):
     """Every test that is not a unit test is an integration test. Tests that change the machine (`machine`:
     they install packages or edit /etc/hosts) run only where the environment asks for them (.ci/run does, on
@@ -65,6 +75,79 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.integration)
         if item.get_closest_marker("machine") and not opted_in:
             item.add_marker(pytest.mark.skip(reason=f"changes this machine: set {MACHINE_TESTS}=1 to run it"))
+
+    # Under `--dist loadgroup` each process takes the next group when it finishes one: a module's tests are a
+    # group (its module-scoped reference runs are launched once), except the `timing` tests, which are one
+    # group together, last, where running alone costs the other process least. Before them, the modules
+    # with the most slow tests first, so that the short ones fill in at the end.
+    def module(item) -> str:
+        return item.nodeid.split("::")[0]
+
+    def timing(item) -> bool:
+        return item.get_closest_marker("timing") is not None
+
+    slow = Counter(module(item) for item in items if item.get_closest_marker("slow"))
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group("timing" if timing(item) else module(item)))
+    items.sort(key=lambda item: (timing(item), -slow[module(item)]))
+
+
+@contextlib.contextmanager
+def share_the_machine(alone: bool):
+    """Under pytest-xdist: a readers-writer lock over this test run's processes, held for a whole test
+    (its fixtures' set-up and tear-down included). Every test holds it shared; a `timing` test holds it
+    alone and so waits for the running tests to end. The turnstile gives a waiting `timing` test its turn:
+    while it waits, no new test takes the shared lock. Without xdist (`-n 0`) tests run one at a time."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None:
+        yield
+        return
+    base = Path(tempfile.gettempdir()) / f"distbench-tests-{run}"
+    with open(f"{base}.turnstile", "a") as turnstile, open(f"{base}.lock", "a") as lock:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            if not alone:
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+
+
+_launched: dict[str, dict] = {}
+
+
+def launched_once(key: str, launch) -> dict:
+    """The record `launch()` returns, launched once per test run whichever test asks first: reference runs
+    that several modules compare against. Under pytest-xdist the first process to ask launches it while it
+    holds a lock on `key`, and the other reads the record it saved (a launch that fails saves nothing, and
+    the next to ask tries again)."""
+    if key in _launched:
+        return _launched[key]
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None:
+        _launched[key] = launch()
+        return _launched[key]
+    folder = Path(tempfile.gettempdir()) / f"distbench-tests-{run}"
+    folder.mkdir(exist_ok=True)
+    saved = folder / f"{key}.json"
+    with open(folder / f"{key}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not saved.exists():
+            record = launch()
+            saved.with_suffix(".tmp").write_text(json.dumps(record))
+            saved.with_suffix(".tmp").rename(saved)
+    _launched[key] = json.loads(saved.read_text())
+    return _launched[key]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    with share_the_machine(alone=item.get_closest_marker("timing") is not None):
+        return (yield)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -129,6 +129,7 @@ def sigterm(monkeypatch):
 
 
 @pytest.mark.unit
+@pytest.mark.timing
 def test_after_a_sigterm_node_0_waits_a_grace_for_the_other_nodes_markers(tmp_path, sigterm, monkeypatch):
     """Slurm signals every node: node 1 writes its marker a second after node 0 is told to stop, and the
     record gets it; a node that never writes one holds node 0 no longer than the grace."""
@@ -173,6 +174,7 @@ def test_after_a_sigterm_node_0_waits_a_grace_for_the_other_nodes_markers(tmp_pa
 
 
 @pytest.mark.unit
+@pytest.mark.timing
 def test_a_node_waiting_for_another_node_s_launcher_stops_on_sigterm(tmp_path, sigterm):
     """A Horovod node > 0 waits for node 0's launcher to finish its ranks; told to stop, it does not wait
     out the run's timeout."""

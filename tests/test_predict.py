@@ -630,6 +630,7 @@ def test_the_communication_bound_case_is_predicted_only_with_its_collectives():
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_a_run_is_predicted_end_to_end_from_records_made_here(out):
     """The harness commands on this machine: a 2-rank run of the communication-bound case between two
     1-rank runs, and commbench, predicted. One launch is a draw on a 2-core VM (above), so it is held to

@@ -18,7 +18,7 @@ from conftest import run_record
 
 from harness.cli import main
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timing]
 
 RUN_ARGS = (
     "--backend torch-ddp --gpus 1 --workload tiny --steps 8 --warmup 1 --threads-per-worker 1 --timeout 120"
