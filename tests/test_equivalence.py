@@ -7,13 +7,13 @@ to a global norm of 1.0 by default (its `gradient_clipping` default, now set to 
 and on EDGE below the gradient norm stays under 1, so clipping never acted there, while on ISSUE_SHAPE and
 RECORD_SHAPE (norms ~1.6 and ~1.1) it moved the loss by 1e-4 or more within 8 steps.
 
-The shapes are fixed at import and shared: each shape's torch-ddp reference is launched once per session
+The shapes are fixed at import and shared: each shape's torch-ddp reference is launched once per test run
 (`ddp_reference`), whichever module asks first; tests/test_torch_family.py and
-tests/test_tf_paddle_backends.py run their full-record tests on RECORD_SHAPE against it. Launches are
-sequential (pytest runs one test at a time) and each costs seconds of start-up, so the matrix is chosen,
-not crossed: every configuration runs here with `--grad-accum 2` on ISSUE_SHAPE, most without on EDGE
-(ZeRO-3 also on PARTITIONED_SHAPE), and those with a full-record test on RECORD_SHAPE: each on two shapes
-or more.
+tests/test_tf_paddle_backends.py run their full-record tests against those of ISSUE_SHAPE and RECORD_SHAPE.
+Each launch costs seconds of start-up, so the matrix is chosen, not crossed: every configuration runs with
+`--grad-accum 2` on ISSUE_SHAPE (the torch family's in their full-record tests) and without on RECORD_SHAPE
+(in fp32, or at low precision in the matrix below), and ZeRO-3 also on PARTITIONED_SHAPE: each on two
+shapes or more.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from conftest import assert_traced_steps_follow_the_schedule, run_record
+from conftest import assert_traced_steps_follow_the_schedule, launched_once, run_record
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
@@ -148,9 +148,9 @@ def draw_shapes(n: int) -> list[Shape]:
 # The shape of the issue that found DeepSpeed's clipping (gradient norm 1.6 at the start, so clipping acted
 # on every step: 2.1e-3 off by step 12), kept as an explicit example next to the drawn ones.
 ISSUE_SHAPE = Shape(layers=3, heads=3, d_model=96, seq_len=48, vocab=777, seed=11, micro_batch=4)
-# The simplest shape Hypothesis draws (gradient norm ~0.6, where the old clipping never acted) and a random
-# one (with Hypothesis 6.170: L1-H4-d88-T47-V270-s753-b4, gradient norm ~1.1), on which the full-record
-# tests of the other two files run.
+# The simplest shape Hypothesis draws (gradient norm ~0.6, where the old clipping never acted: no longer
+# launched, it shows the draw is stable) and a random one (with Hypothesis 6.170: L1-H4-d88-T47-V270-s753-b4,
+# gradient norm ~1.1, so clipping would act), on which the full-record tests of the other two files run.
 EDGE, RECORD_SHAPE = draw_shapes(2)
 # ZeRO-3 keeps tensors of at most PERSISTENCE_THRESHOLD (1e5) elements whole on every rank, which is every
 # tensor of the shapes above: this one's token embedding (1000 x 112) is partitioned, and gathered for each
@@ -166,30 +166,32 @@ CONFIGS = {
     for stage in (range(4) if name == "deepspeed" else [None])
 }
 
-# Configurations whose full-record test (tests/test_torch_family.py, tests/test_tf_paddle_backends.py) also
-# checks their losses, on RECORD_SHAPE.
+# Configurations whose full-record test also checks their losses, by (shape, accumulated micro-batches): the
+# torch family's with accumulation on ISSUE_SHAPE (tests/test_torch_family.py), so that one launch is both
+# the full record and the accumulation case; TensorFlow's and Paddle's on RECORD_SHAPE
+# (tests/test_tf_paddle_backends.py).
 FULL_RECORD_TESTED = {
-    *("torch-fsdp", "deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3", "horovod"),
-    *("tf-mwms", "paddle-fleet"),
+    (ISSUE_SHAPE, 2): {"torch-fsdp", "deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3", "horovod"},
+    (RECORD_SHAPE, 1): {"tf-mwms", "paddle-fleet"},
 }
-# (label, shape, accumulated micro-batches): every configuration with accumulation on ISSUE_SHAPE (torch-ddp
-# too: no_sync then one all-reduce, against its own one micro-batch), and without on EDGE, where ZeRO runs
-# at its two ends only (stages 1 and 2 have RECORD_SHAPE in their full-record tests); ZeRO-3 once more where
-# it partitions a parameter.
+FULL_RECORDS = set().union(*FULL_RECORD_TESTED.values())
+# (label, shape, accumulated micro-batches): every other configuration with accumulation on ISSUE_SHAPE
+# (torch-ddp too: no_sync then one all-reduce, against its own one micro-batch), and without on RECORD_SHAPE
+# where no full-record test runs it (ZeRO-0: RECORD_SHAPE's torch-ddp reference is launched anyway); ZeRO-3
+# once more where it partitions a parameter.
 CASES = (
-    [(label, ISSUE_SHAPE, 2) for label in CONFIGS]
-    + [(label, EDGE, 1) for label in CONFIGS if label not in FULL_RECORD_TESTED | {"torch-ddp"}]
+    [(label, ISSUE_SHAPE, 2) for label in CONFIGS if label not in FULL_RECORD_TESTED[ISSUE_SHAPE, 2]]
+    + [(label, RECORD_SHAPE, 1) for label in CONFIGS if label not in FULL_RECORDS | {"torch-ddp"}]
     + [("deepspeed-zero3", PARTITIONED_SHAPE, 2)]
 )
-
-_references: dict[Shape, dict] = {}
 
 
 def ddp_reference(shape: Shape, tmp_path_factory) -> dict:
     """torch-ddp's record on `shape` (2 ranks, one micro-batch, final weights dumped), launched once per
-    session whichever test module asks first."""
-    if shape not in _references:
-        _references[shape] = run_record(
+    test run whichever test module asks first."""
+    return launched_once(
+        f"ddp-{shape}",
+        lambda: run_record(
             tmp_path_factory.mktemp("ddp"),
             "--backend",
             "torch-ddp",
@@ -198,8 +200,8 @@ def ddp_reference(shape: Shape, tmp_path_factory) -> dict:
             "none",
             "--no-trace-comm",
             "--dump-weights",
-        )
-    return _references[shape]
+        ),
+    )
 
 
 def assert_same_losses(losses, reference, what: str, atol: float = LOSS_ATOL) -> None:
@@ -241,10 +243,11 @@ def test_every_backend_configuration_runs_on_two_shapes_once_with_accumulation()
 
     assert {args[1] for args in CONFIGS.values()} == set(backend_names())
     assert {f"deepspeed-zero{s}" for s in range(4)} <= set(CONFIGS)
-    assert FULL_RECORD_TESTED == set(FAMILY) | set(BACKENDS)
+    assert FULL_RECORD_TESTED == {(ISSUE_SHAPE, 2): set(FAMILY), (RECORD_SHAPE, 1): set(BACKENDS)}
     for label in CONFIGS:
         mine = {(shape, accum) for lbl, shape, accum in CASES if lbl == label}
-        mine |= {(RECORD_SHAPE, 1)} if label in FULL_RECORD_TESTED else set()
+        mine |= {case for case, labels in FULL_RECORD_TESTED.items() if label in labels}
+        mine |= {(RECORD_SHAPE, 1) for lbl, _, _ in LOW_PRECISION_CASES if lbl == label}
         assert (ISSUE_SHAPE, 2) in mine, label
         assert label == "torch-ddp" or len({shape for shape, _ in mine}) >= 2, label
 
@@ -299,13 +302,13 @@ LOW_PRECISION_CASES = [
     ("torch-fsdp", "fp16", FP16_LOSS_ATOL),
     ("tf-mwms", "fp16", FP16_LOSS_ATOL),
 ]
-_low_precision_references: dict[str, dict] = {}
 
 
 def low_precision_reference(precision: str, tmp_path_factory) -> dict:
-    """torch-ddp's record on RECORD_SHAPE at `precision`, launched once per session."""
-    if precision not in _low_precision_references:
-        _low_precision_references[precision] = run_record(
+    """torch-ddp's record on RECORD_SHAPE at `precision`, launched once per test run."""
+    return launched_once(
+        f"ddp-{RECORD_SHAPE}-{precision}",
+        lambda: run_record(
             tmp_path_factory.mktemp(f"ddp-{precision}"),
             "--backend",
             "torch-ddp",
@@ -313,8 +316,8 @@ def low_precision_reference(precision: str, tmp_path_factory) -> dict:
             "--compute-method",
             "none",
             "--no-trace-comm",
-        )
-    return _low_precision_references[precision]
+        ),
+    )
 
 
 def assert_follows_the_definition(rec: dict, precision: str) -> None:
@@ -329,6 +332,9 @@ def assert_follows_the_definition(rec: dict, precision: str) -> None:
 def test_torch_ddp_in_low_precision_stays_near_its_fp32_losses(precision, reference, tmp_path_factory):
     low = low_precision_reference(precision, tmp_path_factory)
     assert_follows_the_definition(low, precision)
+    assert run_config(low).model.precision == precision
+    assert low["backend_info"]["precision_scheme"] == "autocast"
+    assert low["summary"]["loss_last"] < low["summary"]["loss_first"]
     ref = reference(RECORD_SHAPE)["summary"]["losses"]
     assert_same_losses(low["summary"]["losses"], ref, f"torch-ddp {precision}", LOW_VS_FP32_LOSS_ATOL)
     assert low["summary"]["losses"] != ref, "the same losses as fp32: nothing ran in low precision"
