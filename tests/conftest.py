@@ -64,7 +64,6 @@ def out(tmp_path) -> Path:
 MACHINE_TESTS = "DISTBENCH_MACHINE_TESTS"
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups set here
 def pytest_collection_modifyitems(items):
     """Every test that is not a unit test is an integration test. Tests that change the machine (`machine`:
     they install packages or edit /etc/hosts) run only where the environment asks for them (.ci/run does, on
@@ -76,20 +75,15 @@ def pytest_collection_modifyitems(items):
         if item.get_closest_marker("machine") and not opted_in:
             item.add_marker(pytest.mark.skip(reason=f"changes this machine: set {MACHINE_TESTS}=1 to run it"))
 
-    # Under `--dist loadgroup` each process takes the next group when it finishes one: a module's tests are a
-    # group (its module-scoped reference runs are launched once), except the `timing` tests, which are one
-    # group together, last, where running alone costs the other process least. Before them, the modules
-    # with the most slow tests first, so that the short ones fill in at the end.
+    # Under `--dist loadscope` each process takes the next module when it finishes one, in this order: the
+    # modules with the most slow tests first, so that the short ones fill in at the end, and the modules
+    # of `timing` tests alone last, where running alone costs the other process least.
     def module(item) -> str:
         return item.nodeid.split("::")[0]
 
-    def timing(item) -> bool:
-        return item.get_closest_marker("timing") is not None
-
     slow = Counter(module(item) for item in items if item.get_closest_marker("slow"))
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group("timing" if timing(item) else module(item)))
-    items.sort(key=lambda item: (timing(item), -slow[module(item)]))
+    untimed = Counter(module(item) for item in items if not item.get_closest_marker("timing"))
+    items.sort(key=lambda item: (not untimed[module(item)], -slow[module(item)]))
 
 
 @contextlib.contextmanager

@@ -125,51 +125,6 @@ def test_comm_ratio_is_zero_for_one_worker_and_positive_for_two(one_rank, out):
     assert two["summary"]["volume_per_exposed_s"] > 0
 
 
-@pytest.mark.timing
-def test_isolated_counterfactual_cross_check(out):
-    """DDP measures t_compute both ways: N isolated single-process workers and the ranks' own sync-off
-    steps. Both are the same compute on the same machine, so they must agree (a counterfactual on the
-    wrong shard, world size or device, or without the other workers' contention, would not)."""
-    rec, shown = run_with_output(
-        out, "--backend", "torch-ddp", "--gpus", "2", "--compute-method", "isolated", *FAST
-    )
-    assert rec["comm"] == {"t_compute_method": "isolated"} and len(rec["isolated_ranks"]) == 2
-    # while it ran: each phase in order, read from rank 0's log (plain lines: stdout is not a terminal)
-    assert_phases(
-        shown,
-        "launching",
-        "warm-up",
-        "measured",
-        "isolated counterfactual (launch 1/2)",
-        "isolated counterfactual (launch 2/2)",
-        "writing the record",
-        "ok",
-    )
-    assert "measured 6/6: step 6 loss" in shown
-    # two launches of the isolated workers (--isolated-repeats 2), their steps joined
-    assert all(r["status"] == "ok" and len(r["step_times"]) == 12 for r in rec["isolated_ranks"])
-    assert all(len(r["launch_median_step_times"]) == 2 for r in rec["isolated_ranks"])
-    no_sync, shown = run_with_output(
-        out, "--backend", "torch-ddp", "--gpus", "2", "--compute-method", "no_sync", *FAST
-    )
-    assert_phases(
-        shown,
-        "launching",
-        "warm-up",
-        "measured",
-        "compute-only",
-        "tracing collectives",
-        "writing the record",
-        "ok",
-    )
-    # Two launches on a shared CPU machine: their step times differ by tens of percent from launch to
-    # launch (identical launches' sync-off steps spread 66-113 ms here), so a live check can only be gross:
-    # within a factor of two. That still fails a counterfactual that measured another workload or nothing;
-    # a subtler one (a wrong shard at N = 2 is 2x) needs recorded launches, not one live pair.
-    isolated, sync_off = rec["summary"]["t_compute_s"], no_sync["summary"]["t_compute_s"]
-    assert 0.5 < isolated / sync_off < 2.0, (isolated, sync_off)
-
-
 def assert_phases(shown: str, *phases: str) -> None:
     """The progress lines name each phase, in this order (a phase's first line starts with its name)."""
     firsts = [line.split("] ", 1)[1] for line in shown.splitlines() if line.startswith("[")]

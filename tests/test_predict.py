@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import harness, run_record
 from record_factory import TINY_PARAMS, make_record
 
 from backends import get_backend
@@ -29,7 +28,7 @@ from harness.analyze.metrics import bus_factor, comm_bytes_per_rank
 from harness.cli import main
 from harness.predict.hardware import ProfileError, load_profile, local_profile
 from harness.predict.model import calibrate, expected_slowest, memory, predict_point, replay
-from harness.predict.validate import predict_measured, predict_repeats
+from harness.predict.validate import predict_repeats
 from workloads.spec import resolve
 
 unit = pytest.mark.unit
@@ -630,37 +629,6 @@ def test_the_communication_bound_case_is_predicted_only_with_its_collectives():
 
 
 @pytest.mark.slow
-@pytest.mark.timing
-def test_a_run_is_predicted_end_to_end_from_records_made_here(out):
-    """The harness commands on this machine: a 2-rank run of the communication-bound case between two
-    1-rank runs, and commbench, predicted. One launch is a draw on a 2-core VM (above), so it is held to
-    a gross check, 40% (six launches there, with commbench's calls then priced as beside a compute thread:
-    steps 98-139 ms, predicted 102-147 ms, -16% to +23%; the recorded case priced as calls alone: -12.9%),
-    that a unit slip or a term left out breaks; the accuracy bounds are the recorded cases'."""
-    shape = ["--workload", "tiny", "--d-model", "512", "--heads", "8", "--layers", "2", "--seq-len", "32"]
-    run = ["--backend", "torch-ddp", *shape, "--micro-batch", "2", "--threads-per-worker", "1"]
-    run += ["--no-trace-comm", "--steps", "15", "--device", "cpu"]
-    for gpus in (1, 2, 1):
-        run_record(out, *run, "--gpus", gpus)
-    sizes = ["--sizes", "1K:32M", "--device", "cpu"]  # DDP's buckets are 25 MiB at most
-    proc = harness(
-        "commbench", "--backend", "torch-ddp", "--gpus", 2, "--ops", "allreduce", *sizes, "--out", out
-    )
-    assert proc.returncode == 0, proc.stderr
-    records = load_records([out], kind=None)
-    (target,) = [r for r in records if r["kind"] == "training" and run_config(r).topology.world_size == 2]
-    ones = [
-        r["run_id"] for r in records if r["kind"] == "training" and run_config(r).topology.world_size == 1
-    ]
-    (bench,) = [r["run_id"] for r in records if r["kind"] == "commbench"]
-    result = predict_measured(target, records)
-    assert sorted(result["calibrated_from"]) == sorted(ones) and result["commbench"] == [bench], result
-    assert abs(result["step_time_error"]) <= 0.40, result
-    assert result["exposed_comm_ratio"]["predicted"] > 0.15, (
-        result
-    )  # commbench's price is in it (recorded: 0.29)
-
-
 @unit
 def test_calibration_without_optimizer_times_counts_the_optimizer_once_and_takes_one_shape():
     """A GPU record made before 1-rank runs timed their optimizer: its step already holds the optimizer, so
