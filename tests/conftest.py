@@ -86,17 +86,23 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: (not untimed[module(item)], -slow[module(item)]))
 
 
+def xdist_run_path() -> Path | None:
+    """Where this pytest-xdist run's processes keep what they share (its lock files, saved references),
+    named by the run's id; None without xdist."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    return None if run is None else Path(tempfile.gettempdir()) / f"distbench-tests-{run}"
+
+
 @contextlib.contextmanager
 def share_the_machine(alone: bool):
     """Under pytest-xdist: a readers-writer lock over this test run's processes, held for a whole test
     (its fixtures' set-up and tear-down included). Every test holds it shared; a `timing` test holds it
     alone and so waits for the running tests to end. The turnstile gives a waiting `timing` test its turn:
     while it waits, no new test takes the shared lock. Without xdist (`-n 0`) tests run one at a time."""
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if run is None:
+    base = xdist_run_path()
+    if base is None:
         yield
         return
-    base = Path(tempfile.gettempdir()) / f"distbench-tests-{run}"
     with open(f"{base}.turnstile", "a") as turnstile, open(f"{base}.lock", "a") as lock:
         fcntl.flock(turnstile, fcntl.LOCK_EX)
         try:
@@ -121,11 +127,10 @@ def launched_once(key: str, launch) -> dict:
     the next to ask tries again)."""
     if key in _launched:
         return _launched[key]
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if run is None:
+    folder = xdist_run_path()
+    if folder is None:
         _launched[key] = launch()
         return _launched[key]
-    folder = Path(tempfile.gettempdir()) / f"distbench-tests-{run}"
     folder.mkdir(exist_ok=True)
     saved = folder / f"{key}.json"
     with open(folder / f"{key}.lock", "a") as lock:
