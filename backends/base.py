@@ -74,7 +74,10 @@ class Options:
     @classmethod
     def add_arguments(cls, parser, backend: str) -> None:
         """Register the flags; every default is None so that a flag given can be told from one not given."""
-        fields = dataclasses.fields(cls)
+        # A field several stacks share (the torch family's --compile) is one flag, registered by the first.
+        fields = [
+            f for f in dataclasses.fields(cls) if f.metadata["flag"] not in parser._option_string_actions
+        ]
         if not fields:
             return
         group = parser.add_argument_group(backend)
@@ -103,8 +106,9 @@ class Options:
         }
 
     @classmethod
-    def from_args(cls: type[OptionsT], args) -> OptionsT:
-        values = {}
+    def from_args(cls: type[OptionsT], args, base: dict | None = None) -> OptionsT:
+        """The flags given, over `base` (field -> value: a tuned set), over the defaults."""
+        values = dict(base or {})
         for f in dataclasses.fields(cls):
             value = getattr(args, f.metadata["flag"].lstrip("-").replace("-", "_"), None)
             if value is not None:
@@ -116,6 +120,22 @@ class Options:
         """From RunConfig.backend_options; a key missing (an older record) takes its default."""
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in (d or {}).items() if k in known})
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Tuned:
+    """One setting of a stack's tuned set (`harness run --tuned`): the value its own documentation or
+    reference trainer uses for a GPT-style transformer, where that is written (`source`), and whether it
+    changes the floating-point result (`numerics`): a compiler that fuses and reorders, a fused optimizer
+    kernel that rounds in another order. A setting that changes the maths on purpose (fp16 gradient
+    compression) is not in a tuned set: it stays a choice a user makes by hand, labelled as such."""
+
+    value: object
+    source: str
+    numerics: bool = False
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -256,8 +276,18 @@ class Backend(ABC, Generic[OptionsT]):
         return []
 
     def label(self, cfg: RunConfig) -> str:
-        """Name shown in tables: distinguishes variants such as ZeRO stages."""
+        """Name shown in tables and matched by `harness compare`: the stack's configuration
+        (stack_label) and, for a tuned run, "+tuned"."""
+        return self.stack_label(cfg) + ("+tuned" if cfg.variant == "tuned" else "")
+
+    def stack_label(self, cfg: RunConfig) -> str:
+        """The stack's configuration as tables name it: distinguishes ZeRO stages and the like."""
         return self.name
+
+    def tuned(self, cfg: RunConfig) -> dict[str, Tuned]:
+        """The stack's tuned set on cfg's device: its Options fields as its experts set them, each with its
+        source (Tuned). Empty: nothing to tune beyond the defaults."""
+        return {}
 
     def sharding(self, cfg: RunConfig) -> str:
         """What this configuration shards across ranks: none | optimizer | gradients | parameters."""

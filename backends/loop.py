@@ -263,7 +263,11 @@ def training_phases(trainer: Trainer, cfg: RunConfig) -> list[Phase]:
     )
     trace = bool(cfg.measurement.trace_comm and cfg.measurement.trace_steps and not alone)
     return [
-        Phase("warm-up", cfg.measurement.warmup, keeps={"loss": "warmup_losses"}),
+        Phase(
+            "warm-up",
+            cfg.measurement.warmup,
+            keeps={"loss": "warmup_losses", "step_time_s": "warmup_step_times"},
+        ),
         Phase(
             "measured",
             cfg.measurement.steps,

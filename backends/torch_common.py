@@ -15,9 +15,10 @@ import torch.distributed as dist
 from backends import get_backend
 from backends.loop import Trainer, cpu_name
 from backends.torch_trace import torch_collectives
+from backends.torch_tuning import TorchTuning
 from core.config import RunConfig
 from core.precision import checked, dtype_name, master_weights, tf32_switches
-from workloads.torch_model import GPT, Block
+from workloads.torch_model import GPT, Block, make_optimizer
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -96,6 +97,30 @@ class TorchTrainer(Trainer):
         )
         self.watch_numerics(model)
         return model.to(self.device)
+
+    def tuning(self) -> TorchTuning:
+        """This run's torch.compile and AdamW settings (backends.torch_tuning), for stacks that take them."""
+        return TorchTuning.from_dict(self.cfg.backend_options)
+
+    def make_optimizer(self, model: torch.nn.Module) -> torch.optim.AdamW:
+        """The run's AdamW over `model`'s parameters, in the implementation its options name."""
+        return make_optimizer(model, implementation=self.tuning().adamw)
+
+    def compile_blocks(self, model: GPT) -> None:
+        """torch.compile each transformer block, as torchtitan's apply_compile does before fully_shard: the
+        compiled wrapper takes the block's place, so the wrapper FSDP then hooks runs the compiled block
+        (its parameters' names gain `_orig_mod.`, which final_weights drops); a no-op unless --compile."""
+        if self.tuning().compile:
+            for i, block in enumerate(model.blocks):
+                compiled = torch.compile(block)  # a Module given, a Module back (OptimizedModule)
+                assert isinstance(compiled, torch.nn.Module)
+                model.blocks[i] = compiled
+
+    def compile_model(self, model: GPT) -> None:
+        """torch.compile the whole model in place before the stack wraps it, as nanoGPT does before DDP;
+        a no-op unless --compile."""
+        if self.tuning().compile:
+            model.compile()
 
     def watch_numerics(self, model: GPT) -> None:
         """Hooks that note, in the first forward only (each removes itself), the dtypes forward really uses:
@@ -272,7 +297,9 @@ class TorchTrainer(Trainer):
 
     def final_weights(self) -> dict:
         """Neutral-name numpy weights (Linear weights transposed back to (in, out)); DTensors gathered."""
-        torch_params = dict(self.unwrapped().named_parameters())
+        torch_params = {
+            name.replace("._orig_mod", ""): p for name, p in self.unwrapped().named_parameters()
+        }  # a block torch.compile wrapped (compile_blocks) holds its module as _orig_mod
         out = {}
         for name in self.cfg.model.spec.parameter_shapes():
             p = torch_params[name + ".weight" if name.endswith("emb") else name].detach()

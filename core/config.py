@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 from workloads.spec import ModelSpec
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+# A stack's settings as its options' defaults give them, or as its own experts set them (`--tuned`: each
+# adapter's `tuned()` says which settings and why, backends.base.Tuned).
+VARIANTS = ("default", "tuned")
 DEVICES = ("auto", "cuda", "cpu")
 COMPUTE_METHODS = ("auto", "no_sync", "isolated", "none")
 # The collectives `harness commbench` measures, by the names nccl-tests and torch.distributed share.
@@ -143,6 +146,8 @@ SECTIONS = {
 # Which section holds each setting: lets a caller (and migrate_config, for records written flat) name a
 # setting without its section. Names are unique across sections; a test holds them so.
 SECTION_OF = {f.name: name for name, section in SECTIONS.items() for f in dataclasses.fields(section)}
+# The settings outside every section: which stack, and how it is set up.
+TOP_LEVEL = ("backend", "backend_options", "variant")
 
 
 @dataclass
@@ -161,9 +166,15 @@ class RunConfig:
     backend_options: dict = field(default_factory=dict)
     """The stack's own settings (its adapter's `options` say which it takes), e.g. ZeRO's stage."""
     role: RoleConfig = field(default_factory=RoleConfig)
+    variant: str = "default"
+    """One of VARIANTS: "tuned" when the stack's tuned set (its adapter's `tuned()`) was applied to
+    backend_options, any option given by hand on top; part of the label, so tables and `harness compare`
+    never take a tuned run for a default one."""
 
     @classmethod
-    def build(cls, backend: str, backend_options: dict | None = None, **settings) -> RunConfig:
+    def build(
+        cls, backend: str, backend_options: dict | None = None, variant: str = "default", **settings
+    ) -> RunConfig:
         """A config from settings named without their sections (`world_size=2, steps=5`): the harness's
         CLI, the tests and migrate_config route through here; an unknown name is a TypeError."""
         unknown = sorted(set(settings) - set(SECTION_OF))
@@ -175,12 +186,13 @@ class RunConfig:
         return cls(
             backend=backend,
             backend_options=dict(backend_options or {}),
+            variant=variant,
             **{name: SECTIONS[name](**parts[name]) for name in SECTIONS},
         )
 
     def evolve(self, **changes) -> RunConfig:
         """A copy with settings changed, named without their sections (as in `build`)."""
-        top = {k: changes.pop(k) for k in ("backend", "backend_options") if k in changes}
+        top = {k: changes.pop(k) for k in TOP_LEVEL if k in changes}
         unknown = sorted(set(changes) - set(SECTION_OF))
         if unknown:
             raise TypeError(f"RunConfig.evolve: no setting {', '.join(unknown)}")
@@ -194,7 +206,7 @@ class RunConfig:
     def setting(self, name: str):
         """A setting by its name alone (as `build` takes it): for readers that list settings generically,
         such as `harness compare`'s differences."""
-        if name in ("backend", "backend_options"):
+        if name in TOP_LEVEL:
             return getattr(self, name)
         return getattr(getattr(self, SECTION_OF[name]), name)
 
@@ -249,7 +261,12 @@ class RunConfig:
         for name, section in SECTIONS.items():
             known = {f.name for f in dataclasses.fields(section)}
             sections[name] = section(**{k: v for k, v in d.get(name, {}).items() if k in known})
-        return cls(backend=d["backend"], backend_options=dict(d.get("backend_options") or {}), **sections)
+        return cls(
+            backend=d["backend"],
+            backend_options=dict(d.get("backend_options") or {}),
+            variant=d.get("variant", "default"),  # records before variants ran every stack as default
+            **sections,
+        )
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1, sort_keys=True)
@@ -294,14 +311,19 @@ class CommbenchSpec:
 def migrate_config(d: dict) -> dict:
     """A config as written by any earlier version, in today's layout: record schemas 1 to 3 wrote it flat
     (schema 1 also called the world size `gpus` and had no `gpus_per_node`); schema 4 writes it in
-    RunConfig's sections."""
+    RunConfig's sections, with a `variant` since tuned variants exist."""
     d = dict(d)
+    d.setdefault("variant", "default")  # configs from before tuned variants ran the defaults
     if "model" in d and isinstance(d["model"], dict):
         return d
     if "gpus" in d and "world_size" not in d:
         d["world_size"] = d.pop("gpus")
     d.setdefault("gpus_per_node", d["world_size"] // d.get("nodes", 1))
-    nested: dict = {"backend": d["backend"], "backend_options": d.get("backend_options") or {}}
+    nested: dict = {
+        "backend": d["backend"],
+        "backend_options": d.get("backend_options") or {},
+        "variant": d["variant"],
+    }
     for name in SECTIONS:
         nested[name] = {k: v for k, v in d.items() if SECTION_OF.get(k) == name}
     return nested

@@ -11,12 +11,16 @@ from workloads.spec import OVERRIDES, PRESETS, ModelSpec, resolve
 
 
 def foreign_flags(args, backends: list[str]) -> None:
-    """Refuse a backend option given for a run of another backend: it would be silently ignored."""
+    """Refuse a backend option given for a run of another backend: it would be silently ignored. A flag
+    several stacks share (--compile) is refused only where none of `backends` takes it."""
+    taken = {flag for b in all_backends() if b.name in backends for flag in b.Options.flags()}
     for other in all_backends():
         if other.name in backends:
             continue
-        for flag in other.Options.given(args):
-            raise UsageError(f"{flag} is an option of backend {other.name}, not of {', '.join(backends)}")
+        for flag in set(other.Options.given(args)) - taken:
+            owners = [b.name for b in all_backends() if flag in b.Options.flags()]
+            whose = f"backend{'s' if len(owners) > 1 else ''} {', '.join(owners)}"
+            raise UsageError(f"{flag} is an option of {whose}, not of {', '.join(backends)}")
 
 
 def spec_from_args(args) -> ModelSpec:

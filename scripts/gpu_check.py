@@ -16,6 +16,9 @@ What it runs, in this order (later groups are skipped as NOT CHECKED once the ti
   stacks           `harness run --gpus 1` of torch-ddp and torch-fsdp in fp32, bf16, fp16 (+ fp32 --tf32),
                    then DeepSpeed ZeRO-1 and ZeRO-3 in the same three: status ok, finite loss that falls,
                    throughput above zero, on the device asked for
+  tuned            torch-ddp and torch-fsdp `--tuned` in bf16 (torch.compile, fused AdamW): sound runs that
+                   list their tuned set, with the first step's time (compilation) and the throughput
+                   against the default bf16 run
   probes           two ranks on cuda:0 over gloo (DDP in sync, a traced step's bytes), NCCL at world 1
                    under the profiler (over gloo on the CPU rehearsal), the allocator peak reset after a
                    warm-up that held a known transient
@@ -96,8 +99,8 @@ OTHER_STACKS = {"tf-mwms": "tensorflow", "paddle-fleet": "paddle", "horovod": "h
 # A group of n runs at --jobs at a time takes about ceil(n / jobs) of these; the budget skips a group whose
 # estimate no longer fits.
 ESTIMATE_S = {
-    "cuda": {"torch": 35, "deepspeed": 50, "probes": 45, "mfu": 100, "other": 45},
-    "cpu": {"torch": 35, "deepspeed": 45, "probes": 60, "mfu": 35, "other": 60},
+    "cuda": {"torch": 35, "tuned": 90, "deepspeed": 50, "probes": 45, "mfu": 100, "other": 45},
+    "cpu": {"torch": 35, "tuned": 90, "deepspeed": 45, "probes": 60, "mfu": 35, "other": 60},
 }
 
 
@@ -181,6 +184,31 @@ def model_setting(record: dict, name: str):
 
 def asked_tf32(record: dict) -> bool:
     return bool(model_setting(record, "tf32"))
+
+
+def judge_tuned(name: str, record: dict, default: dict | None, device: str) -> Verdict:
+    """A `--tuned` run: a sound run (judge_run) that says it is tuned and lists every setting of its set
+    as applied, with the first step's time (compilation) recorded; its throughput against the same
+    stack's default run at the same shape and precision is evidence, not a pass/fail (a tuned setting
+    may be slower at this size)."""
+    verdict = judge_run(name, record, device)
+    if verdict.outcome != PASS:
+        return verdict
+    info, summary = record.get("backend_info") or {}, record.get("summary") or {}
+    tuned = info.get("tuned") or {}
+    if info.get("variant") != "tuned" or not tuned:
+        return Verdict(FAIL, name, f"not recorded as tuned (variant {info.get('variant')}, set {tuned})")
+    off = [k for k, v in tuned.items() if v.get("value") != v.get("tuned_value")]
+    if off:
+        return Verdict(FAIL, name, f"tuned settings not applied: {off}")
+    first = summary.get("first_step_s")
+    if first is None:
+        return Verdict(FAIL, name, "no first-step time (the compile cost) in the record")
+    base = ((default or {}).get("summary") or {}).get("throughput_tokens_per_s")
+    mine = summary.get("throughput_tokens_per_s")
+    versus = f", {mine / base:.2f}x the default's {base:,.0f} tokens/s" if base and mine else ""
+    settings = ", ".join(f"{k}={v['value']}" for k, v in tuned.items())
+    return Verdict(PASS, name, f"{settings}; first step {first:.1f}s{versus}")
 
 
 def judge_tf32_default(records: dict[str, dict], device: str) -> Verdict:
@@ -894,6 +922,25 @@ def run_all(ctx: Context) -> int:
             ctx.say(judge_tf32_opt_in(record, True, ctx.device, f"harness exit {rc}: {last}"))
         else:
             ctx.say(judge_tf32_opt_in(None, False, ctx.device))
+
+    # The torch family's tuned sets (torch.compile, fused AdamW, DDP's buckets) in bf16, beside the
+    # default bf16 runs above.
+    skip = ctx.over_budget(est("tuned", len(TORCH_STACKS)))
+    if skip:
+        for label in TORCH_STACKS:
+            ctx.say(Verdict(NOT_CHECKED, f"{label}/tuned/bf16", skip))
+    else:
+        runs = [
+            Run(f"{label}/tuned/bf16", [*args, *SHAPES[ctx.device], "--precision", "bf16", "--tuned"], 300)
+            for label, args in TORCH_STACKS.items()
+        ]
+        for run, (record, rc, last) in zip(runs, run_many(ctx, runs)):
+            default = ctx.records.get(run.name.replace("/tuned", ""))
+            ctx.say(
+                judge_tuned(run.name, record, default, ctx.device)
+                if record
+                else no_record_verdict(ctx, run.name, rc, last)
+            )
 
     skip = ctx.over_budget(est("probes"))
     if skip:

@@ -81,12 +81,15 @@ for stack in "${stacks[@]}"; do
     tail -n 5 "$venv/distbench/horovod-install.log" > "$venv/distbench/horovod-unavailable"
     echo "horovod: build failed, continuing without it (see $venv/distbench/horovod-install.log)"
   fi
-  if ((!gpu)) && [ -z "${TORCH_EXTENSIONS_DIR:-}" ]; then  # DeepSpeed's CPU op, as ./setup.sh builds it
+  # DeepSpeed's CPU ops, built once here instead of by the first run that needs each: its all-reduce
+  # (every CPU run) and its CPU Adam (a --tuned run's optimizer, backends/deepspeed_zero)
+  if ((!gpu)) && [ -z "${TORCH_EXTENSIONS_DIR:-}" ]; then
     extensions=$PWD/$venv/distbench/torch_extensions
     find "$extensions" -name lock -type f -delete 2>/dev/null || true
     TORCH_EXTENSIONS_DIR=$extensions DS_ACCELERATOR=cpu timeout 1800 "$venv/bin/python" -c \
-      'from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder as B; B().load()' \
-      > "$venv/distbench/deepspeed-ops.log" 2>&1 || echo "deepspeed: CPU comm op not built (see $venv/distbench/deepspeed-ops.log)"
+      'from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder as B; B().load()
+from deepspeed.ops.op_builder.cpu import CPUAdamBuilder as A; A().load()' \
+      > "$venv/distbench/deepspeed-ops.log" 2>&1 || echo "deepspeed: CPU ops not built (see $venv/distbench/deepspeed-ops.log)"
   fi
 done
 .venv/bin/harness list

@@ -145,16 +145,18 @@ def config(
     *,
     workload: str = "tiny",
     spec: ModelSpec | None = None,
+    variant: str = "default",
     **fields,
 ) -> RunConfig:
     """A RunConfig as harness.run.options.build_config resolves it: the adapter's options with their
-    defaults filled in, and the t_compute method 'auto' resolved to the adapter's preferred one."""
+    defaults filled in (a tuned variant: its tuned set over them), and the t_compute method 'auto'
+    resolved to the adapter's preferred one."""
     name, options = BACKENDS.get(label, (label, {}))
     backend = get_backend(name)
     opts = backend.Options.from_dict(options)
     fields.setdefault("compute_method", backend.compute_methods_for(opts)[0])
     fields.setdefault("device", "cpu")
-    return RunConfig.build(
+    cfg = RunConfig.build(
         backend=name,
         workload=workload,
         spec=spec or PRESETS[workload],
@@ -162,6 +164,10 @@ def config(
         backend_options=opts.to_dict(),
         **fields,
     )
+    if variant == "default":
+        return cfg
+    tuned = {k: t.value for k, t in backend.tuned(cfg).items()}
+    return cfg.evolve(backend_options={**opts.to_dict(), **tuned}, variant=variant)
 
 
 def assemble(
@@ -233,6 +239,7 @@ def make_record(
     scaling: str = "weak",
     run_id: str | None = None,
     start_time: str = START,
+    variant: str = "default",
 ) -> dict:
     """A valid run record whose every rank took `step_time` per step (and `compute_time` per step with sync
     off, or in the isolated counterfactual, whichever the backend uses). `state_total`: the measured model
@@ -248,9 +255,11 @@ def make_record(
         warmup=1,
         threads_per_worker=1,
         scaling=scaling,
+        variant=variant,
     )
     state_total = default_state(label, gpus, workload) if state_total is None else state_total
-    run_id = run_id or f"test-{label}-n{gpus}-r{repeat}-{status}"
+    tag = "" if variant == "default" else f"-{variant}"
+    run_id = run_id or f"test-{label}{tag}-n{gpus}-r{repeat}-{status}"
     if status == "ok":
         ranks = [
             rank_record(

@@ -6,11 +6,12 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import json
 
 import pytest
 
 import core.config
-from core.config import SECTION_OF, SECTIONS, RunConfig, migrate_config
+from core.config import SECTION_OF, SECTIONS, TOP_LEVEL, RunConfig, migrate_config
 from workloads.spec import PRESETS
 
 pytestmark = pytest.mark.unit
@@ -26,7 +27,7 @@ def test_every_setting_lives_in_exactly_one_section():
     names = [f.name for section in SECTIONS.values() for f in dataclasses.fields(section)]
     assert len(names) == len(set(names)) == len(SECTION_OF)
     top = {f.name for f in dataclasses.fields(RunConfig)}
-    assert top == {"backend", "backend_options", *SECTIONS}
+    assert top == {*TOP_LEVEL, *SECTIONS}
     assert not top & set(SECTION_OF)
 
 
@@ -72,7 +73,9 @@ def test_a_config_round_trips_through_json():
     cfg = tiny(steps=4, hosts=["a", "b"], commbench={"ops": ["all_reduce"], "sizes": [8]})
     again = RunConfig.from_dict(__import__("json").loads(cfg.to_json()))
     assert again == cfg
-    assert set(cfg.to_dict()) == {"backend", "backend_options", *SECTIONS}
+    assert set(cfg.to_dict()) == {*TOP_LEVEL, *SECTIONS}
+    tuned = cfg.evolve(variant="tuned", backend_options={"compile": True})
+    assert RunConfig.from_dict(json.loads(tuned.to_json())) == tuned
 
 
 def test_a_flat_config_of_an_earlier_schema_reads_as_today_s():

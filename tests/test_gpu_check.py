@@ -97,6 +97,29 @@ def test_a_sound_run_passes_and_each_broken_one_fails():
     assert gc.judge_run("x", stalled, "cuda").outcome == gc.FAIL
 
 
+def tuned_record(first_step: float | None = 9.5, applied: bool = True, step_time: float = 0.05) -> dict:
+    """A 1-rank torch-ddp --tuned run on the CPU, its first warm-up step carrying the compile time."""
+    cfg = rf.config("torch-ddp", 1, steps=rf.STEPS, warmup=1, variant="tuned")
+    rank = rf.rank_record(0, [step_time] * rf.STEPS)
+    if first_step is not None:
+        rank["warmup_step_times"] = [first_step]
+    record = rf.assemble(cfg, "gc-tuned", [rank], environment=rf.environment())
+    if not applied:
+        record["backend_info"]["tuned"]["compile"]["value"] = False
+    return record
+
+
+@pytest.mark.unit
+def test_a_tuned_run_must_list_its_applied_set_and_its_first_step():
+    default = cpu_record(step_time=0.1)
+    verdict = gc.judge_tuned("torch-ddp/tuned/bf16", tuned_record(), default, "cpu")
+    assert verdict.outcome == gc.PASS, verdict
+    assert "compile=True" in verdict.text and "first step 9.5s" in verdict.text and "2.00x" in verdict.text
+    assert gc.judge_tuned("x", tuned_record(first_step=None), default, "cpu").outcome == gc.FAIL
+    assert gc.judge_tuned("x", tuned_record(applied=False), default, "cpu").outcome == gc.FAIL
+    assert gc.judge_tuned("x", default, None, "cpu").outcome == gc.FAIL  # a default run is not a tuned one
+
+
 @pytest.mark.unit
 def test_one_noisy_step_does_not_fail_a_falling_loss_but_a_flat_one_fails():
     """Thirds, not first against last: a last step above the first cannot fail a loss that fell."""

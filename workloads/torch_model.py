@@ -93,9 +93,14 @@ def optimizer_groups(model: nn.Module, opt: OptimizerSpec = OPTIMIZER) -> list[d
     ]
 
 
-def make_optimizer(model: nn.Module, opt: OptimizerSpec = OPTIMIZER) -> torch.optim.AdamW:
+def make_optimizer(
+    model: nn.Module, opt: OptimizerSpec = OPTIMIZER, implementation: str = "default"
+) -> torch.optim.AdamW:
+    """torch's AdamW; `implementation` "foreach" or "fused" picks its multi-tensor or single-kernel
+    version (the same update, rounded in another order), "default" leaves the choice to torch."""
+    kernels = {"default": {}, "foreach": {"foreach": True}, "fused": {"fused": True}}[implementation]
     return torch.optim.AdamW(
-        optimizer_groups(model, opt), lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps
+        optimizer_groups(model, opt), lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps, **kernels
     )
 
 

@@ -29,6 +29,8 @@ from backends.base import (
     Check,
     LaunchPlan,
     Options,
+    Tuned,
+    on_off,
     option,
     worker_python,
 )
@@ -83,6 +85,8 @@ def extensions_lock_check(root: Path | None, required: bool, now: float) -> Chec
 SHARDING = {0: "none", 1: "optimizer", 2: "gradients", 3: "parameters"}
 ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 MIXED_PRECISION = ("autocast", "native")
+DS_OPTIMIZERS = ("torch", "deepspeed")
+DS_DOCS = "deepspeed.ai/docs/config-json (zero_optimization); deepspeed/runtime/zero/config.py defaults"
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,21 @@ class DeepSpeedOptions(Options):
         help="with bf16/fp16: DeepSpeed's torch_autocast section over fp32 parameters, gradients reduced "
         "and parameters gathered in fp32 (autocast: the suite's definition), or its bf16/fp16 section "
         "(native: the module cast to bf16/fp16, which it gathers and reduces in, fp32 master weights)",
+    )
+    optimizer: str = option(
+        "torch",
+        "--ds-optimizer",
+        choices=DS_OPTIMIZERS,
+        help="the AdamW the engine steps: torch's (the same as every torch stack), or DeepSpeed's own "
+        "(FusedAdam on a GPU, DeepSpeedCPUAdam on a CPU; both built as C++/CUDA ops on first use)",
+    )
+    overlap_comm: bool | None = option(
+        None,
+        "--overlap-comm",
+        choices=("on", "off"),
+        parse=on_off,
+        help="ZeRO's overlap_comm: reduce gradients on a side stream while backward goes on (DeepSpeed's "
+        "default: on at stage 3, off below)",
     )
 
 
@@ -153,6 +172,8 @@ def ds_config(cfg) -> dict:
             "dtype": cfg.model.precision,
             "lower_precision_safe_modules": [],
         }
+    if opts.overlap_comm is not None and opts.zero_stage:
+        zero["overlap_comm"] = opts.overlap_comm
     if opts.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu"}
         config["zero_force_ds_cpu_optimizer"] = (
@@ -183,7 +204,30 @@ class DeepSpeed(Backend[DeepSpeedOptions]):
         """No stale lock of a killed JIT build of DeepSpeed's ops in the workers' environment."""
         return [extensions_lock_check(extensions_dir(python), required, time.time())]
 
-    def label(self, cfg):
+    def tuned(self, cfg):
+        """DeepSpeed's own AdamW (FusedAdam on a GPU, the one its engine builds from an "optimizer"
+        section; DeepSpeedCPUAdam on a CPU, its ZeRO-Offload kernel) and overlap_comm on at every ZeRO
+        stage, as the ZeRO-2 and ZeRO-3 examples of DeepSpeed's and Hugging Face's docs set it. Bucket
+        sizes, prefetch and persistence stay at DeepSpeed's defaults, the values its config docs give
+        (reduce/allgather 5e8 elements, stage3_prefetch_bucket_size 5e7, persistence threshold 1e5);
+        Hugging Face's "auto" derives them from the hidden size instead (d_model^2), a trainer's choice
+        rather than DeepSpeed's."""
+        optimizer = "FusedAdam" if cfg.topology.device == "cuda" else "DeepSpeedCPUAdam"
+        return {
+            "optimizer": Tuned(
+                "deepspeed",
+                f"deepspeed/runtime/engine.py _configure_basic_optimizer ({optimizer}); deepspeed.ai/"
+                "tutorials/zero-offload (DeepSpeedCPUAdam)",
+                numerics=True,
+            ),
+            "overlap_comm": Tuned(
+                True,
+                f"{DS_DOCS}; huggingface/transformers docs/source/en/deepspeed.md (ZeRO-2 and ZeRO-3 "
+                "examples: overlap_comm true)",
+            ),
+        }
+
+    def stack_label(self, cfg):
         return (
             f"deepspeed-zero{self.stage(cfg)}"
             + ("-offload" if self.options(cfg).offload_optimizer else "")

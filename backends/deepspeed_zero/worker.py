@@ -21,9 +21,10 @@ from deepspeed import DeepSpeedEngine
 from deepspeed.runtime.base_optimizer import DeepSpeedOptimizer
 from deepspeed.utils import groups
 
-from backends.deepspeed_zero import ds_config
+from backends.deepspeed_zero import DeepSpeedOptions, ds_config
 from backends.torch_common import TorchTrainer, joined
-from workloads.torch_model import make_optimizer
+from workloads.spec import OPTIMIZER
+from workloads.torch_model import make_optimizer, optimizer_groups
 
 
 def storage_bytes(tensors, seen: set) -> int:
@@ -45,6 +46,7 @@ class DeepSpeedTrainer(TorchTrainer):
 
     def __init__(self, cfg):
         super().__init__(cfg)
+        self.ds_options = DeepSpeedOptions.from_dict(cfg.backend_options)
         self.scaler = None  # fp16 loss scaling is the engine's own
         timeout = timedelta(seconds=cfg.collective_timeout)
         deepspeed.init_distributed(
@@ -57,11 +59,27 @@ class DeepSpeedTrainer(TorchTrainer):
             ranks=range(torch.distributed.get_world_size()), timeout=timeout
         )
         model = self.build_model()
-        optimizer = make_optimizer(model)  # parameter groups built before ZeRO-3 partitions the parameters
+        # parameter groups built before ZeRO-3 partitions the parameters
+        deepspeed_own = self.ds_options.optimizer == "deepspeed"
+        optimizer = self.deepspeed_adamw(model) if deepspeed_own else make_optimizer(model)
         self.model, self.optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, config=ds_config(cfg)
         )
         self.grad_bytes = 0
+
+    def deepspeed_adamw(self, model) -> torch.optim.Optimizer:
+        """DeepSpeed's own AdamW over the same parameter groups and hyperparameters (workloads.spec): its
+        fused CUDA kernel on a GPU, its vectorised C++ one on a CPU (DeepSpeedCPUAdam, ZeRO-Offload's),
+        each built as a torch extension on first use."""
+        groups, opt = optimizer_groups(model), OPTIMIZER
+        hyper = {"lr": opt.lr, "betas": (opt.beta1, opt.beta2), "eps": opt.eps}
+        if self.device.type == "cuda":
+            from deepspeed.ops.adam import FusedAdam
+
+            return FusedAdam(groups, adam_w_mode=True, **hyper)
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        return DeepSpeedCPUAdam(groups, adamw_mode=True, **hyper)
 
     def step(self, batches, sync_grads=True):
         """One engine.backward + engine.step per micro-batch, as DeepSpeed prescribes: backward scales the

@@ -13,10 +13,10 @@ import horovod
 import horovod.torch as hvd
 import torch
 
-from backends.horovod_torch import HorovodOptions, local_rank
+from backends.horovod_torch import local_rank
+from backends.horovod_torch.options import HorovodOptions
 from backends.horovod_torch.trace import horovod_collectives, timeline_events
 from backends.torch_common import TorchTrainer, joined
-from workloads.torch_model import make_optimizer
 
 
 def init_adamw_state(optimizer) -> None:
@@ -45,13 +45,14 @@ class HorovodTrainer(TorchTrainer):
         super().__init__(cfg)
         hvd.init()
         model = self.build_model()
+        self.compile_model(model)  # before Horovod's gradient hooks, as torch-ddp's before its wrapper
         compression = (
             hvd.Compression.fp16
             if HorovodOptions.from_dict(cfg.backend_options).compression == "fp16"
             else hvd.Compression.none
         )
         self.optimizer = hvd.DistributedOptimizer(
-            make_optimizer(model),
+            self.make_optimizer(model),
             named_parameters=model.named_parameters(),
             compression=compression,
             backward_passes_per_step=cfg.batch.grad_accum,

@@ -14,7 +14,9 @@ from backends.base import (
     Backend,
     LaunchPlan,
     Options,
+    Tuned,
     device_mask,
+    on_off,
     option,
     worker_python,
 )
@@ -43,6 +45,14 @@ class PaddleOptions(Options):
         help="with bf16/fp16: O1 autocast over fp32 parameters or O2 low-precision parameters "
         "with fp32 master weights",
     )
+    to_static: bool = option(
+        False,
+        "--to-static",
+        choices=("on", "off"),
+        parse=on_off,
+        help="paddle.jit.to_static the model's forward (a static graph Paddle optimises) before "
+        "DataParallel wraps it",
+    )
 
 
 def master_ip(addr: str) -> str:
@@ -68,7 +78,24 @@ class PaddleFleet(Backend[PaddleOptions]):
         # Sharded optimizers reduce gradients inside their step: no sync-off switch, only the counterfactual.
         return ("isolated",) if options.sharding_stage else self.compute_methods
 
-    def label(self, cfg):
+    def tuned(self, cfg):
+        """The model's forward as a static graph (paddle.jit.to_static), then DataParallel, the pattern of
+        PaddleNLP's trainers (model_zoo/bert/run_pretrain.py: to_static, then paddle.DataParallel); the
+        whole train step under to_static is experimental with DataParallel (PaddlePaddle/Paddle#54402).
+        Not in the set: CINN, which needs a CUDA build compiled with it; the fused attention, feed-forward
+        and norm kernels of paddle.incubate, GPU-only and other layers than the spec's (their parameters
+        are laid out differently); DataParallel's fuse size, whose default (25 MB) nothing recommends
+        changing."""
+        return {
+            "to_static": Tuned(
+                True,
+                "PaddlePaddle/PaddleNLP model_zoo/bert/run_pretrain.py (to_static, then DataParallel); "
+                "PaddlePaddle/Paddle python/paddle/jit/api.py",
+                numerics=True,
+            )
+        }
+
+    def stack_label(self, cfg):
         stage = self.options(cfg).sharding_stage
         return self.name + (f"-s{stage}" if stage else "") + ("-O2" if self.master_weights(cfg) else "")
 

@@ -134,6 +134,8 @@ class FleetTrainer(Trainer):
             model, optimizer = paddle.amp.decorate(  # type: ignore[assignment]
                 models=model, optimizers=optimizer, level="O2", dtype=self.amp_dtype, master_weight=True
             )
+        if options.to_static:  # converts the layer's forward in place: parameter names stay
+            model = paddle.jit.to_static(model)
         self.gpt, self.adamw = model, optimizer  # unwrapped: for weights and state counting
         scaler = paddle.amp.GradScaler(init_loss_scaling=2.0**15) if cfg.model.precision == "fp16" else None
         if self.stage >= 2:

@@ -17,6 +17,7 @@ from backends.base import (
     Backend,
     LaunchPlan,
     Options,
+    Tuned,
     option,
     worker_python,
 )
@@ -179,7 +180,23 @@ class TFMultiWorkerMirrored(Backend[TFOptions]):
                 "use --collective auto or ring"
             )
 
-    def label(self, cfg):
+    def tuned(self, cfg):
+        """XLA on the forward and backward (jit_compile), the compiled step TensorFlow's own benchmarks
+        run (tensorflow/models official/core RuntimeConfig.enable_xla; tensorflow.org/xla). Only the
+        per-replica gradients are compiled here, so the cross-worker all-reduce stays outside XLA, where
+        MWMS's collectives have kernels (XLA has no CollectiveReduceV2 or NCCL all-reduce kernel:
+        tensorflow/tensorflow#48502, #58961). The collective needs no setting: `auto` already runs NCCL
+        on a GPU (communication()). Mixed precision is --precision, the same for every stack."""
+        return {
+            "xla": Tuned(
+                True,
+                "tensorflow.org/xla (tf.function jit_compile); tensorflow/models official/core "
+                "config_definitions.py RuntimeConfig.enable_xla",
+                numerics=True,
+            )
+        }
+
+    def stack_label(self, cfg):
         return self.name + variant(cfg) + ("-xla" if self.options(cfg).xla else "")
 
     def settings(self, cfg):

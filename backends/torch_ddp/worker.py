@@ -6,7 +6,7 @@ from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from backends.torch_common import TorchTrainer
-from workloads.torch_model import make_optimizer
+from backends.torch_ddp.options import DDPOptions
 
 
 class DDPTrainer(TorchTrainer):
@@ -16,9 +16,16 @@ class DDPTrainer(TorchTrainer):
     def __init__(self, cfg):
         super().__init__(cfg)
         self.init_process_group()
+        opts = DDPOptions.from_dict(cfg.backend_options)
         model = self.build_model()
-        self.model = DDP(model, device_ids=[self.local_rank] if self.device.type == "cuda" else None)
-        self.optimizer = make_optimizer(model)
+        self.compile_model(model)  # before the wrapper, as nanoGPT: dynamo splits the graph at DDP's buckets
+        self.model = DDP(
+            model,
+            device_ids=[self.local_rank] if self.device.type == "cuda" else None,
+            bucket_cap_mb=opts.bucket_cap_mb,
+            gradient_as_bucket_view=opts.gradient_as_bucket_view,
+        )
+        self.optimizer = self.make_optimizer(model)
 
     def step(self, batches, sync_grads=True):
         self.optimizer.zero_grad(set_to_none=True)

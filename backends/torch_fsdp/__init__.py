@@ -12,19 +12,19 @@ from dataclasses import dataclass
 from backends.base import (
     TORCH_DISTRIBUTED_PEER_LOST,
     Backend,
-    Options,
     on_off,
     option,
     torchrun,
 )
 from backends.torch_fsdp.schedule import fsdp_schedule
+from backends.torch_tuning import TORCHTITAN, TorchTuning, torch_tuned
 from core.precision import LOW_PRECISIONS, autocast_numerics
 
 ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
 @dataclass(frozen=True)
-class FSDPOptions(Options):
+class FSDPOptions(TorchTuning):
     reshard_after_forward: bool = option(
         True,
         "--reshard-after-forward",
@@ -58,7 +58,13 @@ class TorchFSDP(Backend[FSDPOptions]):
     peer_lost_texts = TORCH_DISTRIBUTED_PEER_LOST
     Options = FSDPOptions
 
-    def label(self, cfg):
+    def tuned(self, cfg):
+        """torchtitan's recipe for a dense transformer: each block compiled before fully_shard, fused
+        AdamW, and fully_shard's own defaults for the rest (every block resharded after forward; implicit
+        prefetch of the next block's gather, which torchtitan overrides only for MoE models)."""
+        return torch_tuned(f"{TORCHTITAN}: each TransformerBlock compiled, then fully_shard")
+
+    def stack_label(self, cfg):
         opts = self.options(cfg)
         return (
             self.name

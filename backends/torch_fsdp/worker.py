@@ -13,7 +13,6 @@ from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from backends.torch_common import TorchTrainer, joined
 from backends.torch_fsdp import FSDPOptions
-from workloads.torch_model import make_optimizer
 
 
 class FSDPTrainer(TorchTrainer):
@@ -24,13 +23,14 @@ class FSDPTrainer(TorchTrainer):
         model = self.build_model()
         reduce_dtype = torch.float32 if self.amp_dtype and opts.fp32_reduce else self.amp_dtype
         policy = MixedPrecisionPolicy(param_dtype=self.amp_dtype, reduce_dtype=reduce_dtype)
+        self.compile_blocks(model)  # after activation checkpointing, before fully_shard: torchtitan's order
         for block in model.blocks:
             fully_shard(block, reshard_after_forward=opts.reshard_after_forward, mp_policy=policy)
         # The root keeps its parameters gathered until backward anyway. fully_shard returns the module itself,
         # now also an FSDPModule: `root` is the model typed as one (its sync switch, its state).
         self.root = fully_shard(model, mp_policy=policy)
         self.model = model
-        self.optimizer = make_optimizer(model)  # over the sharded (DTensor) parameters
+        self.optimizer = self.make_optimizer(model)  # over the sharded (DTensor) parameters
         if self.scaler:  # every rank must agree to skip a step on inf/NaN, but each sees only its shard
             self.scaler = ShardedGradScaler(self.device.type)
 

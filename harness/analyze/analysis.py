@@ -41,6 +41,7 @@ def run_row(record: dict) -> dict:
         "repeat": sweep.get("repeat"),
         "backend": cfg.backend,
         "label": key.label,
+        "variant": cfg.variant,
         "framework": info.get("framework"),
         "sharding": info.get("sharding"),
         "workload": key.workload,
@@ -104,6 +105,7 @@ def group_row(runs: pd.DataFrame) -> pd.Series:
     return pd.Series(
         {
             "backend": runs["backend"].iloc[0],
+            "variant": runs["variant"].iloc[0],  # part of the label: one per group
             "sharding": runs["sharding"].iloc[0],
             "runs": len(ok),
             "failed": len(runs) - len(ok),

@@ -335,6 +335,9 @@ def summarize(record: dict) -> dict:
     )
     measured_state = rank_max("model_state_bytes", "total")
     data_prep = stats(per_step_max(ranks, "data_prep"))["median"]
+    # The first warm-up step, slowest rank: what compiling (torch.compile, XLA, to_static) and first-touch
+    # allocation cost once per launch, which no statistic over the measured steps shows.
+    firsts = [r["warmup_step_times"][0] for r in ranks if r.get("warmup_step_times")]
     return {
         "step_time_s": t,
         "tokens_per_step": n_tokens,
@@ -342,6 +345,7 @@ def summarize(record: dict) -> dict:
         "throughput_samples_per_s": samples_per_step / t_step if t_step else None,
         "per_device_tokens_per_s": per_device,
         "data_prep_s": data_prep,
+        "first_step_s": max(firsts) if len(firsts) == len(ranks) and ranks else None,
         "loss_first": losses[0] if losses else None,
         "loss_last": losses[-1] if losses else None,
         "losses": losses,

@@ -313,13 +313,29 @@ def memory_reference(at: pd.DataFrame) -> str | None:
 def selection(ctx: dict, agg: pd.DataFrame, at_gpus: int | None, noise_cv: float) -> Section:
     measured = sorted(agg.loc[agg["runs"] > 0, "world_size"].unique())
     n = at_gpus or (measured[-1] if measured else None)
-    sec = Section(f"Framework selection at N={n}: {context_title(ctx)}", 3)
     at = agg[(agg["world_size"] == n) & (agg["runs"] > 0)].sort_values("throughput", ascending=False)
+    # Best against best: where tuned runs were measured, the ranking holds each stack's tuned variant
+    # against the others' (a stack with no tuned run joins with its default, named so by its label).
+    tuned = at[at["variant"] == "tuned"]
+    variant = ""
+    if len(tuned):
+        with_tuned = set(tuned["backend"])
+        at = at[(at["variant"] == "tuned") | ~at["backend"].isin(with_tuned)]
+        variant = " (tuned against tuned)"
+    sec = Section(f"Framework selection at N={n}{variant}: {context_title(ctx)}", 3)
     if at.empty:
         sec.blocks.append(
             f"No successful run at N={n}; measured N: {', '.join(map(str, measured)) or 'none'}."
         )
         return sec
+    if variant:
+        untuned = sorted(set(at.loc[at["variant"] != "tuned", "label"]))
+        sec.blocks.append(
+            "Ranked tuned against tuned: each stack with its tuned set (`--tuned`: the settings its own "
+            "documentation and reference trainers use), its default runs in the tables above"
+            + (f"; measured only by default: {', '.join(untuned)}" if untuned else "")
+            + "."
+        )
     ref_label = memory_reference(at)
     best, low_mem = at["throughput"].max(), at["peak_memory_bytes"].min()
     rows = []

@@ -105,6 +105,11 @@ def print_summary(record: dict, stream=None) -> None:
             f"{step_ms['median']} ms [{step_ms['p10']}, {step_ms['p90']}] over {t['n']} steps",
         ),
         (
+            "first step (warm-up)",
+            f"{fmt(s.get('first_step_s'), '{:.2f}')} s, slowest rank: compilation and first allocations, "
+            "in no statistic",
+        ),
+        (
             "throughput",
             f"{fmt(s['throughput_tokens_per_s'], '{:,.0f}')} tokens/s "
             f"({fmt(s['per_device_tokens_per_s'], '{:,.0f}')} per device)",
@@ -147,6 +152,24 @@ def print_summary(record: dict, stream=None) -> None:
             f"{fmt(s.get('minor_faults_per_step'), '{:,.1f}')} minor faults per step (slowest rank)",
         ),
     ]
+    tuned = record["backend_info"].get("tuned")
+    if tuned:
+        rows.insert(
+            1,
+            (
+                "tuned set (--tuned)",
+                "; ".join(
+                    f"{name}={setting['value']}"
+                    + (
+                        ""
+                        if setting["value"] == setting["tuned_value"]
+                        else f" (tuned: {setting['tuned_value']})"
+                    )
+                    + (" [numerics]" if setting["numerics"] else "")
+                    for name, setting in tuned.items()
+                ),
+            ),
+        )
     if s.get("cpu_oversubscribed"):
         o = s["cpu_oversubscribed"]
         rows.append(

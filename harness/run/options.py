@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 from backends import all_backends, backend_names, get_backend, interpreter
-from core.config import COMPUTE_METHODS, DEVICES, PRECISIONS, InvalidConfig, RunConfig
+from core.config import COMPUTE_METHODS, DEVICES, PRECISIONS, VARIANTS, InvalidConfig, RunConfig
 from core.hooks import FAULT_KINDS, TestHooks
 from core.process import available_cpus
 from harness.run.devices import resolve_device
@@ -165,6 +165,12 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         "--threads-per-worker", type=positive, help="CPU threads per worker (default: cores / gpus)"
     )
     p.add_argument("--activation-checkpointing", action="store_true")
+    p.add_argument(
+        "--tuned",
+        action="store_true",
+        help="the stack's tuned set: the settings its own documentation and reference trainers use (each "
+        "listed in the record with its source; a flag given as well overrides its setting)",
+    )
     p.add_argument("--data", help="flat uint16 token file (memory-mapped) instead of synthetic tokens")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=seconds, default=900.0, help="seconds before the whole run is killed")
@@ -200,10 +206,13 @@ def build_config(
     check_devices: bool = True,
     node_rank: int | None = None,
     backends_in_use: list[str] | None = None,
+    variant: str | None = None,
 ) -> RunConfig:
     """Validate CLI input into a RunConfig (raises UsageError with the valid choices). `check_devices`
     False: for a plan made elsewhere, do not require the GPUs to be visible here. `backends_in_use`: the
-    backends a sweep runs, whose options may all be given (default: this one)."""
+    backends a sweep runs, whose options may all be given (default: this one). `variant`: one of VARIANTS
+    (default: "tuned" under --tuned); a tuned run's options are the stack's tuned set on its device, under
+    the flags given."""
     backend = get_backend(choice(backend_name, backend_names(), "backend"))
     foreign_flags(args, backends_in_use or [backend.name])
     options = backend.Options.from_args(args)
@@ -281,6 +290,11 @@ def build_config(
         python=worker_python(args, backend.name, backends_in_use or [backend.name], check_devices),
         dump_weights=args.dump_weights,
     )
+    variant = variant or ("tuned" if getattr(args, "tuned", False) else "default")
+    choice(variant, VARIANTS, "variant")
+    if variant == "tuned":
+        tuned = {name: setting.value for name, setting in backend.tuned(cfg).items()}
+        cfg = cfg.evolve(backend_options=backend.Options.from_args(args, tuned).to_dict(), variant=variant)
     try:
         backend.validate(cfg)
     except InvalidConfig as exc:

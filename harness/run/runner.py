@@ -496,6 +496,19 @@ def record_line(record: dict, path: Path) -> str:
     return f"record: NOT written to {lost['path']} ({lost['error']}); {where}"
 
 
+def tuned_settings(backend: Backend, cfg: RunConfig) -> dict:
+    """A tuned run's tuned set as applied: each setting's value in this run (a flag given by hand wins over
+    the tuned value, and says so), its source, and whether it changes the floating-point result. Empty for
+    a default run."""
+    if cfg.variant != "tuned":
+        return {}
+    options = cfg.backend_options
+    return {
+        name: {**setting.to_dict(), "value": options.get(name), "tuned_value": setting.value}
+        for name, setting in backend.tuned(cfg).items()
+    }
+
+
 def assemble_record(
     backend: Backend,
     cfg: RunConfig,
@@ -538,6 +551,8 @@ def assemble_record(
             "precision_scheme": backend.precision_scheme(cfg),
             "comm_pattern": dataclasses.asdict(backend.comm_pattern(cfg)),
             "settings": backend.settings(cfg),
+            "variant": cfg.variant,
+            "tuned": tuned_settings(backend, cfg),
         },
         "launch": launch or {},
         "comm": comm,

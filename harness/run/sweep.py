@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from backends import backend_names, get_backend
 from backends.base import Backend
-from core.config import BatchConfig, RunConfig
+from core.config import VARIANTS, BatchConfig, RunConfig
 from core.process import available_cpus
 from core.records import config_key, load_records
 from harness.run.launch import stop_on_sigterm, stopped
@@ -69,6 +69,20 @@ def selected_backends(text: str) -> list[str]:
     return list(dict.fromkeys(wanted))
 
 
+def selected_variants(args) -> list[str]:
+    """--variants 'default,tuned' -> ["default", "tuned"]; without it, what --tuned says (one variant)."""
+    if not getattr(args, "variants", None):
+        return ["tuned" if args.tuned else "default"]
+    if args.tuned:
+        raise UsageError("give --variants or --tuned, not both (--tuned is --variants tuned)")
+    wanted = [v.strip() for v in args.variants.split(",") if v.strip()]
+    for variant in wanted:
+        choice(variant, list(VARIANTS), "variant")
+    if not wanted:
+        raise UsageError(f"--variants: expected a comma-separated list of {', '.join(VARIANTS)}")
+    return list(dict.fromkeys(wanted))
+
+
 def batch_args(args, scaling: str, ns: list[int]) -> argparse.Namespace:
     """The run options for one scaling mode. Weak: the per-device batch is fixed (--micro-batch).
     Strong: the global batch is fixed (--global-batch; by default micro-batch x grad-accum x lcm(N), so it
@@ -106,6 +120,7 @@ def plan(args) -> tuple[list[PlannedRun], dict[str, str]]:
     threads = args.threads_per_worker or max(1, available_cpus() // max(args.gpus))
     skipped, configs = {}, []
     names = selected_backends(args.backends)
+    variants = selected_variants(args)
     for name in names:
         backend = get_backend(name)
         ok, reason = backend.availability(worker_python(args, name, names))
@@ -113,7 +128,9 @@ def plan(args) -> tuple[list[PlannedRun], dict[str, str]]:
             skipped[name] = reason
             continue
         configs += [
-            (backend, build_config(run_args, name, n, threads, backends_in_use=names)) for n in args.gpus
+            (backend, build_config(run_args, name, n, threads, backends_in_use=names, variant=variant))
+            for variant in variants
+            for n in args.gpus
         ]
     if not configs:
         raise UsageError(
@@ -247,6 +264,10 @@ def register(subparsers) -> None:
     p.add_argument("--backends", default="all", help=f"comma-separated, or all: {', '.join(backend_names())}")
     p.add_argument("--gpus", type=gpu_list, required=True, help="comma-separated N (ranks), e.g. 1,2,4,8")
     p.add_argument("--repeats", type=positive, default=3, help="separate launches per backend x N")
+    p.add_argument(
+        "--variants",
+        help=f"comma-separated, of {', '.join(VARIANTS)}: each backend x N in each (default: --tuned's one)",
+    )
     p.add_argument(
         "--scaling",
         choices=SCALING_MODES,

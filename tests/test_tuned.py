@@ -1,0 +1,175 @@
+"""`--tuned`: each stack's tuned set (the settings its experts use, with their sources) applied to its
+options, recorded, and kept apart from default runs wherever runs are matched or ranked. The tuned runs
+themselves (the same losses as the default within a stated tolerance) are tests/test_tuned_runs.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+from record_factory import BACKENDS, make_record
+
+from backends import all_backends, backend_names, get_backend
+from core.config import RunConfig
+from core.records import config_key, write_json_atomic
+from harness.cli import main, make_parser
+from harness.run.options import build_config
+from harness.run.sweep import plan as sweep_plan
+from harness.usage import UsageError
+from workloads.spec import PRESETS
+
+pytestmark = pytest.mark.unit
+
+
+def cfg_for(argv: list[str]) -> RunConfig:
+    args = make_parser().parse_args(["run", *argv])
+    return build_config(args, args.backend, args.gpus, check_devices=False)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("name", backend_names())
+def test_every_stack_has_a_tuned_set_of_its_own_options_each_with_a_source(name, device):
+    backend = get_backend(name)
+    cfg = RunConfig.build(backend=name, workload="tiny", spec=PRESETS["tiny"], world_size=2, device=device)
+    tuned = backend.tuned(cfg)
+    fields = {f.name: f for f in dataclasses.fields(backend.Options)}
+    assert tuned, f"{name} has no tuned set"
+    for option_name, setting in tuned.items():
+        assert option_name in fields, f"{name}: {option_name} is not one of its options"
+        assert setting.value != fields[option_name].default, f"{name}: {option_name} tuned to its default"
+        assert len(setting.source) > 20, f"{name}: {option_name} needs its source"
+
+
+def test_tuned_applies_the_set_and_a_flag_given_wins(monkeypatch):
+    base = ["--backend", "torch-ddp", "--gpus", "2", "--device", "cpu"]
+    default, tuned = cfg_for(base), cfg_for([*base, "--tuned"])
+    assert default.variant == "default" and tuned.variant == "tuned"
+    assert default.backend_options == {
+        "compile": False,
+        "adamw": "default",
+        "bucket_cap_mb": 25,
+        "gradient_as_bucket_view": False,
+    }
+    assert tuned.backend_options == {
+        "compile": True,
+        "adamw": "fused",
+        "bucket_cap_mb": 100,
+        "gradient_as_bucket_view": True,
+    }
+    mixed = cfg_for([*base, "--tuned", "--compile", "off", "--bucket-cap-mb", "50"])
+    assert mixed.variant == "tuned" and mixed.backend_options["compile"] is False
+    assert mixed.backend_options["bucket_cap_mb"] == 50 and mixed.backend_options["adamw"] == "fused"
+    # one by one, without --tuned: still the default variant, with that one setting
+    one = cfg_for([*base, "--adamw", "fused"])
+    assert one.variant == "default" and one.backend_options["adamw"] == "fused"
+
+
+def test_the_variant_is_in_the_label_the_config_and_the_match_key():
+    tuned, default = make_record("horovod", 2, variant="tuned"), make_record("horovod", 2)
+    assert tuned["backend_info"]["label"] == "horovod+tuned" and default["backend_info"]["label"] == "horovod"
+    assert tuned["config"]["variant"] == "tuned" and tuned["backend_info"]["variant"] == "tuned"
+    assert set(tuned["backend_info"]["tuned"]) == {"compile", "adamw"}
+    assert tuned["backend_info"]["tuned"]["adamw"]["value"] == "fused"
+    assert default["backend_info"]["tuned"] == {}
+    assert config_key(tuned) != config_key(default)  # compare, history and sweeps never pair them
+    assert RunConfig.from_dict(tuned["config"]).variant == "tuned"
+    old = dict(default["config"])
+    del old["variant"]  # a record from before variants
+    assert RunConfig.from_dict(old).variant == "default"
+
+
+def test_a_flag_several_stacks_share_is_taken_by_each_and_refused_by_the_others():
+    for name in ("torch-ddp", "torch-fsdp", "horovod"):
+        assert cfg_for(
+            ["--backend", name, "--gpus", "2", "--device", "cpu", "--compile", "on"]
+        ).backend_options["compile"]
+    with pytest.raises(UsageError, match="--compile is an option of backends torch-ddp, torch-fsdp, horovod"):
+        cfg_for(["--backend", "deepspeed", "--gpus", "2", "--device", "cpu", "--compile", "on"])
+
+
+def test_the_schedules_follow_the_bucket_and_fusion_settings():
+    """DDP's buckets and Horovod's fusion buffer are what the analytic schedule (and the prediction) read:
+    a tuned run is priced with its own buffers, not the defaults."""
+
+    def calls(argv):
+        cfg = cfg_for(["--gpus", "2", "--device", "cpu", "--workload", "small", *argv])
+        return len(get_backend(cfg.backend).schedule(cfg).terms[0].calls)
+
+    assert calls(["--backend", "torch-ddp"]) > calls(["--backend", "torch-ddp", "--tuned"])  # 25 -> 100 MiB
+    assert calls(["--backend", "horovod", "--hvd-fusion-mb", "8"]) > calls(["--backend", "horovod"])
+
+
+def test_horovod_states_its_fusion_settings_to_every_worker():
+    cfg = cfg_for(["--backend", "horovod", "--gpus", "2", "--device", "cpu", "--hvd-cycle-ms", "3.5"])
+    env = get_backend("horovod").worker_env(cfg)
+    assert env["HOROVOD_FUSION_THRESHOLD"] == str(128 << 20) and env["HOROVOD_CYCLE_TIME"] == "3.5"
+    assert "HOROVOD_AUTOTUNE" not in env
+
+
+def test_a_sweep_of_both_variants_plans_each_backend_and_n_twice(monkeypatch):
+    for backend in all_backends():
+        monkeypatch.setattr(type(backend), "availability", lambda self, python=None: (True, ""))
+    argv = "sweep --backends torch-ddp,tf-mwms --gpus 1,2 --repeats 1 --device cpu --variants default,tuned"
+    runs, _ = sweep_plan(make_parser().parse_args(argv.split()))
+    labels = [(r.backend.label(r.cfg), r.cfg.topology.world_size) for r in runs]
+    assert labels == [
+        ("torch-ddp", 1),
+        ("torch-ddp", 2),
+        ("torch-ddp+tuned", 1),
+        ("torch-ddp+tuned", 2),
+        ("tf-mwms", 1),
+        ("tf-mwms", 2),
+        ("tf-mwms-xla+tuned", 1),
+        ("tf-mwms-xla+tuned", 2),
+    ]
+    for bad in ("--variants fast", "--variants tuned --tuned"):
+        with pytest.raises(UsageError):
+            sweep_plan(make_parser().parse_args([*argv.split()[:-2], *bad.split()]))
+
+
+def test_the_selection_ranks_tuned_against_tuned_and_says_so(tmp_path, capsys):
+    """Default runs of every stack, tuned runs of three: the ranking holds the three tuned and the others'
+    defaults, never a stack twice, and says which were measured only by default."""
+    tuned_labels = ("torch-ddp", "horovod", "tf-mwms")
+    for label in BACKENDS:
+        for repeat in range(2):
+            for n, t in ((1, 0.1), (2, 0.125)):
+                rec = make_record(label, n, t, repeat=repeat)
+                write_json_atomic(tmp_path / f"{rec['run_id']}.json", rec)
+                if label in tuned_labels:
+                    rec = make_record(label, n, t * 0.8, repeat=repeat, variant="tuned")
+                    write_json_atomic(tmp_path / f"{rec['run_id']}.json", rec)
+    assert main(["report", str(tmp_path), "--at-gpus", "2"]) == 0
+    md = capsys.readouterr().out
+    assert "Framework selection at N=2 (tuned against tuned)" in md
+    ranked = [label for _, label in re.findall(r"^\| (\d) \| ([\w+-]+) \|", md, re.M)]
+    assert sorted(ranked) == sorted(
+        [
+            "torch-ddp+tuned",
+            "horovod+tuned",
+            "tf-mwms-xla+tuned",
+            "torch-fsdp",
+            "deepspeed-zero3",
+            "paddle-fleet",
+        ]
+    )
+    assert "measured only by default: deepspeed-zero3, paddle-fleet, torch-fsdp" in md
+    # the scaling table keeps both variants
+    assert re.search(r"^\| torch-ddp \| 2 \|", md, re.M) and re.search(
+        r"^\| torch-ddp\+tuned \| 2 \|", md, re.M
+    )
+
+
+def test_the_first_step_is_the_slowest_ranks_first_warm_up_step():
+    """What compiling costs, once per launch: the first warm-up step of the slowest rank, in no statistic
+    over the measured steps (None without warm-up step times, never guessed from the measured ones)."""
+    from harness.analyze.metrics import summarize
+
+    rec = make_record("torch-ddp", 2, 0.1, variant="tuned")
+    assert summarize(rec)["first_step_s"] is None
+    rec["ranks"][0]["warmup_step_times"] = [4.5, 0.2]
+    assert summarize(rec)["first_step_s"] is None  # one rank's is not the run's
+    rec["ranks"][1]["warmup_step_times"] = [6.0, 0.1]
+    s = summarize(rec)
+    assert s["first_step_s"] == 6.0 and s["step_time_s"]["median"] == pytest.approx(0.1)
