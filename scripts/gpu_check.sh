@@ -8,7 +8,9 @@
 #
 # What it covers (the checks and their rules live in scripts/gpu_check.py, whose docstring lists them, so
 # that tests/test_gpu_check.py can hold the decisions to records on a CPU): torch-ddp, torch-fsdp and
-# DeepSpeed ZeRO-1/ZeRO-3 at 1 GPU in fp32, bf16 and fp16; two ranks on cuda:0 over gloo; NCCL at world 1
+# DeepSpeed ZeRO-1/ZeRO-3 at 1 GPU in fp32, bf16 and fp16; torch-ddp and torch-fsdp `--tuned` in bf16
+# (torch.compile, fused AdamW: the compile time and the throughput against the default run); two ranks on
+# cuda:0 over gloo; NCCL at world 1
 # under the profiler; the TF32 state of fp32 runs with and without --tf32; the allocator peak reset after
 # warm-up; 1b bf16 MFU; the precision facts each record states.
 #

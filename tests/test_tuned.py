@@ -155,6 +155,7 @@ def test_the_selection_ranks_tuned_against_tuned_and_says_so(tmp_path, capsys):
         ]
     )
     assert "measured only by default: deepspeed-zero3, paddle-fleet, torch-fsdp" in md
+    assert "(0.50x torch-ddp+tuned)" in md  # FSDP's model state against plain DDP's, in its tuned variant
     # the scaling table keeps both variants
     assert re.search(r"^\| torch-ddp \| 2 \|", md, re.M) and re.search(
         r"^\| torch-ddp\+tuned \| 2 \|", md, re.M

@@ -1,7 +1,8 @@
 """Each stack's tuned set (`--tuned`) trains the same model with the same update: at 2 ranks on CPU, on the
-drawn shape of tests/test_equivalence.py (RECORD_SHAPE), in fp32 over 10 steps, its losses stay within the
-bound every default run of its framework is held to against torch-ddp's default losses (loss_atol: 1e-5
-for the torch family, 3e-5 for TensorFlow and Paddle, tests/test_equivalence.py). The tuned sets change the
+drawn shape of tests/test_equivalence.py (RECORD_SHAPE; torch-ddp also on ISSUE_SHAPE with accumulation),
+in fp32 over 10 steps, its losses stay within the bound every default run of its framework is held to
+against torch-ddp's default losses (loss_atol: 1e-5 for the torch family, 3e-5 for TensorFlow and Paddle,
+tests/test_equivalence.py). The tuned sets change the
 arithmetic, not the maths: inductor (torch.compile), XLA and Paddle's static graph fuse and reorder, fused
 AdamW kernels round the update in another order. Measured max |loss - torch-ddp's default| (losses ~5.6):
 4.8e-7 for each torch stack (their default runs: 0 to 7.2e-7), 1.7e-6 for tf-mwms with XLA, 9.5e-7 for
@@ -14,20 +15,23 @@ from __future__ import annotations
 
 import pytest
 from conftest import run_record
-from test_equivalence import RECORD_SHAPE, assert_same_losses, ddp_reference, loss_atol
+from test_equivalence import ISSUE_SHAPE, RECORD_SHAPE, assert_same_losses, ddp_reference, loss_atol
 
 from backends import backend_names, get_backend
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> list[float]:
-    return ddp_reference(RECORD_SHAPE, tmp_path_factory)["summary"]["losses"]
+# Every stack on RECORD_SHAPE in one micro-batch a step; torch-ddp also on ISSUE_SHAPE with two accumulated
+# micro-batches, where its tuned set meets no_sync: the gradients, views into DDP's buckets
+# (gradient_as_bucket_view), accumulate across a compiled backward that skips the all-reduce.
+CASES = [(name, RECORD_SHAPE, 1) for name in backend_names()] + [("torch-ddp", ISSUE_SHAPE, 2)]
 
 
-@pytest.mark.parametrize("backend", backend_names())
-def test_a_tuned_run_trains_the_same_model_as_the_default_and_lists_its_set(backend, reference, out):
+@pytest.mark.parametrize(("backend", "shape", "accum"), CASES, ids=[f"{b}-{s}-accum{a}" for b, s, a in CASES])
+def test_a_tuned_run_trains_the_same_model_as_the_default_and_lists_its_set(
+    backend, shape, accum, tmp_path_factory, out
+):
     adapter = get_backend(backend)
     ok, why = adapter.availability()
     if not ok:
@@ -36,7 +40,7 @@ def test_a_tuned_run_trains_the_same_model_as_the_default_and_lists_its_set(back
         out,
         "--backend",
         backend,
-        *RECORD_SHAPE.args(),
+        *shape.args(accum=accum),
         "--tuned",
         "--compute-method",
         "none",
@@ -45,9 +49,8 @@ def test_a_tuned_run_trains_the_same_model_as_the_default_and_lists_its_set(back
     )
     info, summary = rec["backend_info"], rec["summary"]
     assert rec["status"] == "ok" and info["variant"] == "tuned" and info["label"].endswith("+tuned")
-    assert info["tuned"] and all(
-        s["value"] == s["tuned_value"] and s["source"] for s in info["tuned"].values()
-    )
-    assert_same_losses(
-        summary["losses"], reference, f"{backend} --tuned on {RECORD_SHAPE}", loss_atol(backend)
-    )
+    settings = info["tuned"].values()
+    assert settings and all(s["value"] == s["tuned_value"] and s["source"] for s in settings)
+    reference = ddp_reference(shape, tmp_path_factory)["summary"]["losses"]
+    what = f"{backend} --tuned on {shape}, accum {accum}"
+    assert_same_losses(summary["losses"], reference, what, loss_atol(backend))

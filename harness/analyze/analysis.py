@@ -70,6 +70,7 @@ def run_row(record: dict) -> dict:
         "model_state_bytes": s["model_state_bytes_per_rank"],
         "model_state_analytic": s["model_state_bytes_analytic"],
         "mfu": s["mfu"],
+        "first_step_s": s["first_step_s"],
         "loss_first": s["loss_first"],
         "loss_last": s["loss_last"],
         "start_time": env.get("start_time"),
@@ -123,6 +124,8 @@ def group_row(runs: pd.DataFrame) -> pd.Series:
             "model_state_bytes": median(ok["model_state_bytes"]),
             "model_state_analytic": median(ok["model_state_analytic"]),
             "mfu": median(ok["mfu"]),
+            # what compiling (and first allocations) cost once per launch: the median launch's
+            "first_step_s": median(ok["first_step_s"]),
         }
     )
 

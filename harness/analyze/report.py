@@ -96,6 +96,7 @@ SCALING_HEADERS = [
     "exposed comm",
     "volume / exposed time",
     "MFU",
+    "first step (compile)",
 ]
 
 
@@ -133,6 +134,7 @@ def scaling_table(agg: pd.DataFrame) -> Table:
                 pct(r.exposed_comm_ratio, 1),
                 nbytes(r.volume_per_exposed_s) + "/s" if value(r.volume_per_exposed_s) is not None else "n/a",
                 pct(r.mfu, 1),
+                num(r.first_step_s, "{:.2f} s"),
             ]
         )
     return Table(SCALING_HEADERS, rows)
@@ -304,8 +306,9 @@ def advice(r, at: pd.DataFrame, ref_label: str | None, noise_cv: float) -> str:
 def memory_reference(at: pd.DataFrame) -> str | None:
     """The yardstick for model state: plain replicated data parallelism (the suite's REFERENCE_BACKEND) if
     measured, else the heaviest."""
-    if REFERENCE_BACKEND in set(at["label"]):
-        return REFERENCE_BACKEND
+    plain = at[at["backend"] == REFERENCE_BACKEND]  # in the variant ranked: torch-ddp+tuned among tuned
+    if len(plain):
+        return str(plain.sort_values("label")["label"].iloc[0])
     states = at.dropna(subset=["model_state_bytes"])
     return states.loc[states["model_state_bytes"].idxmax(), "label"] if len(states) else None
 
