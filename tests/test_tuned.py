@@ -48,7 +48,7 @@ def test_tuned_applies_the_set_and_a_flag_given_wins(monkeypatch):
     assert default.backend_options == {
         "compile": False,
         "adamw": "default",
-        "bucket_cap_mb": 25,
+        "bucket_cap_mb": None,
         "gradient_as_bucket_view": False,
     }
     assert tuned.backend_options == {

@@ -10,8 +10,15 @@ DDP_DOCSTRING = "torch/nn/parallel/distributed.py DistributedDataParallel docstr
 
 @dataclass(frozen=True)
 class DDPOptions(TorchTuning):
-    bucket_cap_mb: int = option(
-        25, "--bucket-cap-mb", type=int, help="DDP's gradient bucket size in MiB (its bucket_cap_mb)"
+    # None is DDP's own default, which is not the same as 25 given: torch 2.13's DDP closes its first bucket
+    # at 1 MiB only when bucket_cap_mb is not given (_BucketCapacityConfig.create); a size given applies to
+    # every bucket, the first included.
+    bucket_cap_mb: int | None = option(
+        None,
+        "--bucket-cap-mb",
+        type=int,
+        help="DDP's gradient bucket size in MiB (bucket_cap_mb), the first bucket included (default: DDP's "
+        "own, 25 MiB with a 1 MiB first bucket)",
     )
     gradient_as_bucket_view: bool = option(
         False,
