@@ -21,8 +21,9 @@ else
   tail -n 5 .venv/distbench/horovod-install.log > .venv/distbench/horovod-unavailable
   echo "horovod: build failed, continuing without it (see .venv/distbench/horovod-install.log)"
 fi
-# On CPU, DeepSpeed compiles its shared-memory collective op when its process group starts: minutes on 2
-# cores. Build it once now, not inside the first deepspeed run's timeout, in this environment's own folder
+# On CPU, DeepSpeed compiles its shared-memory collective op when its process group starts, and its CPU Adam
+# (a --tuned run's optimizer) when that is built: a minute or more each on 2 cores. Build both once now, not
+# inside the first deepspeed run's timeout, in this environment's own folder
 # (where the deepspeed adapter points its workers): a build killed in a shared ~/.cache leaves a `lock` file
 # on which every later build waits for ever. Set-up is the only builder of its own folder: it clears such a lock.
 if ! { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }; then
@@ -31,8 +32,9 @@ if ! { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
     find "$TORCH_EXTENSIONS_DIR" -name lock -type f -delete 2>/dev/null || true
   fi
   DS_ACCELERATOR=cpu timeout 1800 .venv/bin/python -c \
-    'from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder as B; B().load()' \
-    > .venv/distbench/deepspeed-ops.log 2>&1 || echo "deepspeed: CPU comm op not built (see .venv/distbench/deepspeed-ops.log)"
+    'from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder as B; B().load()
+from deepspeed.ops.op_builder.cpu import CPUAdamBuilder as A; A().load()' \
+    > .venv/distbench/deepspeed-ops.log 2>&1 || echo "deepspeed: CPU ops not built (see .venv/distbench/deepspeed-ops.log)"
 fi
 .venv/bin/harness list
 .venv/bin/harness run --backend torch-ddp --gpus 2 --workload tiny

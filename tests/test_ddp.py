@@ -114,15 +114,20 @@ def test_one_worker_and_two_workers_reach_the_same_weights(one_rank, out):
         np.testing.assert_allclose(w1[name], w2[name], atol=2e-5, rtol=0, err_msg=name)
 
 
-def test_comm_ratio_is_zero_for_one_worker_and_positive_for_two(one_rank, out):
+def test_comm_ratio_is_zero_for_one_worker_and_measured_for_two(one_rank, out):
+    """One rank has no communication to expose. Two ranks measure t_compute with sync off and derive the
+    ratio from it; only gross bounds hold on a live run, since on a loaded machine the sync-off steps can
+    take as long as the synced ones (the ratio is then 0, the volume per exposed second unknown). That the
+    ratio is (t_step - t_compute) / t_step, clamped at 0, is tests/test_metrics.py's, on recorded times."""
     alone = one_rank["summary"]
     assert alone["exposed_comm_ratio"] == 0.0 and alone["compute_method"] == "none"
-    # A communication-heavy shape (4M parameters, one sequence per rank) so the all-reduce is visible on CPU.
+    # A communication-heavy shape (4M parameters, one sequence per rank), where the all-reduce is large.
     shape = ["--workload", "tiny", "--d-model", "256", "--micro-batch", "1", *FAST]
     two = run_record(out, "--backend", "torch-ddp", "--gpus", "2", *shape)
-    ratio = two["summary"]["exposed_comm_ratio"]
-    assert 0.0 < ratio < 1.0, two["summary"]
-    assert two["summary"]["volume_per_exposed_s"] > 0
+    s = two["summary"]
+    assert s["compute_method"] == "no_sync" and s["t_compute_s"] > 0, s
+    assert 0.0 <= s["exposed_comm_ratio"] < 1.0, s
+    assert s["comm_bytes_per_rank_per_step"] > 0 and s["comm_measured"]["bytes_per_rank_per_step"] > 0, s
 
 
 def assert_phases(shown: str, *phases: str) -> None:

@@ -86,16 +86,22 @@ GLOO_FRAMING_BYTES_PER_CALL = 512  # a call on one tensor: its messages' headers
 def assert_wire_bytes_are_the_gradients_once_per_step(m: dict, wires: list[dict]) -> None:
     """Each of 2 ranks sends half its gradients in the all-reduce's reduce-scatter and half in its
     all-gather: 4N bytes a step (2(n-1)/n x S with S = 4N), plus gloo's framing, on its TCP connections;
-    and over each connection between the two ranks, what one end sent is what the other received. (A
-    rank's totals also hold its own launcher's and store's connections, whose traffic falls in the traced
-    window or not as the timing goes: one such message made rank 0's total 192 bytes more than rank 1's.)"""
+    and over each connection between the two ranks, what one end sent is what the other received, but
+    for a message in flight at the edge of the traced windows: each rank opens and closes its own, so a
+    message one sent just before its window closed can reach the other after the other's had (under load,
+    192 bytes of one connection's 978 KB were). A rank's totals also hold its own launcher's and store's
+    connections, whose traffic falls in the traced window or not as the timing goes."""
     for rank, sent in m["wire_sent_bytes_per_step"].items():
         assert 4 * N <= sent <= 4 * N + GLOO_FRAMING_BYTES_PER_STEP, (rank, sent, 4 * N)
     ends = [{tuple(c["endpoints"]): c for c in w["connections"]} for w in wires]
     between = [(c, ends[1][(p, loc)]) for (loc, p), c in ends[0].items() if (p, loc) in ends[1]]
     assert sum(c0["sent_bytes"] for c0, _ in between) >= 4 * N, (wires, "the gradients' bytes between ranks")
     for c0, c1 in between:
-        assert (c0["sent_bytes"], c0["received_bytes"]) == (c1["received_bytes"], c1["sent_bytes"]), (c0, c1)
+        for sent, received in (
+            (c0["sent_bytes"], c1["received_bytes"]),
+            (c1["sent_bytes"], c0["received_bytes"]),
+        ):
+            assert abs(sent - received) <= GLOO_FRAMING_BYTES_PER_CALL, (c0, c1)
 
 
 def assert_reducer_log_and_wire_count_the_gradients_once_per_step(rec: dict) -> None:
