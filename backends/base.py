@@ -62,6 +62,12 @@ def on_off(text: str) -> bool:
     return text == "on"
 
 
+def switch(default, flag: str, help: str):
+    """A field of a backend's Options set by `FLAG on|off`: unlike a bare flag, it can turn off what a
+    tuned set (`--tuned`) turned on."""
+    return option(default, flag, help, choices=("on", "off"), parse=on_off)
+
+
 @dataclass(frozen=True)
 class Options:
     """A backend's options; each adapter subclasses it with its own fields (declared with `option`)."""

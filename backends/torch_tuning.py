@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from backends.base import Options, Tuned, on_off, option
+from backends.base import Options, Tuned, option, switch
 
 ADAMW_IMPLEMENTATIONS = ("default", "foreach", "fused")
 NANOGPT = "karpathy/nanoGPT train.py and model.py configure_optimizers"
@@ -30,11 +30,9 @@ class TorchTuning(Options):
     """torch.compile and AdamW's implementation, options of every torch-family stack that steps a torch
     optimizer itself (DeepSpeed's engine takes its own: --ds-optimizer)."""
 
-    compile: bool = option(
+    compile: bool = switch(
         False,
         "--compile",
-        choices=("on", "off"),
-        parse=on_off,
         help="torch.compile the model (torch-ddp, horovod: the whole model before the wrapper, as nanoGPT; "
         "torch-fsdp: each block before fully_shard, as torchtitan)",
     )

@@ -30,8 +30,8 @@ from backends.base import (
     LaunchPlan,
     Options,
     Tuned,
-    on_off,
     option,
+    switch,
     worker_python,
 )
 from backends.deepspeed_zero.comm import stage3_settings
@@ -116,11 +116,9 @@ class DeepSpeedOptions(Options):
         help="the AdamW the engine steps: torch's (the same as every torch stack), or DeepSpeed's own "
         "(FusedAdam on a GPU, DeepSpeedCPUAdam on a CPU; both built as C++/CUDA ops on first use)",
     )
-    overlap_comm: bool | None = option(
+    overlap_comm: bool | None = switch(
         None,
         "--overlap-comm",
-        choices=("on", "off"),
-        parse=on_off,
         help="ZeRO's overlap_comm: reduce gradients on a side stream while backward goes on (DeepSpeed's "
         "default: on at stage 3, off below)",
     )

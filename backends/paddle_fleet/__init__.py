@@ -16,8 +16,8 @@ from backends.base import (
     Options,
     Tuned,
     device_mask,
-    on_off,
     option,
+    switch,
     worker_python,
 )
 from backends.paddle_fleet.schedule import fleet_schedule
@@ -45,11 +45,9 @@ class PaddleOptions(Options):
         help="with bf16/fp16: O1 autocast over fp32 parameters or O2 low-precision parameters "
         "with fp32 master weights",
     )
-    to_static: bool = option(
+    to_static: bool = switch(
         False,
         "--to-static",
-        choices=("on", "off"),
-        parse=on_off,
         help="paddle.jit.to_static the model's forward (a static graph Paddle optimises) before "
         "DataParallel wraps it",
     )

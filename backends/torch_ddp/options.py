@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-from backends.base import on_off, option
+from backends.base import option, switch
 from backends.torch_tuning import TorchTuning
 
 DDP_DOCSTRING = "torch/nn/parallel/distributed.py DistributedDataParallel docstring"
@@ -20,10 +20,8 @@ class DDPOptions(TorchTuning):
         help="DDP's gradient bucket size in MiB (bucket_cap_mb), the first bucket included (default: DDP's "
         "own, 25 MiB with a 1 MiB first bucket)",
     )
-    gradient_as_bucket_view: bool = option(
+    gradient_as_bucket_view: bool = switch(
         False,
         "--grad-as-bucket-view",
-        choices=("on", "off"),
-        parse=on_off,
         help="DDP's gradient_as_bucket_view: .grad tensors are views into the buckets, one copy fewer",
     )

@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from backends.base import (
     TORCH_DISTRIBUTED_PEER_LOST,
     Backend,
-    on_off,
-    option,
+    switch,
     torchrun,
 )
 from backends.torch_fsdp.schedule import fsdp_schedule
@@ -25,19 +24,15 @@ ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 @dataclass(frozen=True)
 class FSDPOptions(TorchTuning):
-    reshard_after_forward: bool = option(
+    reshard_after_forward: bool = switch(
         True,
         "--reshard-after-forward",
-        choices=("on", "off"),
-        parse=on_off,
         help="free each block's gathered parameters after forward and gather them again for backward (on: "
         "less memory), or keep them (off)",
     )
-    fp32_reduce: bool = option(
+    fp32_reduce: bool = switch(
         True,
         "--fp32-reduce",
-        choices=("on", "off"),
-        parse=on_off,
         help="with bf16/fp16: reduce-scatter gradients in fp32 (on, reduce_dtype=fp32: the suite's "
         "definition) or in the low precision (off: half the bytes)",
     )
