@@ -282,7 +282,8 @@ def test_collective_time_uses_nvlink_in_a_node_and_the_nics_across_nodes():
         ("deepspeed", {"zero_stage": 1, "mixed_precision": "native"}, lambda n: 4 + 12 / n),
         ("deepspeed", {"zero_stage": 2, "mixed_precision": "native"}, lambda n: 2 + 14 / n),
         ("deepspeed", {"zero_stage": 3, "mixed_precision": "native"}, lambda n: 16 / n),
-        ("deepspeed", {"zero_stage": 3}, lambda n: 16 / n),  # autocast: fp32 params, grads, moments
+        # autocast: fp32 params, grads and moments, and the ZeRO optimizer's own fp32 copy of its partition
+        ("deepspeed", {"zero_stage": 3}, lambda n: 20 / n),
         ("torch-fsdp", {}, lambda n: 16 / n),
     ],
 )

@@ -41,6 +41,10 @@ def test_model_state_bytes_by_sharding():
     assert s.model_state_bytes("fp32", sharding="parameters", world_size=4)["total"] == 16 * n / 4
     master = s.model_state_bytes("bf16", scheme="master", sharding="optimizer", world_size=2)
     assert (master["params"], master["grads"], master["optimizer"]) == (2 * n, 2 * n, 6 * n)
+    # ZeRO's optimizer keeps its fp32 copy over an fp32 module too, in fp32 as under autocast
+    for precision in ("fp32", "bf16"):
+        zero = s.model_state_bytes(precision, scheme="fp32-master", sharding="optimizer", world_size=2)
+        assert (zero["params"], zero["grads"], zero["optimizer"]) == (4 * n, 4 * n, 6 * n)
 
 
 def test_init_is_deterministic_and_order_independent():

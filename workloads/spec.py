@@ -21,10 +21,12 @@ import numpy as np
 #   fp32:                    param 4 + grad 4 + exp_avg 4 + exp_avg_sq 4
 #   autocast (torch/TF/Paddle O1): the same fp32 params/grads/moments; low precision only in compute
 #   master weights (ZeRO, Paddle O2): param 2 + grad 2 + fp32 master 4 + moments 8   (ZeRO paper, K=12)
-# All three are 16 bytes per parameter; what differs is which part a backend shards.
-PARAM_BYTES = {"fp32": 4, "autocast": 4, "master": 2}
-GRAD_BYTES = {"fp32": 4, "autocast": 4, "master": 2}
-OPTIMIZER_BYTES = {"fp32": 8, "autocast": 8, "master": 12}
+# These three are 16 bytes per parameter; what differs is which part a backend shards.
+#   fp32-master (ZeRO-1/2/3 over an fp32 module, in fp32 or under torch_autocast): fp32 param 4 + grad 4,
+#   and the ZeRO optimizer's own fp32 copy of its partition 4 + moments 8: 20 bytes, at every precision.
+PARAM_BYTES = {"fp32": 4, "autocast": 4, "master": 2, "fp32-master": 4}
+GRAD_BYTES = {"fp32": 4, "autocast": 4, "master": 2, "fp32-master": 4}
+OPTIMIZER_BYTES = {"fp32": 8, "autocast": 8, "master": 12, "fp32-master": 12}
 
 # What a backend shards across N ranks, in ZeRO's terms.
 SHARDING_LEVELS = ("none", "optimizer", "gradients", "parameters")
@@ -114,12 +116,15 @@ class ModelSpec:
         """Analytic bytes of params + grads + AdamW state held by ONE rank.
 
         `scheme` is how low precision is implemented: "autocast" (fp32 params, low-precision compute) or
-        "master" (low-precision params and grads plus an fp32 master copy); fp32 ignores it.
+        "master" (low-precision params and grads plus an fp32 master copy); fp32 ignores both. A
+        "fp32-master" optimizer keeps its own fp32 copy whatever the precision, so it counts in fp32 too.
         `sharding` is what is split over `world_size` ranks, cumulative as in ZeRO stages 1/2/3.
         """
         if sharding not in SHARDING_LEVELS:
             raise ValueError(f"sharding must be one of {SHARDING_LEVELS}")
         kind = "fp32" if precision == "fp32" else (scheme or "autocast")
+        if scheme == "fp32-master":
+            kind = scheme
         n, level = self.n_params, SHARDING_LEVELS.index(sharding)
         opt = n * OPTIMIZER_BYTES[kind] / (world_size if level >= 1 else 1)
         grads = n * GRAD_BYTES[kind] / (world_size if level >= 2 else 1)

@@ -233,7 +233,13 @@ class DeepSpeed(Backend[DeepSpeedOptions]):
         )
 
     def precision_scheme(self, cfg):
-        return "master" if native_low_precision(cfg) else "autocast"
+        """Native bf16/fp16: a low-precision module and the optimizer's fp32 master. Otherwise the module
+        stays fp32, and ZeRO's optimizer (stages 1-3) still keeps its own fp32 copy of its partition
+        (stage 1/2's single_partition_of_fp32_groups, stage 3's fp32_partitioned_groups_flat), measured
+        in tests/test_torch_family.py; stage 0 steps the torch optimizer over the module's parameters."""
+        if native_low_precision(cfg):
+            return "master"
+        return "fp32-master" if self.stage(cfg) else "autocast"
 
     def numerics(self, cfg):
         """Autocast's numerics (ds_config's torch_autocast section); native: the module itself in

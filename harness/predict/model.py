@@ -26,8 +26,8 @@ from harness.predict.hardware import CORNERS, Profile, ProfileError, pick
 # [low, nominal, high]; dense transformer training at 1-10B parameters reports 30-55% (torchtitan, Megatron).
 ASSUMED_MFU = (0.30, 0.40, 0.50)
 # AdamW bytes moved per parameter and step: fp32 param, grad, two moments read; param, moments written;
-# a "master" scheme also writes the low-precision copy.
-OPTIMIZER_BYTES_PER_PARAM = {"fp32": 28, "autocast": 28, "master": 30}
+# a "master" scheme also writes the low-precision copy, an "fp32-master" one the fp32 module's.
+OPTIMIZER_BYTES_PER_PARAM = {"fp32": 28, "autocast": 28, "master": 30, "fp32-master": 32}
 # Activations per layer per sequence position, in units of d_model x element bytes (Korthikanti et al.
 # 2022, "Reducing Activation Recomputation in Large Transformer Models", 34·s·b·h bytes at 2-byte
 # elements = 17 elements; attention scores are not stored, as SDPA's fused kernels recompute them).
@@ -225,7 +225,9 @@ def compute_durations(cfg: RunConfig, steps: Steps, profile: Profile, calib: Cal
     elif calib.seconds_per_flop:  # calibrated without optimizer times: the optimizer is in the FLOP rate
         seconds[-1] = 0.0
     elif hbm := profile.hbm(corner):
-        scheme = "fp32" if cfg.model.precision == "fp32" else get_backend(cfg.backend).precision_scheme(cfg)
+        scheme = get_backend(cfg.backend).precision_scheme(cfg)
+        if cfg.model.precision == "fp32" and scheme != "fp32-master":
+            scheme = "fp32"
         seconds[-1] = params * OPTIMIZER_BYTES_PER_PARAM[scheme] / hbm
     return seconds, method
 
