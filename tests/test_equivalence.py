@@ -345,11 +345,14 @@ def test_torch_ddp_in_low_precision_stays_near_its_fp32_losses(precision, refere
     "label,precision,atol", LOW_PRECISION_CASES, ids=[f"{lbl}-{p}" for lbl, p, _ in LOW_PRECISION_CASES]
 )
 def test_low_precision_losses_match_torch_ddp_at_the_same_precision(label, precision, atol, tmp_path_factory):
-    """DeepSpeed's runs are also traced: under torch_autocast its module stays fp32, so it reduces and
-    gathers fp32 and issues no overflow flag, as the prediction's schedule now has it."""
+    """DeepSpeed's and FSDP2's runs are also traced. Under torch_autocast DeepSpeed's module stays fp32, so
+    it reduces and gathers fp32 and issues no overflow flag, as the prediction's schedule has it; FSDP2
+    in bf16 gathers in bf16 and reduce-scatters in fp32 (its prefetch interleaves the gathers)."""
     skip_unavailable(label)
     ref = low_precision_reference(precision, tmp_path_factory)
-    traced = label.startswith("deepspeed")
+    # FSDP2 in fp16 is not held to its schedule: ShardedGradScaler all-reduces its found-inf flags (two
+    # 4-byte calls a step on a CPU, one per device entry), which the schedule leaves out
+    traced = label.startswith("deepspeed") or (label, precision) == ("torch-fsdp", "bf16")
     rec = run_record(
         tmp_path_factory.mktemp(label),
         *CONFIGS[label],
@@ -361,6 +364,6 @@ def test_low_precision_losses_match_torch_ddp_at_the_same_precision(label, preci
     assert rec["status"] == "ok", rec["error"]
     assert_follows_the_definition(rec, precision)
     if traced:
-        assert_traced_steps_follow_the_schedule(rec)
+        assert_traced_steps_follow_the_schedule(rec, in_order=label != "torch-fsdp")
     what = f"{label} {precision} on {RECORD_SHAPE}"
     assert_same_losses(rec["summary"]["losses"], ref["summary"]["losses"], what, atol)

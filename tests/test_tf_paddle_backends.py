@@ -46,7 +46,8 @@ def ddp_losses(tmp_path_factory):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_trains_like_torch_ddp_with_a_full_record(out, ddp_losses, backend, gpus):
     layout = RECORD_SHAPE.args(gpus=gpus, accum=LAYOUTS[backend, gpus])
-    rec = run_record(out, "--backend", backend, *layout, *COMPUTE_STEPS)
+    args = ["--backend", backend, *layout, *COMPUTE_STEPS]
+    rec = traced_tf_run(out, args) if (backend, gpus) == ("tf-mwms", 2) else run_record(out, *args)
     assert rec["status"] == "ok" and rec["error"] is None
     assert [r["rank"] for r in rec["ranks"]] == list(range(gpus))
     assert_cpu_worker_probes(rec)
@@ -76,6 +77,8 @@ def test_trains_like_torch_ddp_with_a_full_record(out, ddp_losses, backend, gpus
     assert rec["backend_info"]["framework"] == framework and rec["environment"]["versions"][framework]
     if (backend, gpus) == ("paddle-fleet", 2):  # the trace is on by default
         assert_reducer_log_and_wire_count_the_gradients_once_per_step(rec)
+    if (backend, gpus) == ("tf-mwms", 2):
+        assert_tf_trace_counts_every_gradient_byte_once_per_step(rec)
 
 
 # gloo's framing on top of the payload: a header per message it sends, a few buckets and chunks a step
@@ -125,13 +128,8 @@ def assert_reducer_log_and_wire_count_the_gradients_once_per_step(rec: dict) -> 
 TF_PROFILE_ATTEMPTS = 3
 
 
-@pytest.mark.slow
-def test_tf_mwms_trace_counts_every_gradient_byte_once_per_step(out):
-    """By default (the trace is on): the trace's all-reduce bytes per step are the model's fp32 gradient
-    bytes (MWMS packs them into one all-reduce per step), read from TensorFlow's profiler and the step's
-    graph."""
-    layout = RECORD_SHAPE.args(gpus=2, accum=1)
-    args = ["--backend", "tf-mwms", *layout, "--compute-method", "none", "--trace-steps", "2"]
+def traced_tf_run(out, args: list[str]) -> dict:
+    """A tf-mwms run with its trace (on by default), run again if the profiler lost the trace."""
     for _ in range(TF_PROFILE_ATTEMPTS):
         rec = run_record(out, *args)
         assert rec["status"] == "ok", rec["error"]
@@ -143,6 +141,12 @@ def test_tf_mwms_trace_counts_every_gradient_byte_once_per_step(out):
         if not rec["summary"]["comm_measured"]["ops"]["all_reduce"]["ranks_short"]:
             break
     assert not rec["incident"], f"the profiler killed a worker in {TF_PROFILE_ATTEMPTS} runs of {out}"
+    return rec
+
+
+def assert_tf_trace_counts_every_gradient_byte_once_per_step(rec: dict) -> None:
+    """The trace's all-reduce bytes per step are the model's fp32 gradient bytes (MWMS packs them into one
+    all-reduce per step), read from TensorFlow's profiler and the step's graph."""
     m = rec["summary"]["comm_measured"]
     assert m["method"].startswith("tf.profiler") and m["ranks_traced"] == 2
     assert m["ops"]["all_reduce"]["size_bytes_per_step"] == 4 * N and m["vs_analytic"] == 1.0

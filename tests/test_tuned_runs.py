@@ -1,5 +1,5 @@
 """Each stack's tuned set (`--tuned`) trains the same model with the same update: at 2 ranks on CPU, on the
-drawn shape of tests/test_equivalence.py (RECORD_SHAPE; torch-ddp also on ISSUE_SHAPE with accumulation),
+drawn shape of tests/test_equivalence.py (RECORD_SHAPE; torch-ddp on ISSUE_SHAPE with accumulation instead),
 in fp32 over 10 steps, its losses stay within the bound every default run of its framework is held to
 against torch-ddp's default losses (loss_atol: 1e-5 for the torch family, 3e-5 for TensorFlow and Paddle,
 tests/test_equivalence.py). The tuned sets change the
@@ -22,10 +22,12 @@ from backends import backend_names, get_backend
 pytestmark = pytest.mark.slow
 
 
-# Every stack on RECORD_SHAPE in one micro-batch a step; torch-ddp also on ISSUE_SHAPE with two accumulated
+# Every stack on RECORD_SHAPE in one micro-batch a step, but torch-ddp on ISSUE_SHAPE with two accumulated
 # micro-batches, where its tuned set meets no_sync: the gradients, views into DDP's buckets
-# (gradient_as_bucket_view), accumulate across a compiled backward that skips the all-reduce.
-CASES = [(name, RECORD_SHAPE, 1) for name in backend_names()] + [("torch-ddp", ISSUE_SHAPE, 2)]
+# (gradient_as_bucket_view), accumulate across a compiled backward that skips the all-reduce. That one
+# launch covers all of DDP's tuned set (a second on RECORD_SHAPE measured the same 4.8e-7 as the others).
+CASES = [(name, RECORD_SHAPE, 1) for name in backend_names() if name != "torch-ddp"]
+CASES.append(("torch-ddp", ISSUE_SHAPE, 2))
 
 
 @pytest.mark.parametrize(("backend", "shape", "accum"), CASES, ids=[f"{b}-{s}-accum{a}" for b, s, a in CASES])
