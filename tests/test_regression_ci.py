@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_record
+from conftest import REPO
 
 from harness.cli import main
 
@@ -28,18 +30,36 @@ DELAY_STEPS = 2.0  # the injected sleep, in A's median step times
 REPEATS = 2
 
 
+def side_by_side(*runs: tuple[Path, list[str]]) -> None:
+    """`harness run ARGS --out OUT` for each (OUT, ARGS) at once, each 1-thread run on its own core."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "harness", "run", *args, "--out", str(out)],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for out, args in runs
+    ]
+    for proc in procs:
+        shown, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0, shown
+
+
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory) -> tuple[Path, Path, Path, float]:
-    """A, B (same code) and S (slowed) runs, launched interleaved so a drift of the machine hits all sides."""
+    """A, B (same code) and S (slowed) runs, two at a time on the two cores: each side runs once beside a
+    run of its own speed and once beside a slowed one (A1|B1, A2|S1, B2|S2), so the sides see the same
+    neighbours, and a drift of the machine hits every side."""
     root = tmp_path_factory.mktemp("gate")
     a, b, s = (root / side for side in "abs")
-    first = run_record(a, *RUN_ARGS)
+    side_by_side((a, RUN_ARGS), (b, RUN_ARGS))
+    (first,) = [json.loads(f.read_text()) for f in a.glob("*.json")]
     delay = DELAY_STEPS * statistics.median(first["ranks"][0]["step_times"])
-    for i in range(REPEATS):
-        if i:
-            run_record(a, *RUN_ARGS)
-        run_record(b, *RUN_ARGS)
-        run_record(s, *RUN_ARGS, "--step-delay", f"{delay:.6f}")
+    slowed = [*RUN_ARGS, "--step-delay", f"{delay:.6f}"]
+    side_by_side((a, RUN_ARGS), (s, slowed))
+    side_by_side((b, RUN_ARGS), (s, slowed))
     return a, b, s, delay
 
 
