@@ -20,14 +20,15 @@ from record_factory import TINY_PARAMS, make_record
 
 from backends import get_backend
 from backends.base import Backend, Options
-from backends.schedule import Call, CommTerm, Message, Term
+from backends.schedule import Call, CommTerm, Message, Steps, Term
 from backends.torch_fsdp.schedule import gathered_numels
 from core.config import RunConfig
 from core.records import load_records, run_config
 from harness.analyze.metrics import bus_factor, comm_bytes_per_rank
 from harness.cli import main
+from harness.predict import nccl
 from harness.predict.hardware import ProfileError, load_profile, local_profile
-from harness.predict.model import calibrate, expected_slowest, memory, predict_point, replay
+from harness.predict.model import Calibration, calibrate, expected_slowest, memory, predict_point, replay
 from harness.predict.validate import predict_repeats
 from workloads.spec import resolve
 
@@ -256,21 +257,97 @@ def test_replay_overlaps_a_collective_with_compute_and_bills_only_the_wait():
 
 
 @unit
-def test_collective_time_uses_nvlink_in_a_node_and_the_nics_across_nodes():
-    """h100-sxm nominal: busbw 430 GB/s in a node, across nodes min(430, 8 NICs x 47 GB/s = 376 GB/s);
-    α as NCCL's tuning model: base 8.4 µs + hops (NVLink 3.4 µs, network 14 µs), ring or tree, whichever
-    is faster."""
+def test_a_collective_is_priced_as_nccl_s_tuning_model_prices_it():
+    """nccl.py against tuning.cc's constants, worked by hand (µs): each call runs the cheapest pair."""
+    # 8 bytes all-reduced over 32 nodes of 8 A100: tree/LL, 6.8 + 2 x (7 x 0.6 + log2(32) x 5.0) = 65.2 µs
+    # (NVIDIA/nccl#652 measured 62-71 µs on such a cluster), and the bytes at half the LL cap of 20.4 GB/s
+    expected = 65.2e-6 + 8 / (0.5 * 20.4e9)
+    assert nccl.fastest("all_reduce", 8, 256, 8, 184e9, "ampere") == ("tree/LL", pytest.approx(expected))
+    # one 302 MB all-gather over 1,536 ranks (192 nodes): ring/LL128, 14 + (1,535 - 191) x 1.9 + 191 x 4.0 µs
+    # of latency and the bytes at 92% of the bus bandwidth
+    name, seconds = nccl.fastest("all_gather", 302e6, 1536, 8, 184e9, "ampere")
+    assert name == "ring/LL128"
+    latency = (14 + 1344 * 1.9 + 191 * 4.0) * 1e-6
+    assert seconds == pytest.approx(latency + 302e6 * 1535 / 1536 / (0.92 * 184e9))
+    # a 4 GiB all-reduce in one node of 8: ring/Simple, 8.4 + 14 x 3.4 µs and 2 x 7/8 of it at busbw
+    assert nccl.fastest("all_reduce", 4 * GiB, 8, 8, 430e9, "hopper") == (
+        "ring/Simple",
+        pytest.approx((8.4 + 14 * 3.4) * 1e-6 + 4 * GiB * 2 * 7 / 8 / 430e9),
+    )
+    # across nodes ring/Simple's all-reduce latency is x1.4 and its in-node hops at least 3 x 1 µs
+    pairs = dict((n, (lat, b)) for n, lat, b in nccl.options("all_reduce", 4 * GiB, 16, 8, 376e9, "hopper"))
+    assert pairs["ring/Simple"][0] == pytest.approx(1.4 * (8.4 + (30 - 2) * 3.4 + 2 * 14.0) * 1e-6)
+    # the tree's bandwidth: 92% of busbw, half of it algorithm bandwidth, x the correction at 4 GiB (0.9)
+    assert pairs["tree/Simple"][1] == pytest.approx(4 * GiB / (0.5 * 0.92 * 376e9 * 0.9))
+    # LL: half the bus bandwidth, capped at 20.4 GB/s from three nodes on
+    lat, transfer = dict((n, (a, b)) for n, a, b in nccl.options("all_gather", GiB, 32, 8, 376e9, "hopper"))[
+        "ring/LL"
+    ]
+    assert transfer == pytest.approx(GiB * 31 / 32 / 20.4e9)
+
+
+@unit
+def test_the_profile_gives_nccl_the_bus_bandwidth_of_its_node_or_its_nics_less_what_scale_costs():
+    """h100-sxm nominal: 430 GB/s in a node; across nodes min(430, 8 NICs x 47 GB/s = 376 GB/s), and from 4
+    nodes on 2.5% less for every doubling (192 nodes: log2(48) doublings)."""
     h100 = load_profile("h100-sxm")
-    size = GiB
-    # 8 ranks, one node: ring 14 x 3.4 = 47.6 µs = tree 2 x 7 x 3.4.
-    expected = 8.4e-6 + 47.6e-6 + size * 2 * 7 / 8 / 430e9
-    assert h100.collective_time("all_reduce", size, 8, "nominal") == pytest.approx(expected)
-    # 16 ranks, two nodes: ring 28 x 3.4 + 2 x 14 = 123.2 µs; tree 2 x (7 x 3.4 + 1 x 14) = 75.6 µs.
-    expected = 8.4e-6 + 75.6e-6 + size * 2 * 15 / 16 / 376e9
-    assert h100.collective_time("all_reduce", size, 16, "nominal") == pytest.approx(expected)
-    # all_gather is a ring only: 15 steps, one across the node boundary: 14 x 3.4 + 14 = 61.6 µs.
-    expected = 8.4e-6 + 61.6e-6 + size * 15 / 16 / 376e9
-    assert h100.collective_time("all_gather", size, 16, "nominal") == pytest.approx(expected)
+    assert h100.busbw(8, "nominal") == pytest.approx(430e9)
+    assert h100.busbw(32, "nominal") == pytest.approx(376e9)
+    assert h100.busbw(1536, "nominal") == pytest.approx(376e9 * 0.975 ** math.log2(48))
+    assert h100.busbw(1536, "fast") == pytest.approx(384e9)  # NVLSTree's scan: no loss at scale
+    # the latency corner scales NCCL's latencies: x2 at the slow end. 8 bytes all-reduced on 2 nodes run as
+    # tree/LL, 6.8 + 2 x (7 x 0.6 + 1 x 5.0) = 25.2 µs of latency, so the slow end adds 25.2 µs
+    nominal = h100.collective_time("all_reduce", 8, 16, "nominal")
+    slow = h100.collective_time("all_reduce", 8, 16, "nominal", latency_corner="slow")
+    assert slow - nominal == pytest.approx(25.2e-6)
+
+
+@unit
+def test_replay_charges_the_exposed_time_to_the_collectives_on_the_wire_while_compute_waits():
+    """Segments of 1 s; a 1.5 s all-reduce after the first, needed by the third: the third waits 0.5 s,
+    all of it that all-reduce's. A 0.25 s all-gather after the last segment is all exposed."""
+    messages = [Message("all_reduce", 1, 0, 2, "grads"), Message("all_gather", 1, 2, None, "params")]
+    result = replay([1.0, 1.0, 1.0], messages, lambda m: 1.5 if m.op == "all_reduce" else 0.25)
+    assert result["step_s"] == pytest.approx(3.75)
+    assert result["exposed_by_message"] == {0: pytest.approx(0.5), 1: pytest.approx(0.25)}
+    assert result["busy_by_message"] == {0: pytest.approx(1.5), 1: pytest.approx(0.25)}
+
+
+@unit
+def test_the_timeline_adds_up_to_the_step_and_names_what_dominates():
+    """ZeRO-3 on 1b at 1,024 H100 with one sequence a rank: compute, each term's exposed time, the
+    overlap's slowdown and the stragglers make the nominal step; the band's dominant input is named."""
+    cfg = cfg_for("deepspeed", world=1024, workload="1b", micro=1, zero_stage=3)
+    out = predict_point(cfg, load_profile("h100-sxm"), Calibration(), 1e9, None, band=True)
+    line = out["timeline"]
+    assert sum(line["parts"].values()) == pytest.approx(out["corners"]["nominal"]["step_time_s"])
+    assert line["step_s"] == pytest.approx(out["corners"]["nominal"]["step_time_s"])
+    exposed = {k: v for k, v in line["parts"].items() if not k.startswith("compute")}
+    assert line["dominant"] == max(exposed, key=exposed.__getitem__)
+    assert all(t["nccl"] for t in line["terms"].values())  # each term's calls name NCCL's pair
+    band = out["band"]
+    assert set(band["inputs"]) == {"compute", "bandwidth", "latency", "overlap", "stragglers"}
+    assert band["dominant"] == max(band["inputs"], key=lambda k: band["inputs"][k]["spread_s"])
+    assert all(v["slow_step_s"] >= v["fast_step_s"] for v in band["inputs"].values())
+
+
+@unit
+def test_zero3_without_overlap_comm_waits_for_each_gather_and_reduces_as_buckets_fill():
+    """A 1.3B-parameter shape (24 blocks of d 2048: 50.4M elements a block) has more gradients than one
+    5e8-element reduce bucket: backward fills one after about ten blocks, and its reduce-scatter is issued
+    there, not at the end. overlap_comm off: a unit's gather is issued only once the segment before it
+    ends, and a bucket's reduction holds up the next segment."""
+    on = cfg_for("deepspeed", world=64, workload="1b", zero_stage=3)
+    off = cfg_for("deepspeed", world=64, workload="1b", zero_stage=3, overlap_comm=False)
+    steps = Steps(on)
+    reduces = [m for m in schedule(on) if m.op == "reduce_scatter"]
+    n = on.model.spec.n_params
+    assert sum(m.size_bytes for m in reduces) == 4 * n and len(reduces) == -(-n // 500_000_000)
+    assert reduces[0].after < steps.last_backward(0) and reduces[0].before == steps.last_backward(0) + 1
+    assert all(m.before == m.after + 1 for m in schedule(off) if m.op == "reduce_scatter")
+    forward = [m for m in schedule(on) if m.what == "params"]
+    assert all(m.before - m.after == 2 for m in forward[1:])  # one unit ahead
+    assert all(m.before - m.after == 1 for m in schedule(off) if m.what == "params")
 
 
 @unit
@@ -533,6 +610,21 @@ def test_predict_answers_ten_rank_counts_in_under_two_seconds(capsys):
 
 
 @unit
+def test_explain_prints_one_rank_count_s_step_part_by_part_and_the_band_s_dominant_input(capsys):
+    """ZeRO-3 on 1b, one sequence a rank, at 1,024 H100: its parts in a table, the largest beyond compute
+    named, and each input's spread with the one that dominates the band."""
+    argv = ["predict", "--backend", "deepspeed", "--zero-stage", "3", "--workload", "1b"]
+    argv += ["--micro-batch", "1", "--gpus", "8,1024", "--hardware", "h100-sxm"]
+    assert main([*argv, "--explain", "1024"]) == 0
+    shown = capsys.readouterr().out
+    assert "EXPLAINED (predicted, nominal corner): N=1024 (128 node(s))" in shown
+    for part in ("compute: forward", "compute: backward", "exposed all_gather of persistent parameter"):
+        assert part in shown, part
+    assert "stragglers (slowest of N)" in shown and "ring/LL" in shown
+    assert "beyond compute the largest: " in shown and "dominates the band" in shown
+
+
+@unit
 @pytest.mark.parametrize(
     "argv, message",
     [
@@ -544,6 +636,7 @@ def test_predict_answers_ten_rank_counts_in_under_two_seconds(capsys):
         (["--hardware", "h100-sxm", "--global-batch", "12"], "--global-batch 12 is not divisible by gpus x"),
         (["--hardware", "h100-sxm", "--zero-stage", "2"], "--zero-stage is an option of backend deepspeed"),
         (["--hardware", "h100-sxm", "--precision", "fp8"], "precision"),
+        (["--hardware", "h100-sxm", "--explain", "32"], "--explain 32: not a rank count of --gpus"),
     ],
 )
 def test_bad_predict_input_is_one_line_and_exit_2(argv, message, capsys):

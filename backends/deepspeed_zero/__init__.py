@@ -269,7 +269,10 @@ class DeepSpeed(Backend[DeepSpeedOptions]):
         the model's dtype (fp32 under autocast, bf16/fp16 for a native low-precision module); the calls
         per stage: schedule.py."""
         element = ELEMENT_BYTES[cfg.model.precision] if native_low_precision(cfg) else 4
-        return zero_schedule(cfg, self.stage(cfg), element, module_precision(cfg))
+        overlap = self.options(cfg).overlap_comm
+        return zero_schedule(
+            cfg, self.stage(cfg), element, module_precision(cfg), True if overlap is None else overlap
+        )
 
     def settings(self, cfg):
         """The engine's configuration, as handed to deepspeed.initialize (gradient_clipping included)."""

@@ -36,7 +36,31 @@ def scalar_terms(steps: Steps, stage: int, module_precision: str) -> list[Term]:
     ]
 
 
-def zero_schedule(cfg: RunConfig, stage: int, element_bytes: int, module_precision: str) -> Schedule:
+def filled_buckets(cfg: RunConfig, steps: Steps, micro: int) -> list[tuple[int, int]]:
+    """(segment, elements) of each reduce_bucket_size bucket of one micro-batch's backward, closed at the
+    segment whose gradients fill it (gradients arrive head first, embedding last); the rest of the
+    gradients close the last bucket at the end of backward. One bucket at the end while the model has
+    fewer than reduce_bucket_size parameters."""
+    numels = parameter_numels(cfg)
+    per_unit: dict[str, int] = {}
+    for name, n in numels.items():
+        per_unit[unit_of(name)] = per_unit.get(unit_of(name), 0) + n
+    order = ["head", *(f"block.{i}" for i in reversed(range(cfg.model.spec.n_layers))), "embed"]
+    out, filled, closed = [], 0, 0
+    for unit in order:
+        filled += per_unit.get(unit, 0)
+        full = filled // BUCKET_ELEMENTS - closed
+        out += [(steps.at("backward", unit, micro), BUCKET_ELEMENTS)] * full
+        closed += full
+    rest = filled - closed * BUCKET_ELEMENTS
+    if rest:
+        out.append((steps.last_backward(micro), rest))
+    return out
+
+
+def zero_schedule(
+    cfg: RunConfig, stage: int, element_bytes: int, module_precision: str, overlap_comm: bool = True
+) -> Schedule:
     """Gradients and parameters travel in `element_bytes` elements (the engine's communication dtype);
     `module_precision` decides the optimizer's scalars. Stages 0-2 run with overlap_comm off (DeepSpeed's
     default below stage 3), so a bucket's reduction holds up the compute that follows it: stage 0 and 1
@@ -44,7 +68,7 @@ def zero_schedule(cfg: RunConfig, stage: int, element_bytes: int, module_precisi
     all-gather the updated parameters after the step (all_gather_dp_groups: one all_gather_into_tensor per
     parameter group, allgather_bucket_size unused)."""
     if stage == 3:
-        return zero3(cfg, element_bytes, module_precision)
+        return zero3(cfg, element_bytes, module_precision, overlap_comm)
     steps = Steps(cfg)
     n = cfg.model.spec.n_params
     micros = range(cfg.batch.grad_accum) if stage == 2 else [steps.last]
@@ -71,14 +95,17 @@ def zero_schedule(cfg: RunConfig, stage: int, element_bytes: int, module_precisi
     )
 
 
-def zero3(cfg: RunConfig, element_bytes: int, module_precision: str) -> Schedule:
-    """Stage 3 (overlap_comm on) gathers each unit's partitioned parameters one unit ahead of its forward,
-    for every micro-batch (the head's weight is the tied embedding, already gathered); gathers again, before
-    their backward, the blocks whose reuse is beyond stage3_max_reuse_distance (the others stay gathered:
-    `kept_blocks`); reduce-scatters gradients in reduce_bucket_size buckets as each backward ends; and
-    after the step gathers every persistent parameter (`_post_step`'s all_gather(persistent_parameters),
-    whose _allgather_params_coalesced launches one all_gather_into_tensor per parameter: 51 a step on tiny,
-    as its comm trace shows), each priced as a call of its own."""
+def zero3(cfg: RunConfig, element_bytes: int, module_precision: str, overlap_comm: bool = True) -> Schedule:
+    """Stage 3 with overlap_comm on (its default) gathers each unit's partitioned parameters one unit ahead
+    of its forward, for every micro-batch (the head's weight is the tied embedding, already gathered);
+    gathers again, before their backward, the blocks whose reuse is beyond stage3_max_reuse_distance (the
+    others stay gathered: `kept_blocks`); reduce-scatters gradients in reduce_bucket_size buckets on a side
+    stream as backward fills them (filled_buckets), the next micro-batch or the optimizer waiting for them;
+    and after the step gathers every persistent parameter (`_post_step`'s
+    all_gather(persistent_parameters), whose _allgather_params_coalesced launches one
+    all_gather_into_tensor per parameter: 51 a step on tiny, as its comm trace shows), each priced as a call
+    of its own. With overlap_comm off nothing is fetched ahead: a unit waits for its own gather, and a
+    bucket's reduction holds up the backward that follows it."""
     steps = Steps(cfg)
     numels = parameter_numels(cfg)
     part = partitioned(numels)
@@ -88,14 +115,19 @@ def zero3(cfg: RunConfig, element_bytes: int, module_precision: str) -> Schedule
     for m in range(cfg.batch.grad_accum):
         for k, unit in enumerate(units):
             size = sum(x for name, x in part.items() if unit_of(name) == unit)
-            issued = steps.at("forward", units[k - 1] if k else "embed", m) - 1
+            needed = steps.at("forward", unit, m)
+            ahead = steps.at("forward", units[k - 1] if k else "embed", m)
+            issued = (ahead if overlap_comm else needed) - 1
             if size:
-                gathers.append(Call(size, issued, steps.at("forward", unit, m), "params"))
+                gathers.append(Call(size, issued, needed, "params"))
         for i, size in sorted(again.items()):
             before = steps.at("backward", f"block.{i}", m)
-            regathers.append(Call(size, before - 2, before, "re-gather"))
+            regathers.append(Call(size, before - (2 if overlap_comm else 1), before, "re-gather"))
         end = steps.last_backward(m)
-        reduces += [Call(size, end, end + 1) for size in chunks(cfg.model.spec.n_params)]
+        reduces += [
+            Call(size, filled, end + 1 if overlap_comm else filled + 1)
+            for filled, size in filled_buckets(cfg, steps, m)
+        ]
     persistent = [
         Call(size, steps.optimizer, None, "persistent parameter")
         for name, size in numels.items()
@@ -110,9 +142,10 @@ def zero3(cfg: RunConfig, element_bytes: int, module_precision: str) -> Schedule
         Term("all_gather", "persistent parameters, after the optimizer step", element_bytes, 1, persistent),
     ]
     held = sum(numels.values()) - sum(part.values())
+    how = "prefetched per-block gathers" if overlap_comm else "blocking per-block gathers (overlap_comm off)"
     return Schedule(
         tuple(terms),
-        "ZeRO-3: prefetched per-block gathers",
+        f"ZeRO-3: {how}",
         f"stage3_param_persistence_threshold={PERSISTENCE_THRESHOLD} ({held:,} elements in tensors kept "
         f"whole on every rank), stage3_max_reuse_distance={MAX_REUSE_DISTANCE}",
         kept_blocks=frozenset(range(cfg.model.spec.n_layers)) - set(again),

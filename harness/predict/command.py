@@ -161,6 +161,45 @@ def print_table(points: list[dict], header: str, stream=None) -> None:
             console.print(f"N={p['world_size']}: fits {fit['verdict']}: {fit['why']}")
 
 
+def print_explanation(point: dict, stream=None) -> None:
+    """`--explain N`: one rank count's nominal step, term by term, and the input that moves its band most."""
+    console = Console(file=stream or sys.stdout, width=200)
+    prediction = point["prediction"]
+    line = prediction["timeline"]
+    step = line["step_s"]
+    table = Table(
+        title=f"EXPLAINED (predicted, nominal corner): N={point['world_size']} ({point['nodes']} node(s)), "
+        f"step {step:.4g} s",
+        title_justify="left",
+    )
+    table.add_column("part of the step")
+    for col in ("s", "% of step", "calls", "bytes", "on the wire s"):
+        table.add_column(col, justify="right")
+    table.add_column("NCCL (algorithm/protocol)")
+    terms = line["terms"]
+    for name, seconds in line["parts"].items():
+        term = terms.get(name.removeprefix("exposed "))
+        extra = ["", "", "", ""]
+        if term:
+            extra = [f"{term['calls']:,}", fmt_bytes(term["bytes"]), f"{term['busy_s']:.4g}"]
+            extra.append(", ".join(term["nccl"]))
+        table.add_row(name, f"{seconds:.4g}", f"{100 * seconds / step:.1f}", *extra)
+    hidden = [k for k, t in terms.items() if t["exposed_s"] <= 0]
+    console.print(table)
+    if hidden:
+        console.print(f"hidden behind compute: {', '.join(hidden)}")
+    if line["dominant"]:
+        share = line["parts"][line["dominant"]] / step
+        console.print(f"beyond compute the largest: {line['dominant']} ({100 * share:.1f}% of the step)")
+    band = prediction["band"]
+    spread = sorted(band["inputs"].items(), key=lambda kv: -kv[1]["spread_s"])
+    console.print(
+        "band: each input alone at its fast and slow ends (the others nominal) moves the step by "
+        + "; ".join(f"{k} {v['fast_step_s']:.4g}–{v['slow_step_s']:.4g} s" for k, v in spread)
+        + f"; {band['dominant']} dominates the band"
+    )
+
+
 def prediction_record(cfg: RunConfig, prediction: dict, profile, calib, inputs: dict) -> dict:
     """A record of kind "prediction": the configuration, every input, and the figures at every corner."""
     backend = get_backend(cfg.backend)
@@ -194,6 +233,10 @@ def cmd_predict(args) -> int:
     except ProfileError as exc:
         raise UsageError(str(exc)) from None
     cfgs = configs(args, profile)
+    if args.explain is not None and args.explain not in args.gpus:
+        raise UsageError(
+            f"--explain {args.explain}: not a rank count of --gpus; valid: {', '.join(map(str, args.gpus))}"
+        )
     training = [r for r in records if r["kind"] == "training"]
     calib = calibrate(training, cfgs[0], profile)
     if profile.device == "cpu" and not calib.seconds_per_flop:
@@ -205,7 +248,8 @@ def cmd_predict(args) -> int:
     points = []
     for cfg in cfgs:
         try:
-            prediction = predict_point(cfg, profile, calib, tokens, args.gpu_hour_price)
+            explained = args.out is not None or args.explain == cfg.topology.world_size
+            prediction = predict_point(cfg, profile, calib, tokens, args.gpu_hour_price, band=explained)
         except ProfileError as exc:
             raise UsageError(str(exc)) from None
         points.append(
@@ -227,6 +271,9 @@ def cmd_predict(args) -> int:
         f"(6PT = {6 * cfgs[0].model.spec.n_params * tokens:.3g} FLOPs); nominal (fast–slow corner)"
     )
     print_table(points, header)
+    if args.explain is not None:
+        (point,) = [p for p in points if p["world_size"] == args.explain]
+        print_explanation(point)
     for note in calib.notes:
         print(f"note: {note}")
     if args.out:
@@ -284,6 +331,13 @@ def register(subparsers) -> None:
     p.add_argument("--tokens", type=tokens_count, help="tokens to train on (default 20 x parameters)")
     p.add_argument("--gpu-hour-price", type=usd, help="USD per GPU-hour, for the cost column")
     p.add_argument("--out", type=Path, help="write one prediction record per rank count into this folder")
+    p.add_argument(
+        "--explain",
+        type=positive,
+        metavar="N",
+        help="for one of the rank counts: the step's timeline (compute, each exposed communication term, "
+        "the overlap's slowdown, stragglers) and the input that dominates the band",
+    )
     for backend in all_backends():
         backend.Options.add_arguments(p, backend.name)
     p.set_defaults(func=cmd_predict)

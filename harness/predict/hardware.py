@@ -15,7 +15,7 @@ import yaml
 
 from core.records import run_config
 from harness.analyze.collectives import call_time, summarize_commbench
-from harness.analyze.metrics import bus_factor
+from harness.predict import nccl
 
 PROFILE_DIR = Path(__file__).with_name("profiles")
 CORNERS = ("fast", "nominal", "slow")  # the inputs' best case, their nominal values, their worst case
@@ -53,7 +53,8 @@ class Profile:
     hbm_Bps: list | None = None
     intra_node: dict = field(default_factory=dict)
     inter_node: dict = field(default_factory=dict)
-    call_latency_s: list | None = None
+    gpu_arch: str = "hopper"  # which of NCCL's per-architecture caps apply: "ampere" or "hopper"
+    latency_scale: list = field(default_factory=lambda: [1.0, 1.0, 1.0])  # x NCCL's own latencies
     overlap_slowdown: list = field(default_factory=lambda: [0.0, 0.05, 0.15])
     step_cv: list = field(default_factory=lambda: [0.005, 0.01, 0.02])
     sources: list = field(default_factory=list)
@@ -69,43 +70,38 @@ class Profile:
         return math.ceil(world / self.gpus_per_node)
 
     def busbw(self, world: int, corner: str) -> float:
-        """Inside a node the NVLink bus bandwidth; across nodes each ring leaves a node through one NIC and
-        the node's rings share its NICs, so busbw = min(NVLink's, the node's egress = GPUs x NIC)."""
+        """Achieved ring/Simple bus bandwidth. Inside a node NVLink's; across nodes each ring leaves a node
+        through one NIC and the node's rings share its NICs, so busbw = min(NVLink's, the node's egress =
+        GPUs x NIC), less what the fabric loses as it grows: `scale_loss_per_doubling` of it for every
+        doubling of nodes beyond 4 (published nccl-tests series at 4 to 512 nodes, in the profile)."""
         intra = pick(self.intra_node["busbw_Bps"], corner)
-        if self.nodes(world) == 1:
-            return intra
-        return min(intra, self.gpus_per_node * pick(self.inter_node["nic_Bps_per_gpu"], corner))
-
-    def latency(self, op: str, world: int, corner: str) -> float:
-        """α of one call, as NCCL's tuning model (src/graph/tuning.cc, ncclTopoGetAlgoTime) has it: a base
-        latency plus a hop latency per pipeline step, NVLink's inside a node and the network's across
-        nodes. A ring takes 2(n-1) steps for all_reduce, 2(nodes-1) of them across nodes, and n-1 steps
-        (nodes-1 across) for the others; the tree all_reduce takes 2 x (a chain through a node's GPUs +
-        log2(nodes) network hops); NCCL runs whichever is faster."""
-        if world == 1:
-            return 0.0
-        base = pick(self.call_latency_s, corner, larger_is_faster=False)
-        intra = pick(self.intra_node["hop_latency_s"], corner, larger_is_faster=False)
-        inter = pick(self.inter_node["hop_latency_s"], corner, larger_is_faster=False)
         nodes = self.nodes(world)
-        factor = 2 if op == "all_reduce" else 1
-        steps, across = factor * (world - 1), factor * (nodes - 1)
-        ring = (steps - across) * intra + across * inter
-        if op != "all_reduce":
-            return base + ring
-        per_node = math.ceil(world / nodes)
-        tree = 2 * ((per_node - 1) * intra + math.log2(nodes) * inter)
-        return base + min(ring, tree)
+        if nodes == 1:
+            return intra
+        bus = min(intra, self.gpus_per_node * pick(self.inter_node["nic_Bps_per_gpu"], corner))
+        loss = self.inter_node.get("scale_loss_per_doubling")
+        if loss and nodes > 4:
+            bus *= (1 - pick(loss, corner, larger_is_faster=False)) ** math.log2(nodes / 4)
+        return bus
 
-    def collective_time(self, op: str, size_bytes: float, world: int, corner: str) -> float:
-        """Seconds for one `op` of nccl-tests size `size_bytes` over `world` ranks."""
+    def choice(self, op: str, size_bytes: float, world: int, corner: str, latency_corner: str | None = None):
+        """(NCCL's algorithm/protocol for this call, its seconds): nccl.fastest on this profile."""
+        scale = pick(self.latency_scale, latency_corner or corner, larger_is_faster=False)
+        return nccl.fastest(
+            op, size_bytes, world, self.gpus_per_node, self.busbw(world, corner), self.gpu_arch, scale
+        )
+
+    def collective_time(
+        self, op: str, size_bytes: float, world: int, corner: str, latency_corner: str | None = None
+    ) -> float:
+        """Seconds for one `op` of nccl-tests size `size_bytes` over `world` ranks: measured (commbench)
+        on the local profile, else as NCCL prices it (bandwidth at `corner`, latency at `latency_corner`,
+        by default the same)."""
         if world == 1 or not size_bytes:
             return 0.0
         if self.commbench:
             return self.measured_call(op, size_bytes, world)
-        return self.latency(op, world, corner) + size_bytes * bus_factor(op, world) / self.busbw(
-            world, corner
-        )
+        return self.choice(op, size_bytes, world, corner, latency_corner)[1]
 
     def measured_call(self, op: str, size_bytes: float, world: int) -> float:
         summary = self.commbench.get(world)
@@ -125,6 +121,12 @@ class Profile:
 
     def hbm(self, corner: str) -> float | None:
         return pick(self.hbm_Bps, corner) if self.hbm_Bps else None
+
+
+def choice_of(value: str, valid: tuple, what: str) -> str:
+    if value not in valid:
+        raise ValueError(f"{what} '{value}' is not one of {', '.join(valid)}")
+    return value
 
 
 def load_profile(name: str) -> Profile:
@@ -147,7 +149,8 @@ def load_profile(name: str) -> Profile:
             hbm_Bps=data.get("hbm_Bps"),
             intra_node=data["intra_node"],
             inter_node=data["inter_node"],
-            call_latency_s=data["call_latency_s"],
+            gpu_arch=choice_of(data["gpu_arch"], tuple(nccl.LL_MAX_BUSBW_GBPS), "gpu_arch"),
+            latency_scale=data["latency_scale"],
             overlap_slowdown=data["overlap_slowdown"],
             step_cv=data["step_cv"],
             sources=data.get("sources", []),

@@ -96,6 +96,8 @@ def replay(durations, messages: list[Message], comm_time) -> dict:
 
     order = sorted(range(len(messages)), key=lambda i: (messages[i].after, i))
 
+    spans: dict[int, tuple[float, float]] = {}  # message index -> (start, end) on the comm stream
+
     def issue(upto):  # every message ready at the end of segment `upto` or earlier
         nonlocal comm_free, scheduled
         batch = []
@@ -107,6 +109,7 @@ def replay(durations, messages: list[Message], comm_time) -> dict:
             comm_free = t0 + comm_time(messages[i])
             done[i] = comm_free
             intervals.append((t0, comm_free))
+            spans[i] = (t0, comm_free)
 
     needed: dict[int, list[int]] = {}
     for i, m in enumerate(messages):
@@ -120,11 +123,20 @@ def replay(durations, messages: list[Message], comm_time) -> dict:
     issue(n)
     step = max(clock, comm_free)
     overlapped = overlap(intervals, list(zip(start, end)))
+    # Where compute stands idle (waiting for a collective, or the step's tail after the last segment), the
+    # collectives then on the wire are the exposed time, each charged for its own share of it.
+    before = [float(end[k - 1]) if k else 0.0 for k in range(n)]
+    idle = [(before[k], float(start[k])) for k in range(n) if start[k] > before[k]]
+    if step > clock:
+        idle.append((float(clock), float(step)))
+    exposed = {i: overlap([span], idle) for i, span in spans.items()}
     return {
         "step_s": step,
         "compute_s": float(np.sum(durations)),
         "comm_busy_s": sum(b - a for a, b in intervals),
         "overlapped_s": overlapped,
+        "exposed_by_message": exposed,
+        "busy_by_message": {i: b - a for i, (a, b) in spans.items()},
     }
 
 
@@ -232,26 +244,105 @@ def compute_durations(cfg: RunConfig, steps: Steps, profile: Profile, calib: Cal
     return seconds, method
 
 
-def predict_point(cfg: RunConfig, profile: Profile, calib: Calibration, tokens: float, price: float | None):
-    """Every figure at every corner for one configuration (world_size ranks), and the N=1 reference
-    of the same per-rank work for speedup."""
+# The inputs whose ranges make a prediction's band, each taken at its own corner when the band is explained
+# (`sensitivity`): which one moves the step most is what a user should pin down first.
+INPUTS = ("compute", "bandwidth", "latency", "overlap", "stragglers")
+
+
+def step_at(cfg: RunConfig, profile: Profile, calib: Calibration, plan: Schedule, at: dict[str, str]) -> dict:
+    """One step's timeline with each input at its own corner (`at`: input -> corner)."""
+    steps = Steps(cfg)
+    messages = plan.messages
+    durations, method = compute_durations(cfg, steps, profile, calib, at["compute"])
+    world = cfg.topology.world_size
+
+    def price(m: Message) -> float:
+        return profile.collective_time(m.op, m.size_bytes, world, at["bandwidth"], at["latency"])
+
+    result = replay(durations, messages, price)
+    slowdown = pick(profile.overlap_slowdown, at["overlap"], larger_is_faster=False)
+    cv = calib.step_cv if calib.step_cv is not None else pick(profile.step_cv, at["stragglers"], False)
+    straggler = cv * result["compute_s"] * expected_slowest(world)
+    step = result["step_s"] + slowdown * result["overlapped_s"] + straggler
+    return {
+        "step_s": step,
+        "durations": durations,
+        "method": method,
+        "result": result,
+        "slowdown_s": slowdown * result["overlapped_s"],
+        "straggler_s": straggler,
+        "messages": messages,
+    }
+
+
+def timeline(cfg: RunConfig, profile: Profile, point: dict) -> dict:
+    """Where the step's time goes: compute by phase, each term's exposed communication (the collectives on
+    the wire while compute stands idle, charged by their share), the overlap's slowdown and the wait for
+    the slowest rank; and how NCCL would run each term's calls (its algorithm/protocol on this profile)."""
+    steps = Steps(cfg)
+    phases: dict[str, float] = {}
+    for seg, seconds in zip(steps.list, point["durations"]):
+        phases[seg.phase] = phases.get(seg.phase, 0.0) + float(seconds)
+    result = point["result"]
+    terms: dict[str, dict] = {}
+    for i, m in enumerate(point["messages"]):
+        entry = terms.setdefault(
+            f"{m.op} of {m.what}", {"calls": 0, "bytes": 0.0, "busy_s": 0.0, "exposed_s": 0.0, "nccl": set()}
+        )
+        entry["calls"] += 1
+        entry["bytes"] += m.size_bytes
+        entry["busy_s"] += result["busy_by_message"].get(i, 0.0)
+        entry["exposed_s"] += result["exposed_by_message"].get(i, 0.0)
+        if not profile.commbench and cfg.topology.world_size > 1:
+            entry["nccl"].add(profile.choice(m.op, m.size_bytes, cfg.topology.world_size, "nominal")[0])
+    for entry in terms.values():
+        entry["nccl"] = sorted(entry["nccl"])
+    waiting = result["step_s"] - result["compute_s"] - sum(t["exposed_s"] for t in terms.values())
+    parts = {f"compute: {k}": v for k, v in phases.items()}
+    parts |= {f"exposed {k}": t["exposed_s"] for k, t in terms.items() if t["exposed_s"] > 0}
+    if waiting > 1e-12:  # compute waited for a call not yet on the wire (a modelled delay)
+        parts["exposed: waiting for a delayed call"] = waiting
+    parts["overlap slowdown"] = point["slowdown_s"]
+    parts["stragglers (slowest of N)"] = point["straggler_s"]
+    exposed = {k: v for k, v in parts.items() if not k.startswith("compute")}
+    return {
+        "step_s": point["step_s"],
+        "parts": parts,
+        "terms": terms,
+        "dominant": max(exposed, key=exposed.__getitem__) if exposed else None,
+    }
+
+
+def sensitivity(cfg: RunConfig, profile: Profile, calib: Calibration, plan: Schedule) -> dict:
+    """Each input alone at its fast and slow corners, the others nominal: the step's spread it causes."""
+    nominal = dict.fromkeys(INPUTS, "nominal")
+    out = {}
+    for name in INPUTS:
+        fast = step_at(cfg, profile, calib, plan, {**nominal, name: "fast"})["step_s"]
+        slow = step_at(cfg, profile, calib, plan, {**nominal, name: "slow"})["step_s"]
+        out[name] = {"fast_step_s": fast, "slow_step_s": slow, "spread_s": slow - fast}
+    return {"inputs": out, "dominant": max(out, key=lambda k: out[k]["spread_s"])}
+
+
+def predict_point(
+    cfg: RunConfig,
+    profile: Profile,
+    calib: Calibration,
+    tokens: float,
+    price: float | None,
+    band: bool = False,
+):
+    """Every figure at every corner for one configuration (world_size ranks), the N=1 reference of the
+    same per-rank work for speedup, and the nominal step's timeline; with `band`, which input moves the
+    step most (ten replays more)."""
     plan = get_backend(cfg.backend).schedule(cfg)
     messages, how = plan.messages, plan.description
-    steps = Steps(cfg)
     one = cfg.evolve(world_size=1, nodes=1, gpus_per_node=1)
     spec = cfg.model.spec
     out: dict[str, Any] = {"corners": {}, "schedule": how, "messages_per_step": len(messages)}
     for corner in CORNERS:
-        durations, method = compute_durations(cfg, steps, profile, calib, corner)
-        slowdown = pick(profile.overlap_slowdown, corner, larger_is_faster=False)
-        result = replay(
-            durations,
-            messages,
-            lambda m, c=corner: profile.collective_time(m.op, m.size_bytes, cfg.topology.world_size, c),
-        )
-        cv = calib.step_cv if calib.step_cv is not None else pick(profile.step_cv, corner, False)
-        straggler = cv * result["compute_s"] * expected_slowest(cfg.topology.world_size)
-        step = result["step_s"] + slowdown * result["overlapped_s"] + straggler
+        point = step_at(cfg, profile, calib, plan, dict.fromkeys(INPUTS, corner))
+        result, step, straggler = point["result"], point["step_s"], point["straggler_s"]
         single, _ = compute_durations(one, Steps(one), profile, calib, corner)
         t_one = float(np.sum(single))
         tokens_per_step = cfg.tokens_per_step
@@ -278,8 +369,12 @@ def predict_point(cfg: RunConfig, profile: Profile, calib: Calibration, tokens: 
             "train_time_s": train_s,
             "gpu_hours": train_s * cfg.topology.world_size / 3600,
             "cost_usd": train_s * cfg.topology.world_size / 3600 * price if price else None,
-            "compute_method": method,
+            "compute_method": point["method"],
         }
+        if corner == "nominal":
+            out["timeline"] = timeline(cfg, profile, point)
+    if band:
+        out["band"] = sensitivity(cfg, profile, calib, plan)
     nominal = out["corners"]["nominal"]["memory"]
     out["fits"] = fits(nominal, out["corners"]["slow"]["memory"], profile)
     out["train_flops"] = 6 * spec.n_params * tokens
