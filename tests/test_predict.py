@@ -28,7 +28,15 @@ from harness.analyze.metrics import bus_factor, comm_bytes_per_rank
 from harness.cli import main
 from harness.predict import nccl
 from harness.predict.hardware import ProfileError, load_profile, local_profile
-from harness.predict.model import Calibration, calibrate, expected_slowest, memory, predict_point, replay
+from harness.predict.model import (
+    Calibration,
+    calibrate,
+    expected_slowest,
+    memory,
+    predict_point,
+    replay,
+    scaling_ratio,
+)
 from harness.predict.validate import predict_repeats
 from workloads.spec import resolve
 
@@ -622,6 +630,24 @@ def test_explain_prints_one_rank_count_s_step_part_by_part_and_the_band_s_domina
         assert part in shown, part
     assert "stragglers (slowest of N)" in shown and "ring/LL" in shown
     assert "beyond compute the largest: " in shown and "dominates the band" in shown
+    assert "per-device tokens/s at N=1024 over N=8: " in shown and "over every combination" in shown
+
+
+@unit
+def test_the_scaling_ratio_s_band_spans_every_combination_of_the_inputs_ends():
+    """Fast compute with slow communication is the ratio's worst case, which no corner reaches (a corner
+    takes every input at the same end), so the band is at least as wide as the corners' and holds them."""
+    small, large = (cfg_for("torch-fsdp", world=n, workload="1b", micro=2) for n in (8, 512))
+    h100 = load_profile("h100-sxm")
+    ratio = scaling_ratio(small, large, h100, Calibration())
+    corners = []
+    for corner in ("fast", "nominal", "slow"):
+        tput = [predict_point(c, h100, Calibration(), 1e9, None)["corners"][corner] for c in (small, large)]
+        corners.append(tput[1]["per_device_tokens_per_s"] / tput[0]["per_device_tokens_per_s"])
+    assert ratio["nominal"] == pytest.approx(corners[1])
+    assert ratio["low"] <= min(corners) and ratio["high"] >= max(corners) and ratio["low"] < min(corners)
+    assert ratio["low_at"]["compute"] == "fast" and ratio["low_at"]["bandwidth"] == "slow"
+    assert ratio["dominant"] in ratio["alone"]
 
 
 @unit

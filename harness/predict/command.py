@@ -23,7 +23,7 @@ from core.process import available_cpus
 from core.records import SCHEMA_VERSION, git_commit, load_records, now_iso, write_record_atomic
 from harness.analyze.summary import fmt_bytes
 from harness.predict.hardware import CORNERS, ProfileError, catalogue, load_profile, local_profile
-from harness.predict.model import calibrate, predict_point
+from harness.predict.model import calibrate, predict_point, scaling_ratio
 from harness.run_args import foreign_flags, micro_batch_for, spec_from_args
 from harness.usage import EXIT_OK, UsageError, choice, positive
 from workloads.spec import OVERRIDES, PRESETS
@@ -200,6 +200,17 @@ def print_explanation(point: dict, stream=None) -> None:
     )
 
 
+def print_scaling_ratio(small: RunConfig, large: RunConfig, ratio: dict) -> None:
+    """The per-device throughput kept from the smallest N to the largest, with the band every combination
+    of the inputs' ends gives (how a published scaling result reads)."""
+    worst = ", ".join(f"{k} {v}" for k, v in ratio["low_at"].items())
+    print(
+        f"per-device tokens/s at N={large.topology.world_size} over N={small.topology.world_size}: "
+        f"{ratio['nominal']:.3f} ({ratio['low']:.3f}–{ratio['high']:.3f} over every combination of the "
+        f"inputs' ends; lowest with {worst}); alone, {ratio['dominant']} moves it most"
+    )
+
+
 def prediction_record(cfg: RunConfig, prediction: dict, profile, calib, inputs: dict) -> dict:
     """A record of kind "prediction": the configuration, every input, and the figures at every corner."""
     backend = get_backend(cfg.backend)
@@ -274,6 +285,8 @@ def cmd_predict(args) -> int:
     if args.explain is not None:
         (point,) = [p for p in points if p["world_size"] == args.explain]
         print_explanation(point)
+        if len(cfgs) > 1:
+            print_scaling_ratio(cfgs[0], cfgs[-1], scaling_ratio(cfgs[0], cfgs[-1], profile, calib))
     for note in calib.notes:
         print(f"note: {note}")
     if args.out:

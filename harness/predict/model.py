@@ -8,6 +8,7 @@ the nominal values, the slow ends); a figure's band is its value at the fast and
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -322,6 +323,42 @@ def sensitivity(cfg: RunConfig, profile: Profile, calib: Calibration, plan: Sche
         slow = step_at(cfg, profile, calib, plan, {**nominal, name: "slow"})["step_s"]
         out[name] = {"fast_step_s": fast, "slow_step_s": slow, "spread_s": slow - fast}
     return {"inputs": out, "dominant": max(out, key=lambda k: out[k]["spread_s"])}
+
+
+def scaling_ratio(small: RunConfig, large: RunConfig, profile: Profile, calib: Calibration) -> dict:
+    """Per-device tokens/s at the larger rank count over the smaller, as a published scaling result states
+    it: nominal, and its band over every combination of the inputs' ends (each input fast or slow, the
+    same at both N: one cluster, its unknowns unknown alike), which is wider than the corners' (where
+    fast compute, which exposes communication, never meets slow communication); the ends' combinations,
+    and each input alone at its ends with the others nominal (which one moves the ratio most)."""
+    plans = {id(c): get_backend(c.backend).schedule(c) for c in (small, large)}
+
+    def ratio(at: dict[str, str]) -> float:
+        per_device = [
+            c.tokens_per_step / step_at(c, profile, calib, plans[id(c)], at)["step_s"] / c.topology.world_size
+            for c in (small, large)
+        ]
+        return per_device[1] / per_device[0]
+
+    nominal = dict.fromkeys(INPUTS, "nominal")
+    combos = {
+        combo: ratio(dict(zip(INPUTS, combo)))
+        for combo in itertools.product(("fast", "slow"), repeat=len(INPUTS))
+    }
+    low, high = min(combos, key=combos.__getitem__), max(combos, key=combos.__getitem__)
+    alone = {
+        name: sorted((ratio({**nominal, name: "fast"}), ratio({**nominal, name: "slow"}))) for name in INPUTS
+    }
+    value = ratio(nominal)
+    return {
+        "nominal": value,
+        "low": min(combos[low], value),
+        "high": max(combos[high], value),
+        "low_at": dict(zip(INPUTS, low)),
+        "high_at": dict(zip(INPUTS, high)),
+        "alone": alone,
+        "dominant": max(alone, key=lambda k: alone[k][1] - alone[k][0]),
+    }
 
 
 def predict_point(
