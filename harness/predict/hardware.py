@@ -16,6 +16,7 @@ import yaml
 from core.records import run_config
 from harness.analyze.collectives import call_time, summarize_commbench
 from harness.predict import nccl
+from harness.usage import UsageError, choice
 
 PROFILE_DIR = Path(__file__).with_name("profiles")
 CORNERS = ("fast", "nominal", "slow")  # the inputs' best case, their nominal values, their worst case
@@ -84,8 +85,17 @@ class Profile:
             bus *= (1 - pick(loss, corner, larger_is_faster=False)) ** math.log2(nodes / 4)
         return bus
 
-    def choice(self, op: str, size_bytes: float, world: int, corner: str, latency_corner: str | None = None):
-        """(NCCL's algorithm/protocol for this call, its seconds): nccl.fastest on this profile."""
+    def priced(
+        self, op: str, size_bytes: float, world: int, corner: str, latency_corner: str | None = None
+    ) -> tuple[str | None, float]:
+        """(how the call runs, its seconds) for one `op` of nccl-tests size `size_bytes` over `world` ranks:
+        measured (commbench) on the local profile, no pair named; else NCCL's algorithm/protocol and time
+        as it prices them (nccl.fastest: bandwidth at `corner`, latency at `latency_corner`, by default
+        the same)."""
+        if world == 1 or not size_bytes:
+            return None, 0.0
+        if self.commbench:
+            return None, self.measured_call(op, size_bytes, world)
         scale = pick(self.latency_scale, latency_corner or corner, larger_is_faster=False)
         return nccl.fastest(
             op, size_bytes, world, self.gpus_per_node, self.busbw(world, corner), self.gpu_arch, scale
@@ -94,14 +104,8 @@ class Profile:
     def collective_time(
         self, op: str, size_bytes: float, world: int, corner: str, latency_corner: str | None = None
     ) -> float:
-        """Seconds for one `op` of nccl-tests size `size_bytes` over `world` ranks: measured (commbench)
-        on the local profile, else as NCCL prices it (bandwidth at `corner`, latency at `latency_corner`,
-        by default the same)."""
-        if world == 1 or not size_bytes:
-            return 0.0
-        if self.commbench:
-            return self.measured_call(op, size_bytes, world)
-        return self.choice(op, size_bytes, world, corner, latency_corner)[1]
+        """Seconds for one `op` of `size_bytes` over `world` ranks (`priced`)."""
+        return self.priced(op, size_bytes, world, corner, latency_corner)[1]
 
     def measured_call(self, op: str, size_bytes: float, world: int) -> float:
         summary = self.commbench.get(world)
@@ -121,12 +125,6 @@ class Profile:
 
     def hbm(self, corner: str) -> float | None:
         return pick(self.hbm_Bps, corner) if self.hbm_Bps else None
-
-
-def choice_of(value: str, valid: tuple, what: str) -> str:
-    if value not in valid:
-        raise ValueError(f"{what} '{value}' is not one of {', '.join(valid)}")
-    return value
 
 
 def load_profile(name: str) -> Profile:
@@ -149,14 +147,14 @@ def load_profile(name: str) -> Profile:
             hbm_Bps=data.get("hbm_Bps"),
             intra_node=data["intra_node"],
             inter_node=data["inter_node"],
-            gpu_arch=choice_of(data["gpu_arch"], tuple(nccl.LL_MAX_BUSBW_GBPS), "gpu_arch"),
+            gpu_arch=choice(data["gpu_arch"], tuple(nccl.LL_MAX_BUSBW_GBPS), "gpu_arch"),
             latency_scale=data["latency_scale"],
             overlap_slowdown=data["overlap_slowdown"],
             step_cv=data["step_cv"],
             sources=data.get("sources", []),
             path=str(path),
         )
-    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError) as exc:
+    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError, UsageError) as exc:
         raise ProfileError(f"hardware profile {path}: {exc}") from None
 
 

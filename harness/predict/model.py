@@ -130,7 +130,7 @@ def replay(durations, messages: list[Message], comm_time) -> dict:
     idle = [(before[k], float(start[k])) for k in range(n) if start[k] > before[k]]
     if step > clock:
         idle.append((float(clock), float(step)))
-    exposed = {i: overlap([span], idle) for i, span in spans.items()}
+    exposed = shares(spans, idle)
     return {
         "step_s": step,
         "compute_s": float(np.sum(durations)),
@@ -139,6 +139,22 @@ def replay(durations, messages: list[Message], comm_time) -> dict:
         "exposed_by_message": exposed,
         "busy_by_message": {i: b - a for i, (a, b) in spans.items()},
     }
+
+
+def shares(spans: dict[int, tuple[float, float]], idle: list[tuple[float, float]]) -> dict[int, float]:
+    """Each span's time inside the sorted, disjoint `idle` intervals, in one pass over both: the spans are
+    one stream's calls, disjoint and in time order (a pair per span would be quadratic in the calls, and a
+    large model issues thousands a step)."""
+    out, j = {}, 0
+    for i, (a, b) in sorted(spans.items(), key=lambda kv: kv[1][0]):
+        while j < len(idle) and idle[j][1] <= a:
+            j += 1
+        total, k = 0.0, j
+        while k < len(idle) and idle[k][0] < b:
+            total += max(0.0, min(b, idle[k][1]) - max(a, idle[k][0]))
+            k += 1
+        out[i] = total
+    return out
 
 
 def overlap(first: list[tuple[float, float]], second: list[tuple[float, float]]) -> float:
@@ -257,8 +273,14 @@ def step_at(cfg: RunConfig, profile: Profile, calib: Calibration, plan: Schedule
     durations, method = compute_durations(cfg, steps, profile, calib, at["compute"])
     world = cfg.topology.world_size
 
+    # A step issues many calls of a few (op, size): each priced once (the explanation reads the pairs)
+    pairs: dict[tuple[str, float], tuple[str | None, float]] = {}
+
     def price(m: Message) -> float:
-        return profile.collective_time(m.op, m.size_bytes, world, at["bandwidth"], at["latency"])
+        key = (m.op, m.size_bytes)
+        if key not in pairs:
+            pairs[key] = profile.priced(m.op, m.size_bytes, world, at["bandwidth"], at["latency"])
+        return pairs[key][1]
 
     result = replay(durations, messages, price)
     slowdown = pick(profile.overlap_slowdown, at["overlap"], larger_is_faster=False)
@@ -273,10 +295,11 @@ def step_at(cfg: RunConfig, profile: Profile, calib: Calibration, plan: Schedule
         "slowdown_s": slowdown * result["overlapped_s"],
         "straggler_s": straggler,
         "messages": messages,
+        "pairs": pairs,
     }
 
 
-def timeline(cfg: RunConfig, profile: Profile, point: dict) -> dict:
+def timeline(cfg: RunConfig, point: dict) -> dict:
     """Where the step's time goes: compute by phase, each term's exposed communication (the collectives on
     the wire while compute stands idle, charged by their share), the overlap's slowdown and the wait for
     the slowest rank; and how NCCL would run each term's calls (its algorithm/protocol on this profile)."""
@@ -294,8 +317,9 @@ def timeline(cfg: RunConfig, profile: Profile, point: dict) -> dict:
         entry["bytes"] += m.size_bytes
         entry["busy_s"] += result["busy_by_message"].get(i, 0.0)
         entry["exposed_s"] += result["exposed_by_message"].get(i, 0.0)
-        if not profile.commbench and cfg.topology.world_size > 1:
-            entry["nccl"].add(profile.choice(m.op, m.size_bytes, cfg.topology.world_size, "nominal")[0])
+        pair = point["pairs"][(m.op, m.size_bytes)][0]
+        if pair:
+            entry["nccl"].add(pair)
     for entry in terms.values():
         entry["nccl"] = sorted(entry["nccl"])
     waiting = result["step_s"] - result["compute_s"] - sum(t["exposed_s"] for t in terms.values())
@@ -409,7 +433,7 @@ def predict_point(
             "compute_method": point["method"],
         }
         if corner == "nominal":
-            out["timeline"] = timeline(cfg, profile, point)
+            out["timeline"] = timeline(cfg, point)
     if band:
         out["band"] = sensitivity(cfg, profile, calib, plan)
     nominal = out["corners"]["nominal"]["memory"]
