@@ -8,6 +8,10 @@ by construction. The target, per row: the per-GPU throughput at the larger N ove
 predicted within 15% of the published ratio, and the published ratio inside the predicted band (the ratio
 over every combination of the inputs' fast and slow ends, the same at both N). The rows the model misses
 are marked (strict xfail: the day the model gets one right, its mark must go).
+
+Every modelled term decides some row: with any one of them taken out, at least one row's outcome changes
+(a row that meets the target misses it, or a marked row meets it and its strict xfail fails), so this test
+fails; experiments/predict_terms.py prints how far each term moves every row.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import pytest
 import yaml
 
 from harness.cli import make_parser
+from harness.predict import nccl
 from harness.predict.command import configs
 from harness.predict.hardware import load_profile
 from harness.predict.model import Calibration, scaling_ratio
@@ -65,16 +70,52 @@ def hardware(row: dict) -> str:
     return str(REPO / row["hardware"]) if row["hardware"].endswith(".yaml") else row["hardware"]
 
 
-def predicted_ratio(row: dict) -> dict:
+def predicted_ratio(row: dict, tweak=None) -> dict:
     """Per-GPU tokens/s at n_large over n_small, nominal and its band over every combination of the inputs'
     ends (harness.predict.model.scaling_ratio), for `harness predict ARGV --hardware H --gpus
-    n_small,n_large` (the row's own flags, its precision and workload included)."""
+    n_small,n_large` (the row's own flags, its precision and workload included); `tweak(profile)` edits the
+    hardware profile first."""
     args = make_parser().parse_args(
         ["predict", *row["argv"], "--hardware", hardware(row), "--gpus", f"{row['n_small']},{row['n_large']}"]
     )
     profile = load_profile(hardware(row))
+    if tweak:
+        tweak(profile)
     small, large = configs(args, profile)
     return scaling_ratio(small, large, profile, Calibration())
+
+
+def meets_the_target(row: dict, ratio: dict) -> bool:
+    published = row["value_large"] / row["value_small"]
+    return (
+        abs(ratio["nominal"] / published - 1) <= RATIO_TOLERANCE
+        and ratio["low"] <= published <= ratio["high"]
+    )
+
+
+# Each modelled term that moves a prediction at scale, and how it is taken out: NCCL's (algorithm, protocol)
+# pairs narrowed or its latencies zeroed (a filter on harness.predict.nccl.options), or the profile's range
+# set to nothing. experiments/predict_terms.py reads this table.
+TERMS = {
+    "protocols (Simple only)": (lambda pairs: [p for p in pairs if p[0].endswith("Simple")], None),
+    "tree (ring only)": (lambda pairs: [p for p in pairs if p[0].startswith("ring")], None),
+    "latency (none)": (lambda pairs: [(name, 0.0, seconds) for name, _, seconds in pairs], None),
+    "bandwidth lost at scale": (
+        None,
+        lambda profile: profile.inter_node.pop("scale_loss_per_doubling", None),
+    ),
+    "stragglers": (None, lambda profile: setattr(profile, "step_cv", [0.0, 0.0, 0.0])),
+    "overlap slowdown": (None, lambda profile: setattr(profile, "overlap_slowdown", [0.0, 0.0, 0.0])),
+}
+
+
+def without(term: str, monkeypatch) -> object:
+    """Take `term` out of the model (NCCL's options through `monkeypatch`); the profile tweak it needs."""
+    narrow, tweak = TERMS[term]
+    if narrow:
+        every = nccl.options
+        monkeypatch.setattr(nccl, "options", lambda *args, **kwargs: narrow(every(*args, **kwargs)))
+    return tweak
 
 
 @unit
@@ -102,6 +143,20 @@ def test_the_rows_are_enough_independent_cited_and_at_scale():
 )
 def test_the_published_scaling_ratio_is_predicted_within_15_percent_and_inside_the_band(row):
     ratio = predicted_ratio(row)
-    published = row["value_large"] / row["value_small"]
-    assert abs(ratio["nominal"] / published - 1) <= RATIO_TOLERANCE, (row["id"], ratio, published)
-    assert ratio["low"] <= published <= ratio["high"], (row["id"], ratio, published)
+    assert meets_the_target(row, ratio), (row["id"], ratio, row["value_large"] / row["value_small"])
+
+
+@unit
+@pytest.mark.parametrize("term", TERMS)
+def test_the_published_rows_fail_with_any_one_modelled_term_removed(term, monkeypatch):
+    """Some row's outcome changes without the term (the first found is enough: each row costs its band)."""
+    tweak = without(term, monkeypatch)
+    changed = next(
+        (
+            row["id"]
+            for row in ROWS
+            if meets_the_target(row, predicted_ratio(row, tweak)) != (row["id"] not in MISSED)
+        ),
+        None,
+    )
+    assert changed, f"without {term} every row keeps its outcome: the term decides none"
