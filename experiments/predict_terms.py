@@ -21,25 +21,19 @@ sys.path.insert(0, str(REPO))
 import pytest  # noqa: E402
 
 sys.path.insert(0, str(REPO / "tests"))
-from test_predict_published import ROWS, TERMS, hardware, without  # noqa: E402
+from test_predict_published import ROWS, TERMS, row_configs, without  # noqa: E402
 
-from harness.cli import make_parser  # noqa: E402
-from harness.predict.command import configs  # noqa: E402
-from harness.predict.hardware import load_profile  # noqa: E402
 from harness.predict.model import Calibration, predict_point  # noqa: E402
 
 
 def ratio(row: dict, tweak=None) -> float:
-    gpus = f"{row['n_small']},{row['n_large']}"
-    argv = ["predict", *row["argv"], "--hardware", hardware(row), "--gpus", gpus]
-    profile = load_profile(hardware(row))
-    if tweak:
-        tweak(profile)
-    small, large = (
+    """The row's nominal per-GPU ratio, without its band (the test's costs 32 combinations of the ends)."""
+    small, large, profile = row_configs(row, tweak)
+    per_device = [
         predict_point(c, profile, Calibration(), 1e9, None)["corners"]["nominal"]["per_device_tokens_per_s"]
-        for c in configs(make_parser().parse_args(argv), profile)
-    )
-    return large / small
+        for c in (small, large)
+    ]
+    return per_device[1] / per_device[0]
 
 
 def main() -> None:

@@ -17,15 +17,17 @@ fails; experiments/predict_terms.py prints how far each term moves every row.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
 
+from core.config import RunConfig
 from harness.cli import make_parser
 from harness.predict import nccl
 from harness.predict.command import configs
-from harness.predict.hardware import load_profile
+from harness.predict.hardware import Profile, load_profile
 from harness.predict.model import Calibration, scaling_ratio
 
 unit = pytest.mark.unit
@@ -70,11 +72,10 @@ def hardware(row: dict) -> str:
     return str(REPO / row["hardware"]) if row["hardware"].endswith(".yaml") else row["hardware"]
 
 
-def predicted_ratio(row: dict, tweak=None) -> dict:
-    """Per-GPU tokens/s at n_large over n_small, nominal and its band over every combination of the inputs'
-    ends (harness.predict.model.scaling_ratio), for `harness predict ARGV --hardware H --gpus
-    n_small,n_large` (the row's own flags, its precision and workload included); `tweak(profile)` edits the
-    hardware profile first."""
+def row_configs(row: dict, tweak: Callable | None = None) -> tuple[RunConfig, RunConfig, Profile]:
+    """The configurations at n_small and n_large of `harness predict ARGV --hardware H --gpus
+    n_small,n_large` (the row's own flags, its precision and workload included), and the profile, which
+    `tweak(profile)` edits first."""
     args = make_parser().parse_args(
         ["predict", *row["argv"], "--hardware", hardware(row), "--gpus", f"{row['n_small']},{row['n_large']}"]
     )
@@ -82,6 +83,13 @@ def predicted_ratio(row: dict, tweak=None) -> dict:
     if tweak:
         tweak(profile)
     small, large = configs(args, profile)
+    return small, large, profile
+
+
+def predicted_ratio(row: dict, tweak: Callable | None = None) -> dict:
+    """Per-GPU tokens/s at n_large over n_small, nominal and its band over every combination of the inputs'
+    ends (harness.predict.model.scaling_ratio)."""
+    small, large, profile = row_configs(row, tweak)
     return scaling_ratio(small, large, profile, Calibration())
 
 
@@ -109,7 +117,7 @@ TERMS = {
 }
 
 
-def without(term: str, monkeypatch) -> object:
+def without(term: str, monkeypatch) -> Callable | None:
     """Take `term` out of the model (NCCL's options through `monkeypatch`); the profile tweak it needs."""
     narrow, tweak = TERMS[term]
     if narrow:
