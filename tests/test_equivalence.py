@@ -153,9 +153,13 @@ ISSUE_SHAPE = Shape(layers=3, heads=3, d_model=96, seq_len=48, vocab=777, seed=1
 # gradient norm ~1.1, so clipping would act), on which the full-record tests of the other two files run.
 EDGE, RECORD_SHAPE = draw_shapes(2)
 # ZeRO-3 keeps tensors of at most PERSISTENCE_THRESHOLD (1e5) elements whole on every rank, which is every
-# tensor of the shapes above: this one's token embedding (1000 x 112) is partitioned, and gathered for each
-# micro-batch.
-PARTITIONED_SHAPE = Shape(layers=2, heads=4, d_model=112, seq_len=32, vocab=1000, seed=500, micro_batch=2)
+# tensor of the shapes above. This one partitions its token embedding (1000 x 160) and each block's two MLP
+# matrices (160 x 640), gathered for each micro-batch: the embedding's on demand, the blocks' in prefetch
+# buckets of PARTITIONED_PREFETCH elements, which closes one bucket inside block 1 (DeepSpeed's default
+# bucket, 5e7 elements, would take all four matrices in one call). Its run's comm trace holds the model of
+# ZeRO-3's fetches (backends/deepspeed_zero/schedule.py: fetches) to what DeepSpeed issues.
+PARTITIONED_SHAPE = Shape(layers=2, heads=5, d_model=160, seq_len=32, vocab=1000, seed=500, micro_batch=2)
+PARTITIONED_PREFETCH = 250_000
 
 # label -> `harness run` arguments selecting the configuration: every registered backend, DeepSpeed at each
 # ZeRO stage, each in its plain data-parallel form (Paddle without sharding, FSDP and MWMS as they come).
@@ -228,12 +232,20 @@ def test_drawn_shapes_are_stable_and_in_range():
     assert draw_shapes(2) == [EDGE, RECORD_SHAPE] and EDGE != RECORD_SHAPE
     assert EDGE == Shape(layers=1, heads=1, d_model=8, seq_len=16, vocab=97, seed=0, micro_batch=2)
     for shape in (EDGE, RECORD_SHAPE, ISSUE_SHAPE, PARTITIONED_SHAPE):
-        assert 1 <= shape.layers <= 3 and 1 <= shape.heads <= 4 and 97 <= shape.vocab <= 1000
+        assert 1 <= shape.layers <= 3 and 97 <= shape.vocab <= 1000
         assert 8 <= shape.d_model // shape.heads <= 32 and shape.d_model % shape.heads == 0
         assert 16 <= shape.seq_len <= 64 and 0 <= shape.seed <= 1000 and shape.micro_batch in (2, 4)
         assert shape.spec.d_ff == 4 * shape.d_model
-        largest = max(np.prod(s) for s in shape.spec.parameter_shapes().values())
-        assert (largest > PERSISTENCE_THRESHOLD) == (shape == PARTITIONED_SHAPE), shape
+        assert shape == PARTITIONED_SHAPE or 1 <= shape.heads <= 4  # Hypothesis draws 1-4 heads
+        partitioned = [
+            name for name, s in shape.spec.parameter_shapes().items() if np.prod(s) > PERSISTENCE_THRESHOLD
+        ]
+        if shape == PARTITIONED_SHAPE:  # more than one prefetch bucket's worth, cut inside a block
+            assert partitioned == ["tok_emb"] + [
+                f"blocks.{i}.mlp.{m}.weight" for i in (0, 1) for m in ("fc", "proj")
+            ]
+        else:
+            assert not partitioned, shape
 
 
 @pytest.mark.unit
@@ -259,12 +271,14 @@ def test_every_backend_configuration_runs_on_two_shapes_once_with_accumulation()
 def test_same_losses_as_torch_ddp(label, shape, accum, reference, out):
     skip_unavailable(label)
     ref = reference(shape)["summary"]["losses"]
-    rec = run_record(
-        out, *CONFIGS[label], *shape.args(accum=accum), "--compute-method", "none", "--no-trace-comm"
-    )
+    traced = shape == PARTITIONED_SHAPE  # ZeRO-3's gathers in prefetch buckets, against the schedule
+    extra = ["--prefetch-bucket", PARTITIONED_PREFETCH] if traced else ["--no-trace-comm"]
+    rec = run_record(out, *CONFIGS[label], *shape.args(accum=accum), "--compute-method", "none", *extra)
     assert rec["status"] == "ok" and run_config(rec).batch.grad_accum == accum
     what = f"{label} on {shape}, accum {accum}"
     assert_same_losses(rec["summary"]["losses"], ref, what, loss_atol(CONFIGS[label][1]))
+    if traced:
+        assert_traced_steps_follow_the_schedule(rec)
 
 
 # ------------------------------------------------------------------------------ mixed precision: bf16, fp16

@@ -343,8 +343,11 @@ def test_the_timeline_adds_up_to_the_step_and_names_what_dominates():
 def test_zero3_without_overlap_comm_waits_for_each_gather_and_reduces_as_buckets_fill():
     """A 1.3B-parameter shape (24 blocks of d 2048: 50.4M elements a block) has more gradients than one
     5e8-element reduce bucket: backward fills one after about ten blocks, and its reduce-scatter is issued
-    there, not at the end. overlap_comm off: a unit's gather is issued only once the segment before it
-    ends, and a bucket's reduction holds up the next segment."""
+    there, not at the end. Parameters are gathered as DeepSpeed's coordinator fetches them: the token
+    embedding (103.0M elements) on demand, then prefetch buckets of at least 5e7 elements, the first the
+    position embedding (4.2M) with block 0 (50.3M), each next one block; each bucket one unit ahead of the
+    unit that needs its first parameter. overlap_comm off: a unit's gather is issued only once the segment
+    before it ends, and a bucket's reduction holds up the next segment."""
     on = cfg_for("deepspeed", world=64, workload="1b", zero_stage=3)
     off = cfg_for("deepspeed", world=64, workload="1b", zero_stage=3, overlap_comm=False)
     steps = Steps(on)
@@ -354,7 +357,10 @@ def test_zero3_without_overlap_comm_waits_for_each_gather_and_reduces_as_buckets
     assert reduces[0].after < steps.last_backward(0) and reduces[0].before == steps.last_backward(0) + 1
     assert all(m.before == m.after + 1 for m in schedule(off) if m.op == "reduce_scatter")
     forward = [m for m in schedule(on) if m.what == "params"]
-    assert all(m.before - m.after == 2 for m in forward[1:])  # one unit ahead
+    block = 50_331_648
+    assert [m.size_bytes / 4 for m in forward] == [103_022_592, 4_194_304 + block] + [block] * 23
+    assert [m.before for m in forward] == [0, 0] + [steps.at("forward", f"block.{i}") for i in range(1, 24)]
+    assert all(m.before - m.after == 2 for m in forward[2:])  # one unit ahead
     assert all(m.before - m.after == 1 for m in schedule(off) if m.what == "params")
 
 

@@ -34,8 +34,9 @@ from backends.base import (
     switch,
     worker_python,
 )
-from backends.deepspeed_zero.comm import stage3_settings
+from backends.deepspeed_zero.comm import PREFETCH_BUCKET_ELEMENTS, stage3_settings
 from backends.deepspeed_zero.schedule import zero_schedule
+from core.config import InvalidConfig
 from core.precision import LOW_PRECISIONS, autocast_numerics, low_precision_module_numerics
 from core.process import Process
 
@@ -122,6 +123,13 @@ class DeepSpeedOptions(Options):
         help="ZeRO's overlap_comm: reduce gradients on a side stream while backward goes on (DeepSpeed's "
         "default: on at stage 3, off below)",
     )
+    prefetch_bucket: int = option(
+        PREFETCH_BUCKET_ELEMENTS,
+        "--prefetch-bucket",
+        type=int,
+        help="ZeRO-3's stage3_prefetch_bucket_size: parameter elements each prefetch gathers ahead in one "
+        "all-gather (DeepSpeed's default 5e7); sets how many gathers a step issues",
+    )
 
 
 def native_low_precision(cfg) -> bool:
@@ -150,7 +158,10 @@ def ds_config(cfg) -> dict:
     module and gradients plus fp32 master weights, fp16 with DeepSpeed's dynamic loss scaling. The
     engine's throughput timer is off (see below)."""
     opts = DeepSpeedOptions.from_dict(cfg.backend_options)
-    zero = {"stage": opts.zero_stage, **(stage3_settings() if opts.zero_stage == 3 else {})}
+    zero = {
+        "stage": opts.zero_stage,
+        **(stage3_settings(opts.prefetch_bucket) if opts.zero_stage == 3 else {}),
+    }
     config = {
         "train_micro_batch_size_per_gpu": cfg.batch.micro_batch,
         "gradient_accumulation_steps": cfg.batch.grad_accum,
@@ -257,6 +268,13 @@ class DeepSpeed(Backend[DeepSpeedOptions]):
     def sharding(self, cfg):
         return SHARDING[self.stage(cfg)]
 
+    def validate(self, cfg):
+        if self.options(cfg).prefetch_bucket < 1:
+            raise InvalidConfig(
+                f"--prefetch-bucket {self.options(cfg).prefetch_bucket}: ZeRO-3's prefetch bucket is a count "
+                "of parameter elements, at least 1 (DeepSpeed's default: 50000000)"
+            )
+
     def features(self):
         return {
             **super().features(),
@@ -269,9 +287,10 @@ class DeepSpeed(Backend[DeepSpeedOptions]):
         the model's dtype (fp32 under autocast, bf16/fp16 for a native low-precision module); the calls
         per stage: schedule.py."""
         element = ELEMENT_BYTES[cfg.model.precision] if native_low_precision(cfg) else 4
-        overlap = self.options(cfg).overlap_comm
+        opts = self.options(cfg)
+        overlap = True if opts.overlap_comm is None else opts.overlap_comm
         return zero_schedule(
-            cfg, self.stage(cfg), element, module_precision(cfg), True if overlap is None else overlap
+            cfg, self.stage(cfg), element, module_precision(cfg), overlap, opts.prefetch_bucket
         )
 
     def settings(self, cfg):

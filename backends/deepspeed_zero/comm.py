@@ -30,12 +30,14 @@ from backends.schedule import CommTerm
 
 PERSISTENCE_THRESHOLD = 100_000  # DeepSpeed's default stage3_param_persistence_threshold
 MAX_REUSE_DISTANCE = 1_000_000_000  # DeepSpeed's default stage3_max_reuse_distance
+PREFETCH_BUCKET_ELEMENTS = 50_000_000  # DeepSpeed's default stage3_prefetch_bucket_size
 
 
-def stage3_settings() -> dict:
+def stage3_settings(prefetch_bucket: int = PREFETCH_BUCKET_ELEMENTS) -> dict:
     return {
         "stage3_param_persistence_threshold": PERSISTENCE_THRESHOLD,
         "stage3_max_reuse_distance": MAX_REUSE_DISTANCE,
+        "stage3_prefetch_bucket_size": prefetch_bucket,
     }
 
 
