@@ -21,9 +21,10 @@ sys.path.insert(0, str(REPO))
 import pytest  # noqa: E402
 
 sys.path.insert(0, str(REPO / "tests"))
-from test_predict_published import ROWS, TERMS, row_configs, without  # noqa: E402
+from test_predict_published import ROWS, TERMS, without  # noqa: E402
 
 from harness.predict.model import Calibration, predict_point  # noqa: E402
+from harness.predict.published import row_configs  # noqa: E402
 
 
 def ratio(row: dict, tweak=None) -> float:

@@ -24,6 +24,7 @@ from core.records import SCHEMA_VERSION, git_commit, load_records, now_iso, writ
 from harness.analyze.summary import fmt_bytes
 from harness.predict.hardware import CORNERS, ProfileError, catalogue, load_profile, local_profile
 from harness.predict.model import calibrate, predict_point, scaling_ratio
+from harness.predict.published import check as published_check
 from harness.run_args import foreign_flags, micro_batch_for, spec_from_args
 from harness.usage import EXIT_OK, UsageError, choice, positive
 from workloads.spec import OVERRIDES, PRESETS
@@ -95,8 +96,8 @@ def configs(args, profile) -> list[RunConfig]:
             gpus_per_node=per_node,
             backend_options=options,
         )
-        try:
-            backend.validate(cfg)
+        try:  # as a run's would be, less where its nodes are: a launch needs hosts, a prediction none
+            backend.validate(cfg.evolve(hosts=[f"node{i}" for i in range(cfg.topology.nodes)]))
         except InvalidConfig as exc:
             raise UsageError(str(exc)) from None
         out.append(cfg)
@@ -282,6 +283,13 @@ def cmd_predict(args) -> int:
         f"(6PT = {6 * cfgs[0].model.spec.n_params * tokens:.3g} FLOPs); nominal (fast–slow corner)"
     )
     print_table(points, header)
+    # How the model held on published runs of this stack (none for a CPU's local profile: those are GPU
+    # clusters); with each record, so a budget read from it carries the caveat.
+    checked = published_check(cfgs[0], args.gpus) if profile.device == "cuda" else None
+    if checked:
+        print(f"published check: {checked['verdict']}")
+        for p in points:
+            p["prediction"]["published_check"] = checked
     if args.explain is not None:
         (point,) = [p for p in points if p["world_size"] == args.explain]
         print_explanation(point)

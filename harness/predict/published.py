@@ -1,0 +1,164 @@
+"""How far `harness predict` holds on published scaling results, and what a prediction says of it.
+
+tests/data/published_scaling_rows.yaml holds published per-GPU throughputs at two rank counts, each row with
+its source, quote and setup as `harness predict` flags. Predicting all of them takes tens of seconds, so
+their outcomes under the current model are kept in published_check.json beside this module (written by
+`python -m harness.predict.published` from a checkout; tests/test_predict_published.py fails when it is not
+what the model predicts now). `harness predict` then says, from the rows of the stack it predicts, how
+close the model came there: an optimistic prediction at scale is the number a cluster gets budgeted on, so
+where the published runs lost more than the model does, the prediction says so beside its figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from backends import get_backend
+from core.config import RunConfig
+from harness.predict.hardware import Profile, load_profile
+from harness.predict.model import Calibration, scaling_ratio
+
+REPO = Path(__file__).resolve().parents[2]
+ROWS_FILE = REPO / "tests" / "data" / "published_scaling_rows.yaml"
+CHECK_FILE = Path(__file__).with_name("published_check.json")
+# The target a row is held to: the predicted ratio within this fraction of the published one, and the
+# published ratio inside the predicted band.
+RATIO_TOLERANCE = 0.15
+
+
+def load_rows(path: Path = ROWS_FILE) -> list[dict]:
+    import yaml
+
+    return yaml.safe_load(path.read_text())
+
+
+def hardware(row: dict) -> str:
+    """A catalogue profile's name, or a profile file of the repository (the publishers' own clusters)."""
+    return str(REPO / row["hardware"]) if row["hardware"].endswith(".yaml") else row["hardware"]
+
+
+def row_configs(row: dict, tweak: Callable | None = None) -> tuple[RunConfig, RunConfig, Profile]:
+    """The configurations at n_small and n_large of `harness predict ARGV --hardware H --gpus
+    n_small,n_large` (the row's own flags, its precision and workload included), and the profile, which
+    `tweak(profile)` edits first."""
+    from harness.predict.command import configs, register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(
+        ["predict", *row["argv"], "--hardware", hardware(row), "--gpus", f"{row['n_small']},{row['n_large']}"]
+    )
+    profile = load_profile(hardware(row))
+    if tweak:
+        tweak(profile)
+    small, large = configs(args, profile)
+    return small, large, profile
+
+
+def predicted_ratio(row: dict, tweak: Callable | None = None) -> dict:
+    """Per-GPU tokens/s at n_large over n_small, nominal and its band over every combination of the inputs'
+    ends (harness.predict.model.scaling_ratio)."""
+    small, large, profile = row_configs(row, tweak)
+    return scaling_ratio(small, large, profile, Calibration())
+
+
+def published_ratio(row: dict) -> float:
+    return row["value_large"] / row["value_small"]
+
+
+def meets_the_target(row: dict, ratio: dict) -> bool:
+    published = published_ratio(row)
+    return (
+        abs(ratio["nominal"] / published - 1) <= RATIO_TOLERANCE
+        and ratio["low"] <= published <= ratio["high"]
+    )
+
+
+def stack_of(cfg: RunConfig) -> str:
+    """What a check is matched on: the stack and what it shards (its variants, such as a reduce dtype or
+    DeepSpeed's native bf16, count as the same stack)."""
+    backend = get_backend(cfg.backend)
+    return f"{backend.name} ({backend.sharding(cfg)} sharded)"
+
+
+def row_result(row: dict, ratio: dict) -> dict:
+    """One row's line of published_check.json."""
+    small, _, _ = row_configs(row)
+    return {
+        "id": row["id"],
+        "publisher": row["publisher"],
+        "stack": stack_of(small),
+        "label": get_backend(small.backend).label(small),
+        "scaling": row["scaling"],
+        "n_small": row["n_small"],
+        "n_large": row["n_large"],
+        "published_ratio": round(published_ratio(row), 6),
+        "predicted_ratio": {k: round(float(ratio[k]), 6) for k in ("nominal", "low", "high")},
+        "meets_the_target": bool(meets_the_target(row, ratio)),
+    }
+
+
+def load_check(path: Path = CHECK_FILE) -> list[dict]:
+    return json.loads(path.read_text())["rows"]
+
+
+def check(cfg: RunConfig, world_sizes: list[int], rows: list[dict] | None = None) -> dict:
+    """What the published rows of this configuration's stack say of a prediction at `world_sizes`: how
+    many met the target, at which rank counts, the published ratio as a share of the predicted one on
+    those that missed, and whether the largest rank count asked is beyond every row."""
+    rows = load_check() if rows is None else rows
+    stack = stack_of(cfg)
+    mine = [r for r in rows if r["stack"] == stack]
+    out: dict = {"stack": stack, "rows": [r["id"] for r in mine], "file": CHECK_FILE.name}
+    if not mine:
+        return out | {"verdict": f"no published row checks {stack}"}
+    missed = [r for r in mine if not r["meets_the_target"]]
+    shares = {r["id"]: r["published_ratio"] / r["predicted_ratio"]["nominal"] for r in missed}
+    below = [r for r in missed if r["published_ratio"] < r["predicted_ratio"]["low"]]
+    largest = max(r["n_large"] for r in mine)
+    out |= {
+        "met": len(mine) - len(missed),
+        "of": len(mine),
+        "n_range": [min(r["n_small"] for r in mine), largest],
+        "largest_met": max((r["n_large"] for r in mine if r["meets_the_target"]), default=None),
+        "missed_share_of_predicted": [min(shares.values()), max(shares.values())] if shares else None,
+        "worst": min(shares, key=shares.__getitem__) if shares else None,
+        "below_the_band": len(below),
+        "beyond": max(world_sizes) > largest,
+        "below": max(world_sizes) < min(r["n_small"] for r in mine),
+    }
+    verdict = (
+        f"{stack}: {out['met']} of {len(mine)} published rows met the target (ratio within "
+        f"{RATIO_TOLERANCE:.0%}, inside the band), at {out['n_range'][0]:,}–{largest:,} GPUs"
+    )
+    if shares:
+        low, high = out["missed_share_of_predicted"]
+        verdict += (
+            f"; on the {len(missed)} missed, the published per-GPU ratio was {low:.2f}–{high:.2f} of the "
+            f"predicted (worst {out['worst']})"
+        )
+        if len(below) == len(missed):
+            verdict += ", below the band every time: read scaling figures here as upper bounds"
+    if out["beyond"]:
+        verdict += f"; N={max(world_sizes):,} is beyond every published check of this stack"
+    elif out["below"]:
+        verdict += "; the rank counts asked are below every published check of this stack"
+    return out | {"verdict": verdict}
+
+
+def main() -> None:
+    """Predict every row with the current model and write published_check.json."""
+    rows = [row_result(row, predicted_ratio(row)) for row in load_rows()]
+    text = json.dumps({"generated_by": "python -m harness.predict.published", "rows": rows}, indent=1)
+    partial = CHECK_FILE.with_suffix(".partial")
+    partial.write_text(text + "\n")
+    partial.replace(CHECK_FILE)  # whole or not at all
+    met = sum(r["meets_the_target"] for r in rows)
+    print(f"{CHECK_FILE}: {met} of {len(rows)} rows meet the target")
+
+
+if __name__ == "__main__":
+    main()
