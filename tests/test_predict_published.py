@@ -41,9 +41,6 @@ ROWS = load_rows()
 # The rows the model misses (docs/prediction.md has what it predicts for each): where the published runs lose
 # more than any modelled term explains, read its predictions as upper bounds.
 MISSED = {
-    "torchtitan-llama31-8b-fsdp2-8to128",
-    "foundry-mpt7b-h100-8to256",
-    "foundry-mpt7b-h100-8to512",
     "internevo-7b-zero1-8to256",
     "internevo-7b-zero1-8to512",
     "internevo-7b-zero1-8to1024",
@@ -53,7 +50,6 @@ MISSED = {
     "foundry-mpt13b-h100-128to512",
     "foundry-mpt30b-h100-128to512",
     "foundry-mpt70b-h100-128to512",
-    "foundry-mpt3b-h100-sgo-128to512",
     "foundry-mpt1b-h100-sgo-128to512",
     "foundry-mpt125m-a100-40g-16to128",
     "foundry-mpt350m-a100-40g-16to128",
