@@ -72,6 +72,13 @@ def switch(default, flag: str, help: str):
 class Options:
     """A backend's options; each adapter subclasses it with its own fields (declared with `option`)."""
 
+    def optimizer_kernel(self) -> str:
+        """How the optimizer's update goes over memory on a GPU, which the prediction prices: "fused" (one
+        pass over each parameter, its gradient and its moments) or "foreach" (torch's multi-tensor AdamW,
+        one pass per elementwise operation). One pass unless the options say otherwise: Paddle's AdamW
+        runs its adamw_ kernel once per parameter; Keras' under tf.function is assumed fused."""
+        return "fused"
+
     @classmethod
     def flags(cls) -> dict[str, str]:
         """CLI flag -> field name."""
@@ -313,6 +320,10 @@ class Backend(ABC, Generic[OptionsT]):
     def settings(self, cfg: RunConfig) -> dict:
         """The framework's own configuration this run hands it (e.g. DeepSpeed's config), for the record."""
         return {}
+
+    def optimizer_kernel(self, cfg: RunConfig) -> str:
+        """This configuration's optimizer kernel (Options.optimizer_kernel)."""
+        return self.options(cfg).optimizer_kernel()
 
     def precision_scheme(self, cfg: RunConfig) -> str:
         return self.mixed_precision

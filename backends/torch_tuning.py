@@ -44,6 +44,11 @@ class TorchTuning(Options):
         "foreach, or fused (one kernel for all parameters)",
     )
 
+    def optimizer_kernel(self) -> str:
+        """torch's default on a GPU is the foreach implementation (torch.optim.optimizer
+        _default_to_fused_or_foreach picks foreach, never fused, for CUDA parameters)."""
+        return "fused" if self.adamw == "fused" else "foreach"
+
 
 def torch_tuned(how_compiled: str) -> dict[str, Tuned]:
     """The torch family's part of a tuned set. Both change the floating-point result in its last bits:

@@ -31,6 +31,7 @@ from harness.predict.hardware import ProfileError, load_profile, local_profile
 from harness.predict.model import (
     Calibration,
     calibrate,
+    compute_durations,
     expected_slowest,
     memory,
     predict_point,
@@ -776,3 +777,31 @@ def test_calibration_without_optimizer_times_counts_the_optimizer_once_and_takes
     assert any("small-1: not used (another shape" in note for note in calib.notes)
     nominal = predict_point(one, load_profile("h100-sxm"), calib, 1e6, None)["corners"]["nominal"]
     assert nominal["step_time_s"] == pytest.approx(0.05)
+
+
+@unit
+@pytest.mark.parametrize(
+    "backend, default, fused, bytes_default, bytes_fused",
+    [
+        # torch's foreach AdamW (its GPU default) makes eight passes, 80 B a fp32 parameter; fused, one: 28
+        ("torch-ddp", {}, {"adamw": "fused"}, 80, 28),
+        ("torch-fsdp", {"adamw": "foreach"}, {"adamw": "fused"}, 80, 28),
+        # ZeRO's fp32 partition and the fp32 module's copy (32 B fused); torch's AdamW over it, foreach
+        ("deepspeed", {"zero_stage": 1}, {"zero_stage": 1, "optimizer": "deepspeed"}, 84, 32),
+    ],
+)
+def test_the_optimizer_s_time_is_its_kernel_s_memory_traffic(
+    backend, default, fused, bytes_default, bytes_fused
+):
+    """Without calibration, the optimizer step is HBM time: each parameter's bytes moved by the
+    implementation the run uses, over the profile's achieved bandwidth (1b, 8 ranks, h100-sxm nominal)."""
+    h100 = load_profile("h100-sxm")
+    seconds = {}
+    for name, options in (("default", default), ("fused", fused)):
+        cfg = cfg_for(backend, world=8, workload="1b", **options)
+        durations, _ = compute_durations(cfg, Steps(cfg), h100, Calibration(), "nominal")
+        seconds[name] = durations[-1]
+    sharded = get_backend(backend).sharding(cfg_for(backend, world=8, workload="1b", **default)) != "none"
+    params = resolve("1b").n_params / (8 if sharded else 1)
+    assert seconds["default"] == pytest.approx(params * bytes_default / h100.hbm("nominal"))
+    assert seconds["fused"] == pytest.approx(params * bytes_fused / h100.hbm("nominal"))

@@ -131,6 +131,11 @@ class DeepSpeedOptions(Options):
         "all-gather (DeepSpeed's default 5e7); sets how many gathers a step issues",
     )
 
+    def optimizer_kernel(self) -> str:
+        """DeepSpeed's FusedAdam is one kernel; torch's AdamW (--ds-optimizer torch) runs its default,
+        foreach, over the engine's flat partitions."""
+        return "fused" if self.optimizer == "deepspeed" else "foreach"
+
 
 def native_low_precision(cfg) -> bool:
     """Whether this run uses DeepSpeed's own bf16/fp16 section (a low-precision module)."""

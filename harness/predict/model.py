@@ -29,6 +29,11 @@ ASSUMED_MFU = (0.30, 0.40, 0.50)
 # AdamW bytes moved per parameter and step: fp32 param, grad, two moments read; param, moments written;
 # a "master" scheme also writes the low-precision copy, an "fp32-master" one the fp32 module's.
 OPTIMIZER_BYTES_PER_PARAM = {"fp32": 28, "autocast": 28, "master": 30, "fp32-master": 32}
+# That is one fused kernel's traffic. torch's foreach AdamW (its default on a GPU: _multi_tensor_adam with
+# decoupled weight decay) makes eight passes over fp32 tensors: params *= 1 - lr*wd (8 B), exp_avg.lerp_
+# (12), exp_avg_sq *= beta2 (8), addcmul_ (12), sqrt into a new tensor (8), its div_ (8) and add_ (8),
+# params.addcdiv_ (16): 80 B a parameter, 52 more than fused.
+FOREACH_EXTRA_BYTES_PER_PARAM = 52
 # Activations per layer per sequence position, in units of d_model x element bytes (Korthikanti et al.
 # 2022, "Reducing Activation Recomputation in Large Transformer Models", 34·s·b·h bytes at 2-byte
 # elements = 17 elements; attention scores are not stored, as SDPA's fused kernels recompute them).
@@ -254,10 +259,14 @@ def compute_durations(cfg: RunConfig, steps: Steps, profile: Profile, calib: Cal
     elif calib.seconds_per_flop:  # calibrated without optimizer times: the optimizer is in the FLOP rate
         seconds[-1] = 0.0
     elif hbm := profile.hbm(corner):
-        scheme = get_backend(cfg.backend).precision_scheme(cfg)
+        backend = get_backend(cfg.backend)
+        scheme = backend.precision_scheme(cfg)
         if cfg.model.precision == "fp32" and scheme != "fp32-master":
             scheme = "fp32"
-        seconds[-1] = params * OPTIMIZER_BYTES_PER_PARAM[scheme] / hbm
+        per_param = OPTIMIZER_BYTES_PER_PARAM[scheme]
+        if backend.optimizer_kernel(cfg) == "foreach":
+            per_param += FOREACH_EXTRA_BYTES_PER_PARAM
+        seconds[-1] = params * per_param / hbm
     return seconds, method
 
 
