@@ -805,3 +805,21 @@ def test_the_optimizer_s_time_is_its_kernel_s_memory_traffic(
     params = resolve("1b").n_params / (8 if sharded else 1)
     assert seconds["default"] == pytest.approx(params * bytes_default / h100.hbm("nominal"))
     assert seconds["fused"] == pytest.approx(params * bytes_fused / h100.hbm("nominal"))
+
+
+@unit
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (
+            ["--zero-stage", "3", "--prefetch-bucket", "0"],
+            "--prefetch-bucket 0: ZeRO-3's prefetch bucket is a count",
+        ),
+        (["--zero-stage", "1", "--prefetch-bucket", "5"], "--zero-stage 1 prefetches nothing"),
+    ],
+)
+def test_a_prefetch_bucket_that_cannot_apply_is_refused_in_one_line(options, message, capsys):
+    argv = ["predict", "--backend", "deepspeed", *options, "--gpus", "8", "--hardware", "h100-sxm"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err

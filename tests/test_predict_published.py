@@ -239,3 +239,18 @@ def test_a_prediction_says_how_its_stack_held_on_the_published_rows(capsys, tmp_
         == 0
     )
     assert "published check: no published row checks tf-mwms (none sharded)" in capsys.readouterr().out
+
+
+@unit
+def test_a_row_s_unknown_settings_widen_its_band_around_its_own_nominal():
+    """NVIDIA's TF BERT rows leave XLA unstated, so LAMB ran a kernel per TF operation (priced as the
+    stack's default, foreach AdamW) or fused by XLA: the band is the union of both settings' bands, the
+    nominal the row's own flags'; the fused kernel (less fixed optimizer time a step) reaches higher."""
+    row = next(r for r in ROWS if r["id"] == "nvidia-tf-bert-large-s128-dgx2h-16to512")
+    assert row["unknown"] == {"--adamw": ["fused"]} and "--adamw" not in row["argv"]
+    both = nominal_ratio(row["id"])
+    own = predict_row({**row, "unknown": {}})
+    fused = predict_row({**row, "unknown": {}, "argv": [*row["argv"], "--adamw", "fused"]})
+    assert both["nominal"] == own["nominal"] < fused["nominal"]
+    assert both["low"] == min(own["low"], fused["low"]) and both["high"] == max(own["high"], fused["high"])
+    assert both["high"] > own["high"] and set(both["settings"]) == {"as published", "--adamw fused"}

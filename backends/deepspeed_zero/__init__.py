@@ -274,10 +274,16 @@ class DeepSpeed(Backend[DeepSpeedOptions]):
         return SHARDING[self.stage(cfg)]
 
     def validate(self, cfg):
-        if self.options(cfg).prefetch_bucket < 1:
+        bucket = self.options(cfg).prefetch_bucket
+        if bucket < 1:
             raise InvalidConfig(
-                f"--prefetch-bucket {self.options(cfg).prefetch_bucket}: ZeRO-3's prefetch bucket is a count "
-                "of parameter elements, at least 1 (DeepSpeed's default: 50000000)"
+                f"--prefetch-bucket {bucket}: ZeRO-3's prefetch bucket is a count of parameter elements, at "
+                f"least 1 (DeepSpeed's default: {PREFETCH_BUCKET_ELEMENTS})"
+            )
+        if bucket != PREFETCH_BUCKET_ELEMENTS and self.stage(cfg) != 3:
+            raise InvalidConfig(
+                f"--prefetch-bucket is ZeRO-3's (stage3_prefetch_bucket_size); --zero-stage "
+                f"{self.stage(cfg)} prefetches nothing: use --zero-stage 3 or leave it out"
             )
 
     def features(self):

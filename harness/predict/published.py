@@ -40,16 +40,19 @@ def hardware(row: dict) -> str:
     return str(REPO / row["hardware"]) if row["hardware"].endswith(".yaml") else row["hardware"]
 
 
-def row_configs(row: dict, tweak: Callable | None = None) -> tuple[RunConfig, RunConfig, Profile]:
+def row_configs(
+    row: dict, tweak: Callable | None = None, argv: list[str] | None = None
+) -> tuple[RunConfig, RunConfig, Profile]:
     """The configurations at n_small and n_large of `harness predict ARGV --hardware H --gpus
-    n_small,n_large` (the row's own flags, its precision and workload included), and the profile, which
-    `tweak(profile)` edits first."""
+    n_small,n_large` (the row's own flags, its precision and workload included; `argv`: other flags in
+    their place), and the profile, which `tweak(profile)` edits first."""
     from harness.predict.command import configs, register
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
     args = parser.parse_args(
-        ["predict", *row["argv"], "--hardware", hardware(row), "--gpus", f"{row['n_small']},{row['n_large']}"]
+        ["predict", *(argv or row["argv"]), "--hardware", hardware(row)]
+        + ["--gpus", f"{row['n_small']},{row['n_large']}"]
     )
     profile = load_profile(hardware(row))
     if tweak:
@@ -58,11 +61,50 @@ def row_configs(row: dict, tweak: Callable | None = None) -> tuple[RunConfig, Ru
     return small, large, profile
 
 
+def with_setting(argv: list[str], flag: str, value: str) -> list[str]:
+    """`argv` with `flag` set to `value`: in place where it is given, else added."""
+    if flag in argv:
+        at = argv.index(flag)
+        return [*argv[: at + 1], value, *argv[at + 2 :]]
+    return [*argv, flag, value]
+
+
+def variants(row: dict) -> dict[tuple, list[str]]:
+    """The row's flags, and one set for each combination of the values its `unknown` settings may take
+    (a published setup that leaves a setting unstated: every value a publisher could have run), keyed by
+    the (flag, value) pairs that differ from the row's own flags."""
+    out: dict[tuple, list[str]] = {(): list(row["argv"])}
+    for flag, values in (row.get("unknown") or {}).items():
+        for key, argv in list(out.items()):
+            for value in map(str, values):
+                changed = with_setting(argv, flag, value)
+                if changed != argv:
+                    out[(*key, (flag, value))] = changed
+    return out
+
+
 def predicted_ratio(row: dict, tweak: Callable | None = None) -> dict:
     """Per-GPU tokens/s at n_large over n_small, nominal and its band over every combination of the inputs'
-    ends (harness.predict.model.scaling_ratio)."""
-    small, large, profile = row_configs(row, tweak)
-    return scaling_ratio(small, large, profile, Calibration())
+    ends (harness.predict.model.scaling_ratio), widened over the row's unknown settings (`variants`): the
+    band spans every value a publisher could have run, and when one of them moves the nominal ratio more
+    than any input alone, that setting is what dominates the band."""
+    ratios = {}
+    for key, argv in variants(row).items():
+        small, large, profile = row_configs(row, tweak, argv)
+        ratios[key] = scaling_ratio(small, large, profile, Calibration())
+    out = dict(ratios[()])
+    out["low"] = min(r["low"] for r in ratios.values())
+    out["high"] = max(r["high"] for r in ratios.values())
+    if len(ratios) > 1:
+        nominals = [r["nominal"] for r in ratios.values()]
+        out["settings"] = {
+            " ".join(f"{f} {v}" for f, v in key) or "as published": r["nominal"] for key, r in ratios.items()
+        }
+        spread = max(nominals) - min(nominals)
+        alone = max(high - low for low, high in out["alone"].values())
+        if spread > alone:
+            out["dominant"] = "unknown settings (" + ", ".join(row["unknown"]) + ")"
+    return out
 
 
 def published_ratio(row: dict) -> float:
@@ -97,6 +139,8 @@ def row_result(row: dict, ratio: dict) -> dict:
         "n_large": row["n_large"],
         "published_ratio": round(published_ratio(row), 6),
         "predicted_ratio": {k: round(float(ratio[k]), 6) for k in ("nominal", "low", "high")},
+        "dominant": ratio["dominant"],
+        "unknown": sorted(row.get("unknown") or {}),
         "meets_the_target": bool(meets_the_target(row, ratio)),
     }
 
