@@ -75,8 +75,8 @@ class Options:
     def optimizer_kernel(self) -> str:
         """How the optimizer's update goes over memory on a GPU, which the prediction prices: "fused" (one
         pass over each parameter, its gradient and its moments) or "foreach" (torch's multi-tensor AdamW,
-        one pass per elementwise operation). One pass unless the options say otherwise: Paddle's AdamW
-        runs its adamw_ kernel once per parameter; Keras' under tf.function is assumed fused."""
+        one pass per elementwise operation). One pass unless the options say otherwise (Paddle's AdamW runs
+        its adamw_ kernel once per parameter)."""
         return "fused"
 
     @classmethod

@@ -30,6 +30,7 @@ from harness.predict.published import (
     meets_the_target,
     row_configs,
     row_result,
+    variants,
 )
 from harness.predict.published import (
     predicted_ratio as predict_row,
@@ -68,8 +69,9 @@ MISSED_MARK = pytest.mark.xfail(
 
 
 @functools.cache
-def nominal_ratio(row_id: str) -> dict:
-    """A row's prediction by the model as it is (once per test process: two tests read it)."""
+def row_prediction(row_id: str) -> dict:
+    """A row's predicted ratio and band by the model as it is (once per test process: several tests read
+    it)."""
     return predict_row(next(r for r in ROWS if r["id"] == row_id))
 
 
@@ -122,7 +124,7 @@ def test_the_rows_are_enough_independent_cited_and_at_scale():
     ids=[r["id"] for r in ROWS],
 )
 def test_the_published_scaling_ratio_is_predicted_within_15_percent_and_inside_the_band(row):
-    ratio = nominal_ratio(row["id"])
+    ratio = row_prediction(row["id"])
     assert meets_the_target(row, ratio), (row["id"], ratio, row["value_large"] / row["value_small"])
 
 
@@ -143,14 +145,14 @@ def test_the_published_rows_fail_with_any_one_modelled_term_removed(term, monkey
 
 
 @unit
-def test_the_stored_check_is_what_the_model_predicts_now(tmp_path):
+def test_the_stored_check_is_what_the_model_predicts_now():
     """`harness predict` reads each row's outcome from harness/predict/published_check.json, as predicting
     them all takes tens of seconds: after a change to the model, `python -m harness.predict.published`
     writes it again. Each row's stack, rank counts, ratios and outcome as the model gives them now."""
     stored = {r["id"]: r for r in load_check()}
     assert list(stored) == [r["id"] for r in ROWS]
     for row in ROWS:
-        fresh = row_result(row, nominal_ratio(row["id"]))
+        fresh = row_result(row, row_prediction(row["id"]))
         assert stored[row["id"]].keys() == fresh.keys()
         for key, value in fresh.items():
             expected = pytest.approx(value, rel=1e-5) if key == "predicted_ratio" else value
@@ -248,9 +250,25 @@ def test_a_row_s_unknown_settings_widen_its_band_around_its_own_nominal():
     nominal the row's own flags'; the fused kernel (less fixed optimizer time a step) reaches higher."""
     row = next(r for r in ROWS if r["id"] == "nvidia-tf-bert-large-s128-dgx2h-16to512")
     assert row["unknown"] == {"--adamw": ["fused"]} and "--adamw" not in row["argv"]
-    both = nominal_ratio(row["id"])
+    both = row_prediction(row["id"])
     own = predict_row({**row, "unknown": {}})
     fused = predict_row({**row, "unknown": {}, "argv": [*row["argv"], "--adamw", "fused"]})
     assert both["nominal"] == own["nominal"] < fused["nominal"]
     assert both["low"] == min(own["low"], fused["low"]) and both["high"] == max(own["high"], fused["high"])
     assert both["high"] > own["high"] and set(both["settings"]) == {"as published", "--adamw fused"}
+
+
+@unit
+def test_an_unknown_setting_must_be_a_flag_of_one_value():
+    """A switch (`--activation-checkpointing` takes no value) or a flag given twice cannot be set to
+    another value: the row is refused rather than its next flag overwritten."""
+    row = next(r for r in ROWS if r["id"] == "megatron-sc21-zero3-175b-384to768")
+    with pytest.raises(ValueError, match="--activation-checkpointing is not a `harness predict` flag"):
+        variants({**row, "unknown": {"--activation-checkpointing": ["off"]}})
+    twice = {**row, "argv": [*row["argv"], "--zero-stage", "3"], "unknown": {"--zero-stage": ["2"]}}
+    with pytest.raises(ValueError, match="--zero-stage is not"):
+        variants(twice)
+    assert list(variants({**row, "unknown": {"--prefetch-bucket": ["5e8"]}})) == [
+        (),
+        (("--prefetch-bucket", "5e8"),),
+    ]

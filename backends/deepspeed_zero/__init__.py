@@ -15,6 +15,7 @@ gets the same configuration. This package is not called `deepspeed` because the 
 (backends/) is on sys.path, where that name would shadow the real library.
 """
 
+import argparse
 import os
 import shlex
 import time
@@ -83,6 +84,17 @@ def extensions_lock_check(root: Path | None, required: bool, now: float) -> Chec
     )
 
 
+def element_count(text: str) -> int:
+    """A count of elements as DeepSpeed's docs write one: 5e7 or 50000000."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a count of elements such as 5e7, got '{text}'") from None
+    if value < 1 or value != int(value):
+        raise argparse.ArgumentTypeError(f"expected a whole count of elements, at least 1, got '{text}'")
+    return int(value)
+
+
 SHARDING = {0: "none", 1: "optimizer", 2: "gradients", 3: "parameters"}
 ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 MIXED_PRECISION = ("autocast", "native")
@@ -126,7 +138,7 @@ class DeepSpeedOptions(Options):
     prefetch_bucket: int = option(
         PREFETCH_BUCKET_ELEMENTS,
         "--prefetch-bucket",
-        type=int,
+        type=element_count,
         help="ZeRO-3's stage3_prefetch_bucket_size: parameter elements each prefetch gathers ahead in one "
         "all-gather (DeepSpeed's default 5e7); sets how many gathers a step issues",
     )

@@ -107,9 +107,11 @@ def fetches(params: list[tuple[str, int]], bucket: int, leading: int = 0) -> lis
     of their own (the first module's, fetched on demand), then the prefetches (fetch_sub_module), each
     popping the next parameters off the trace until it holds `bucket` elements (stage3_prefetch_bucket_size),
     the last one what is left. One coalesced all_gather_into_tensor per fetch (all_gather_coalesced). Not
-    modelled: the cap of stage3_max_live_parameters less what is gathered, which only withholds a prefetch
-    (a module over the bucket is then fetched alone, as it is anyway), and a bucket that would run from the
-    forward's last parameters into backward's first re-gathers (each pass is cut on its own)."""
+    modelled: when each call goes out (DeepSpeed prefetches at every module's fetch, as far ahead as
+    stage3_max_live_parameters less what is gathered allows; zero3 issues each bucket one unit ahead of its
+    first parameter's unit), that cap withholding a prefetch (a module over the bucket is then fetched alone,
+    as it is anyway), and a bucket that would run from the forward's last parameters into backward's first
+    re-gathers (each pass is cut on its own)."""
     out = [(params[0][0], sum(n for _, n in params[:leading]))] if leading else []
     first, count = None, 0
     for name, n in params[leading:]:

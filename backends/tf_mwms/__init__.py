@@ -151,6 +151,12 @@ class TFOptions(Options):
     )
     xla: bool = option(False, "--xla", help="compile forward + backward with XLA (jit_compile)")
 
+    def optimizer_kernel(self) -> str:
+        """Keras' AdamW runs in a tf.function without jit_compile (--xla compiles the gradients only): its
+        update_step and decoupled weight decay are separate elementwise ops over each variable, at least as
+        many passes over memory as torch's foreach AdamW, which prices it."""
+        return "foreach"
+
 
 class TFMultiWorkerMirrored(Backend[TFOptions]):
     name = "tf-mwms"

@@ -1,12 +1,13 @@
 """How far `harness predict` holds on published scaling results, and what a prediction says of it.
 
 tests/data/published_scaling_rows.yaml holds published per-GPU throughputs at two rank counts, each row with
-its source, quote and setup as `harness predict` flags. Predicting all of them takes tens of seconds, so
-their outcomes under the current model are kept in published_check.json beside this module (written by
-`python -m harness.predict.published` from a checkout; tests/test_predict_published.py fails when it is not
-what the model predicts now). `harness predict` then says, from the rows of the stack it predicts, how
-close the model came there: an optimistic prediction at scale is the number a cluster gets budgeted on, so
-where the published runs lost more than the model does, the prediction says so beside its figures.
+its source, quote and setup as `harness predict` flags. Predicting all of them takes about ten seconds, too
+long for every prediction, so their outcomes under the current model are kept in published_check.json
+beside this module (written by `python -m harness.predict.published` from a checkout;
+tests/test_predict_published.py fails when it is not what the model predicts now). `harness predict` then
+says, from the rows of the stack it predicts, how close the model came there: an optimistic prediction at
+scale is the number a cluster gets budgeted on, so where the published runs lost more than the model does,
+the prediction says so beside its figures.
 """
 
 from __future__ import annotations
@@ -61,6 +62,16 @@ def row_configs(
     return small, large, profile
 
 
+def valued_flags() -> set[str]:
+    """`harness predict`'s flags that take one value (a switch takes none, so it cannot be set to one)."""
+    from harness.predict.command import register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    (predict,) = parser._subparsers._group_actions[0].choices.values()  # type: ignore[union-attr]
+    return {flag for action in predict._actions if action.nargs is None for flag in action.option_strings}
+
+
 def with_setting(argv: list[str], flag: str, value: str) -> list[str]:
     """`argv` with `flag` set to `value`: in place where it is given, else added."""
     if flag in argv:
@@ -72,9 +83,14 @@ def with_setting(argv: list[str], flag: str, value: str) -> list[str]:
 def variants(row: dict) -> dict[tuple, list[str]]:
     """The row's flags, and one set for each combination of the values its `unknown` settings may take
     (a published setup that leaves a setting unstated: every value a publisher could have run), keyed by
-    the (flag, value) pairs that differ from the row's own flags."""
+    the (flag, value) pairs that differ from the row's own flags. An unknown setting is a flag that takes
+    one value, given at most once."""
     out: dict[tuple, list[str]] = {(): list(row["argv"])}
     for flag, values in (row.get("unknown") or {}).items():
+        if row["argv"].count(flag) > 1 or flag not in valued_flags():
+            raise ValueError(
+                f"{row['id']}: unknown setting {flag} is not a `harness predict` flag of one value"
+            )
         for key, argv in list(out.items()):
             for value in map(str, values):
                 changed = with_setting(argv, flag, value)
@@ -93,8 +109,11 @@ def predicted_ratio(row: dict, tweak: Callable | None = None) -> dict:
         small, large, profile = row_configs(row, tweak, argv)
         ratios[key] = scaling_ratio(small, large, profile, Calibration())
     out = dict(ratios[()])
-    out["low"] = min(r["low"] for r in ratios.values())
-    out["high"] = max(r["high"] for r in ratios.values())
+    lowest = min(ratios, key=lambda k: ratios[k]["low"])
+    highest = max(ratios, key=lambda k: ratios[k]["high"])
+    out["low"], out["high"] = ratios[lowest]["low"], ratios[highest]["high"]
+    out["low_at"] = {**ratios[lowest]["low_at"], "settings": dict(lowest) or "as published"}
+    out["high_at"] = {**ratios[highest]["high_at"], "settings": dict(highest) or "as published"}
     if len(ratios) > 1:
         nominals = [r["nominal"] for r in ratios.values()]
         out["settings"] = {
