@@ -690,7 +690,8 @@ def test_bad_rank_counts_are_refused_by_the_parser(capsys):
 @pytest.mark.subprocess  # the record's git commit
 def test_predictions_are_records_of_their_own_kind_tabled_apart(tmp_path, capsys, monkeypatch):
     """`--out` writes one record per N with every input; training analyses never read them; `harness
-    results --kind prediction` and the report show them in their own table, labelled not measured."""
+    results --kind prediction` and the report show them in their own table, labelled not measured, with
+    how the stack fared on the published rows."""
     out = tmp_path / "results"
     argv = ["predict", "--backend", "deepspeed", "--zero-stage", "3", "--workload", "small", "--gpus", "8,64"]
     assert main([*argv, "--hardware", "a100-80g-sxm", "--gpu-hour-price", "1.5", "--out", str(out)]) == 0
@@ -714,6 +715,7 @@ def test_predictions_are_records_of_their_own_kind_tabled_apart(tmp_path, capsys
     assert main(["report", str(out)]) == 0
     report = capsys.readouterr().out
     assert "Predictions (not measured)" in report and "assumed MFU" in report
+    assert "Published check: deepspeed (parameters sharded): 0 of 3 published rows met" in report
     json.dumps(record)  # plain JSON
 
 
