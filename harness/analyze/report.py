@@ -698,8 +698,8 @@ def prediction_sections(predictions: list[dict], training: list[dict], with_figu
     )
     # How each predicted stack fared on published scaling runs, as `harness predict` printed it: a budget
     # read from this table carries the caveat beside it.
-    checks = {(r["summary"].get("published_check") or {}).get("verdict") for r in predictions} - {None}
-    intro.blocks.extend(f"Published check: {verdict}" for verdict in sorted(checks))
+    checks = {(r["summary"].get("published_check") or {}).get("verdict") for r in predictions}
+    intro.blocks.extend(f"Published check: {verdict}" for verdict in sorted(str(v) for v in checks if v))
     if with_figures:
         measured = measured_beside(table, training)
         intro.blocks.extend(Figure(title, png) for title, png in prediction_figures(table, measured))

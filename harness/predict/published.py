@@ -95,7 +95,7 @@ def variants(row: dict) -> dict[tuple, list[str]]:
             for value in map(str, values):
                 changed = with_setting(argv, flag, value)
                 if changed != argv:
-                    out[(*key, (flag, value))] = changed
+                    out[key + ((flag, value),)] = changed
     return out
 
 
