@@ -816,6 +816,10 @@ def test_the_optimizer_s_time_is_its_kernel_s_memory_traffic(
         (["--zero-stage", "3", "--prefetch-bucket", "0"], "expected a whole count of elements, at least 1"),
         (["--zero-stage", "3", "--prefetch-bucket", "5e7x"], "expected a count of elements such as 5e7"),
         (["--zero-stage", "1", "--prefetch-bucket", "5"], "--zero-stage 1 prefetches nothing"),
+        (
+            ["--zero-stage", "2", "--prefetch-bucket", "5e7"],
+            "--zero-stage 2 prefetches nothing",
+        ),  # the default
     ],
 )
 def test_a_prefetch_bucket_that_cannot_apply_is_refused_in_one_line(options, message, capsys):

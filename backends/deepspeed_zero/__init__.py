@@ -135,13 +135,17 @@ class DeepSpeedOptions(Options):
         help="ZeRO's overlap_comm: reduce gradients on a side stream while backward goes on (DeepSpeed's "
         "default: on at stage 3, off below)",
     )
-    prefetch_bucket: int = option(
-        PREFETCH_BUCKET_ELEMENTS,
+    prefetch_bucket: int | None = option(
+        None,
         "--prefetch-bucket",
         type=element_count,
         help="ZeRO-3's stage3_prefetch_bucket_size: parameter elements each prefetch gathers ahead in one "
-        "all-gather (DeepSpeed's default 5e7); sets how many gathers a step issues",
+        "all-gather (default: DeepSpeed's, 5e7); sets how many gathers a step issues",
     )
+
+    def prefetch_elements(self) -> int:
+        """The bucket ZeRO-3 runs with: the one given, else DeepSpeed's default."""
+        return PREFETCH_BUCKET_ELEMENTS if self.prefetch_bucket is None else self.prefetch_bucket
 
     def optimizer_kernel(self) -> str:
         """DeepSpeed's FusedAdam is one kernel; torch's AdamW (--ds-optimizer torch) runs its default,
@@ -177,7 +181,7 @@ def ds_config(cfg) -> dict:
     opts = DeepSpeedOptions.from_dict(cfg.backend_options)
     zero = {
         "stage": opts.zero_stage,
-        **(stage3_settings(opts.prefetch_bucket) if opts.zero_stage == 3 else {}),
+        **(stage3_settings(opts.prefetch_elements()) if opts.zero_stage == 3 else {}),
     }
     config = {
         "train_micro_batch_size_per_gpu": cfg.batch.micro_batch,
@@ -287,12 +291,14 @@ class DeepSpeed(Backend[DeepSpeedOptions]):
 
     def validate(self, cfg):
         bucket = self.options(cfg).prefetch_bucket
+        if bucket is None:
+            return
         if bucket < 1:
             raise InvalidConfig(
                 f"--prefetch-bucket {bucket}: ZeRO-3's prefetch bucket is a count of parameter elements, at "
                 f"least 1 (DeepSpeed's default: {PREFETCH_BUCKET_ELEMENTS})"
             )
-        if bucket != PREFETCH_BUCKET_ELEMENTS and self.stage(cfg) != 3:
+        if self.stage(cfg) != 3:
             raise InvalidConfig(
                 f"--prefetch-bucket is ZeRO-3's (stage3_prefetch_bucket_size); --zero-stage "
                 f"{self.stage(cfg)} prefetches nothing: use --zero-stage 3 or leave it out"
@@ -313,7 +319,7 @@ class DeepSpeed(Backend[DeepSpeedOptions]):
         opts = self.options(cfg)
         overlap = True if opts.overlap_comm is None else opts.overlap_comm
         return zero_schedule(
-            cfg, self.stage(cfg), element, module_precision(cfg), overlap, opts.prefetch_bucket
+            cfg, self.stage(cfg), element, module_precision(cfg), overlap, opts.prefetch_elements()
         )
 
     def settings(self, cfg):
