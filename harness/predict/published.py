@@ -13,6 +13,7 @@ the prediction says so beside its figures.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -41,19 +42,28 @@ def hardware(row: dict) -> str:
     return str(REPO / row["hardware"]) if row["hardware"].endswith(".yaml") else row["hardware"]
 
 
+@functools.cache
+def predict_parser() -> argparse.ArgumentParser:
+    """`harness predict`'s own parser (its `predict` subcommand alone), built once: every row, and every
+    variant of a row's unknown settings, is parsed with it."""
+    from harness.predict.command import register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    (predict,) = parser._subparsers._group_actions[0].choices.values()  # type: ignore[union-attr]
+    return predict
+
+
 def row_configs(
     row: dict, tweak: Callable | None = None, argv: list[str] | None = None
 ) -> tuple[RunConfig, RunConfig, Profile]:
     """The configurations at n_small and n_large of `harness predict ARGV --hardware H --gpus
     n_small,n_large` (the row's own flags, its precision and workload included; `argv`: other flags in
     their place), and the profile, which `tweak(profile)` edits first."""
-    from harness.predict.command import configs, register
+    from harness.predict.command import configs
 
-    parser = argparse.ArgumentParser()
-    register(parser.add_subparsers())
-    args = parser.parse_args(
-        ["predict", *(argv or row["argv"]), "--hardware", hardware(row)]
-        + ["--gpus", f"{row['n_small']},{row['n_large']}"]
+    args = predict_parser().parse_args(
+        [*(argv or row["argv"]), "--hardware", hardware(row), "--gpus", f"{row['n_small']},{row['n_large']}"]
     )
     profile = load_profile(hardware(row))
     if tweak:
@@ -64,12 +74,8 @@ def row_configs(
 
 def valued_flags() -> set[str]:
     """`harness predict`'s flags that take one value (a switch takes none, so it cannot be set to one)."""
-    from harness.predict.command import register
-
-    parser = argparse.ArgumentParser()
-    register(parser.add_subparsers())
-    (predict,) = parser._subparsers._group_actions[0].choices.values()  # type: ignore[union-attr]
-    return {flag for action in predict._actions if action.nargs is None for flag in action.option_strings}
+    actions = predict_parser()._actions
+    return {flag for action in actions if action.nargs is None for flag in action.option_strings}
 
 
 def with_setting(argv: list[str], flag: str, value: str) -> list[str]:
