@@ -297,18 +297,46 @@ def test_a_collective_is_priced_as_nccl_s_tuning_model_prices_it():
 
 @unit
 def test_the_profile_gives_nccl_the_bus_bandwidth_of_its_node_or_its_nics_less_what_scale_costs():
-    """h100-sxm nominal: 430 GB/s in a node; across nodes min(430, 8 NICs x 47 GB/s = 376 GB/s), and from 4
-    nodes on 2.5% less for every doubling (192 nodes: log2(48) doublings)."""
+    """h100-sxm nominal: the ring's 370 GB/s in a node; across nodes min(NVLink's, the node's NICs), which
+    on a100-80g-sxm is 8 NICs x 23 GB/s = 184 GB/s, and from 4 nodes on 2.5% less for every doubling (192
+    nodes: log2(48) doublings)."""
     h100 = load_profile("h100-sxm")
-    assert h100.busbw(8, "nominal") == pytest.approx(430e9)
-    assert h100.busbw(32, "nominal") == pytest.approx(376e9)
-    assert h100.busbw(1536, "nominal") == pytest.approx(376e9 * 0.975 ** math.log2(48))
-    assert h100.busbw(1536, "fast") == pytest.approx(384e9)  # NVLSTree's scan: no loss at scale
+    assert h100.busbw(8, "nominal") == pytest.approx(370e9)
+    assert load_profile("a100-80g-sxm").busbw(32, "nominal") == pytest.approx(184e9)
+    assert h100.busbw(1536, "nominal") == pytest.approx(370e9 * 0.975 ** math.log2(48))
+    assert h100.busbw(1536, "fast") == pytest.approx(370e9)  # NVLSTree's scan: no loss at scale
     # the latency corner scales NCCL's latencies: x2 at the slow end. 8 bytes all-reduced on 2 nodes run as
     # tree/LL, 6.8 + 2 x (7 x 0.6 + 1 x 5.0) = 25.2 µs of latency, so the slow end adds 25.2 µs
     nominal = h100.collective_time("all_reduce", 8, 16, "nominal")
     slow = h100.collective_time("all_reduce", 8, 16, "nominal", latency_corner="slow")
     assert slow - nominal == pytest.approx(25.2e-6)
+
+
+@unit
+def test_where_the_profile_has_nvlink_sharp_all_reduce_runs_nvls_in_a_node_and_nvls_tree_across():
+    """h100-sxm has NVLS (480 GB/s all-reduce busbw on a full node, measured); a100-80g-sxm has none.
+    NCCL's latencies (tuning.cc v2.23-v2.27): NVLS 25 µs; NVLSTree 25 µs + 14 µs per tree level up and down."""
+    h100, a100 = load_profile("h100-sxm"), load_profile("a100-80g-sxm")
+    assert h100.nvls_busbw(8, "nominal") == pytest.approx(480e9)
+    assert h100.nvls_busbw(4, "nominal") is None  # part of a node: NVLS measures the ring's there
+    assert a100.nvls_busbw(8, "nominal") is None
+    # two nodes: twice the network (2 x 8 x 47 GB/s) bounded by the node's 480; sixteen: the network, less
+    # 2.5% for each doubling beyond 4 nodes
+    assert h100.nvls_busbw(16, "nominal") == pytest.approx(480e9)
+    assert h100.nvls_busbw(128, "nominal") == pytest.approx(376e9 * 0.975**2)
+    # a 1 GiB all-reduce on one node of 8: NVLS, its bytes x 2 x 7/8 at 480 GB/s; the A100 node runs a ring
+    assert h100.priced("all_reduce", GiB, 8, "nominal") == (
+        "nvls/Simple",
+        pytest.approx(25e-6 + GiB * 2 * 7 / 8 / 480e9),
+    )
+    assert a100.priced("all_reduce", GiB, 8, "nominal")[0] == "ring/Simple"
+    assert h100.priced("all_gather", GiB, 8, "nominal")[0] == "ring/Simple"  # NVLS: all-reduce only
+    assert h100.priced("all_reduce", 8, 8, "nominal")[0] == "ring/LL"  # 10.8 µs of latency, under NVLS's 25
+    # across 16 nodes: NVLSTree, log2(16) = 4 levels
+    assert h100.priced("all_reduce", GiB, 128, "nominal") == (
+        "nvls_tree/Simple",
+        pytest.approx((25 + 2 * 4 * 14) * 1e-6 + GiB * 2 * 127 / 128 / (376e9 * 0.975**2)),
+    )
 
 
 @unit

@@ -89,6 +89,27 @@ class Profile:
             bus *= (1 - pick(loss, corner, larger_is_faster=False)) ** math.log2(nodes / 4)
         return bus
 
+    def nvls_busbw(self, world: int, corner: str) -> float | None:
+        """Achieved all_reduce bus bandwidth of NVLink SHARP where the profile has it
+        (`intra_node.nvls_all_reduce_busbw_Bps`, measured on one full node), else None. In one node NVLS's;
+        across nodes NVLSTree's: a node's switch reduces and its NICs carry one tree of nodes, so tuning.cc
+        bounds it by the network, twice the network on two nodes ("Handle 2 node case of NVLSTree"), less
+        what the fabric loses as it grows, as the ring's. Only for whole nodes: with 2-4 GPUs of a node NVLS
+        measures the ring's bus bandwidth, 420-460 GB/s with 5-7 (NVIDIA/nccl#1455), priced as the ring."""
+        nvls = self.intra_node.get("nvls_all_reduce_busbw_Bps")
+        nodes = self.nodes(world)
+        if not nvls or world != nodes * self.gpus_per_node:
+            return None
+        bus = pick(nvls, corner)
+        if nodes == 1:
+            return bus
+        network = self.gpus_per_node * pick(self.inter_node["nic_Bps_per_gpu"], corner)
+        bus = min(bus, network * (2 if nodes <= 2 else 1))
+        loss = self.inter_node.get("scale_loss_per_doubling")
+        if loss and nodes > 4:
+            bus *= (1 - pick(loss, corner, larger_is_faster=False)) ** math.log2(nodes / 4)
+        return bus
+
     def priced(
         self, op: str, size_bytes: float, world: int, corner: str, latency_corner: str | None = None
     ) -> tuple[str | None, float]:
@@ -102,8 +123,9 @@ class Profile:
             return None, self.measured_call(op, size_bytes, world)
         scale = pick(self.latency_scale, latency_corner or corner, larger_is_faster=False)
         return nccl.fastest(
-            op, size_bytes, world, self.gpus_per_node, self.busbw(world, corner), self.gpu_arch, scale
-        )
+            op, size_bytes, world, self.gpus_per_node, self.busbw(world, corner), self.gpu_arch, scale,
+            self.nvls_busbw(world, corner),
+        )  # fmt: skip
 
     def collective_time(
         self, op: str, size_bytes: float, world: int, corner: str, latency_corner: str | None = None

@@ -8,10 +8,13 @@ the bandwidth the pairs scale is the profile's achieved bus bandwidth of ring/Si
 reports for large messages), which stands in for NCCL's channels x per-channel bandwidth. The derivation,
 with every constant's version history: docs/notes/2026-12-03-collectives-at-scale.md.
 
-Modelled: ring (every op) and tree (all_reduce only), each in LL, LL128 and Simple. Not modelled: NVLS and
-NVLSTree (NVLink SHARP, which needs the fabric's support), CollNet/SHARP, PAT (NCCL enables it only with
-one GPU per node); the per-channel caps of the tree and LL128 (at 16 channels they bind on no catalogue
-profile); the plain-tree 0.85 factor (NCCL applies it only to one tree pattern).
+Modelled: ring (every op) and tree (all_reduce only), each in LL, LL128 and Simple; and, where the profile
+has NVLink SHARP (NVSwitch with NVLS: DGX/HGX H100 and H200), NVLS (all_reduce in one node) and NVLSTree
+(all_reduce across nodes), Simple only. Not modelled: NVLS for all_gather/reduce_scatter (in a node it
+reaches the ring's bus bandwidth, 370 GB/s on 8 H100, so it changes no price; across nodes NCCL needs
+CollNet for it), CollNet/SHARP, PAT (NCCL enables it only with one GPU per node); the per-channel caps of
+the tree and LL128 (at 16 channels they bind on no catalogue profile); the plain-tree 0.85 factor (NCCL
+applies it only to one tree pattern).
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ HOP_LATENCY_US = {
     "nvlink": {"ring": (0.6, 1.9, 3.4), "tree": (0.6, 1.25, 4.0)},
     "net": {"ring": (2.7, 4.0, 14.0), "tree": (5.0, 8.5, 14.0)},
 }
+# NVLS and NVLSTree have no base latency; hwLat[NVLINK] 25 µs for the in-node NVLink SHARP reduction, and
+# NVLSTree adds hwLat[NET] 14 µs per tree level up and down (v2.23-v2.27; 20.9 from v2.28).
+NVLS_LATENCY_US = 25.0
+NVLS_TREE_NET_HOP_US = 14.0
 # A ring that leaves the node still pays the network proxy's overhead at every step, intra-node ones too
 # ("Inter-node rings still have to launch nsteps * net overhead"): 1 µs on an Intel host, x3 for Simple.
 NET_OVERHEAD_US = 1.0
@@ -54,10 +61,15 @@ def tree_correction(protocol: str, size_bytes: float) -> float:
     return table[min(max(k, 0), len(table) - 1)]
 
 
-def options(op: str, size_bytes: float, world: int, gpus_per_node: int, busbw_Bps: float, arch: str) -> list:
+def options(
+    op: str, size_bytes: float, world: int, gpus_per_node: int, busbw_Bps: float, arch: str,
+    nvls_busbw_Bps: float | None = None,
+) -> list:  # fmt: skip
     """Every (algorithm, protocol) NCCL would weigh for one call: (name, latency_s, seconds for the bytes).
     `size_bytes` is the nccl-tests size (a rank's buffer for all_reduce, the whole gathered tensor for
-    all_gather / reduce_scatter); `busbw_Bps` the achieved ring/Simple bus bandwidth at this rank count."""
+    all_gather / reduce_scatter); `busbw_Bps` the achieved ring/Simple bus bandwidth at this rank count;
+    `nvls_busbw_Bps`, where the profile has NVLink SHARP, the achieved all_reduce bus bandwidth of NVLS (one
+    node) or NVLSTree (across nodes) at this rank count (`Profile.nvls_busbw`), else None."""
     nodes = math.ceil(world / gpus_per_node)
     per_node = world // nodes
     column = min(nodes, 3) - 1
@@ -93,14 +105,25 @@ def options(op: str, size_bytes: float, world: int, gpus_per_node: int, busbw_Bp
             bus *= TREE_LL128_SHARE["one_node" if nodes == 1 else "nodes"]
         algorithm_bw = 0.5 * bus * tree_correction(protocol, size_bytes)  # the tree's bus -> algorithm bw
         out.append((f"tree/{protocol}", latency * 1e-6, size_bytes / algorithm_bw))
+    if all_reduce and nvls_busbw_Bps and world > 1:
+        # NVLink SHARP reduces in the switch (one node); NVLSTree adds a tree of nodes over the network,
+        # log2(nodes) levels up and down. The bytes at the measured NVLS bus bandwidth, nccl-tests' factor.
+        if nodes == 1:
+            out.append(("nvls/Simple", NVLS_LATENCY_US * 1e-6, size_bytes * bus_factor / nvls_busbw_Bps))
+        else:
+            latency = NVLS_LATENCY_US + 2 * int(math.log2(nodes)) * NVLS_TREE_NET_HOP_US
+            out.append(("nvls_tree/Simple", latency * 1e-6, size_bytes * bus_factor / nvls_busbw_Bps))
     return out
 
 
-def fastest(op: str, size_bytes: float, world: int, gpus_per_node: int, busbw_Bps: float, arch: str,
-            latency_scale: float = 1.0) -> tuple[str, float]:  # fmt: skip
+def fastest(
+    op: str, size_bytes: float, world: int, gpus_per_node: int, busbw_Bps: float, arch: str,
+    latency_scale: float = 1.0, nvls_busbw_Bps: float | None = None,
+) -> tuple[str, float]:  # fmt: skip
     """The pair NCCL picks (its own model's fastest) and its seconds, the latency scaled by
     `latency_scale` (what measured small-message latencies say of NCCL's constants on a real fabric)."""
     name, latency, transfer = min(
-        options(op, size_bytes, world, gpus_per_node, busbw_Bps, arch), key=lambda o: o[1] + o[2]
+        options(op, size_bytes, world, gpus_per_node, busbw_Bps, arch, nvls_busbw_Bps),
+        key=lambda o: o[1] + o[2],
     )
     return name, latency * latency_scale + transfer
