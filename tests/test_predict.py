@@ -315,7 +315,8 @@ def test_the_profile_gives_nccl_the_bus_bandwidth_of_its_node_or_its_nics_less_w
 @unit
 def test_where_the_profile_has_nvlink_sharp_all_reduce_runs_nvls_in_a_node_and_nvls_tree_across():
     """h100-sxm has NVLS (480 GB/s all-reduce busbw on a full node, measured); a100-80g-sxm has none.
-    NCCL's latencies (tuning.cc v2.23-v2.27): NVLS 25 µs; NVLSTree 25 µs + 14 µs per tree level up and down."""
+    NCCL's latencies (tuning.cc v2.23-v2.27): NVLS 25 µs; NVLSTree 25 µs + 14 µs per tree level up and
+    down."""
     h100, a100 = load_profile("h100-sxm"), load_profile("a100-80g-sxm")
     assert h100.nvls_busbw(8, "nominal") == pytest.approx(480e9)
     assert h100.nvls_busbw(4, "nominal") is None  # part of a node: NVLS measures the ring's there
@@ -331,7 +332,13 @@ def test_where_the_profile_has_nvlink_sharp_all_reduce_runs_nvls_in_a_node_and_n
     )
     assert a100.priced("all_reduce", GiB, 8, "nominal")[0] == "ring/Simple"
     assert h100.priced("all_gather", GiB, 8, "nominal")[0] == "ring/Simple"  # NVLS: all-reduce only
-    assert h100.priced("all_reduce", 8, 8, "nominal")[0] == "ring/LL"  # 10.8 µs of latency, under NVLS's 25
+    # 8 bytes: ring/LL, 6.6 + 14 x 0.6 = 15.0 µs of latency, under NVLS's 25
+    assert h100.priced("all_reduce", 8, 8, "nominal")[0] == "ring/LL"
+    # two nodes: NVLSTree, one level, its bytes at the node's 480 GB/s (twice the network's 376)
+    assert h100.priced("all_reduce", GiB, 16, "nominal") == (
+        "nvls_tree/Simple",
+        pytest.approx((25 + 2 * 1 * 14) * 1e-6 + GiB * 2 * 15 / 16 / 480e9),
+    )
     # across 16 nodes: NVLSTree, log2(16) = 4 levels
     assert h100.priced("all_reduce", GiB, 128, "nominal") == (
         "nvls_tree/Simple",

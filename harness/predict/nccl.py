@@ -30,7 +30,9 @@ HOP_LATENCY_US = {
     "net": {"ring": (2.7, 4.0, 14.0), "tree": (5.0, 8.5, 14.0)},
 }
 # NVLS and NVLSTree have no base latency; hwLat[NVLINK] 25 µs for the in-node NVLink SHARP reduction, and
-# NVLSTree adds hwLat[NET] 14 µs per tree level up and down (v2.23-v2.27; 20.9 from v2.28).
+# NVLSTree adds hwLat[NET] 14 µs per tree level up and down (v2.23-v2.28.7; 20.9 from v2.28.9). tuning.cc also
+# adds the graph's latencyInter to each network hop (twice for Simple): 0 on NCCL's own IB and socket
+# transports, set only by a network plugin, so left out here as for the ring and the tree.
 NVLS_LATENCY_US = 25.0
 NVLS_TREE_NET_HOP_US = 14.0
 # A ring that leaves the node still pays the network proxy's overhead at every step, intra-node ones too
