@@ -27,7 +27,7 @@ from core.records import load_records, run_config
 from harness.analyze.metrics import bus_factor, comm_bytes_per_rank
 from harness.cli import main
 from harness.predict import nccl
-from harness.predict.hardware import ProfileError, load_profile, local_profile
+from harness.predict.hardware import PROFILE_DIR, ProfileError, load_profile, local_profile
 from harness.predict.model import (
     Calibration,
     calibrate,
@@ -709,6 +709,34 @@ def test_the_scaling_ratio_s_band_spans_every_combination_of_the_inputs_ends():
 )
 def test_bad_predict_input_is_one_line_and_exit_2(argv, message, capsys):
     code = main(["predict", "--backend", "torch-ddp", "--gpus", "8,16", *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+@unit
+@pytest.mark.parametrize(
+    "old, new, message",
+    [
+        (
+            "nvls_all_reduce_busbw_Bps: [475.0e9, 480.0e9, 480.0e9]",
+            "nvls_all_reduce_busbw_Bps: [475.0e9, fast]",
+            "intra_node.nvls_all_reduce_busbw_Bps must be a number or [low, nominal, high] in order",
+        ),
+        (
+            "busbw_Bps: [365.0e9, 370.0e9, 370.0e9]",
+            "busbw_Bps: [370.0e9, 365.0e9, 370.0e9]",
+            "intra_node.busbw_Bps must be a number or [low, nominal, high] in order",
+        ),
+        ("step_cv: [0.005, 0.01, 0.02]", "", "step_cv is missing"),
+    ],
+)
+def test_a_profile_with_a_malformed_range_is_one_line_and_exit_2(old, new, message, tmp_path, capsys):
+    """A user's own profile (`--hardware path.yaml`) is checked as it loads, before anything is priced."""
+    text = (PROFILE_DIR / "h100-sxm.yaml").read_text()
+    assert old in text
+    profile = tmp_path / "mine.yaml"
+    profile.write_text(text.replace(old, new))
+    code = main(["predict", "--backend", "torch-ddp", "--gpus", "8,16", "--hardware", str(profile)])
     err = capsys.readouterr().err
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
 

@@ -155,6 +155,41 @@ class Profile:
         return pick(self.hbm_Bps, corner) if self.hbm_Bps else None
 
 
+# Every range a profile holds: (section or None for the top level, key, required). Each is a number or
+# [low, nominal, high] with low <= nominal <= high, checked when the profile loads: a user's own profile
+# (`--hardware path.yaml`) with a malformed range gets one line naming it, not a traceback mid-prediction.
+RANGES = (
+    (None, "hbm_Bps", False),
+    ("intra_node", "busbw_Bps", True),
+    ("intra_node", "nvls_all_reduce_busbw_Bps", False),
+    ("inter_node", "nic_Bps_per_gpu", True),
+    ("inter_node", "scale_loss_per_doubling", False),
+    (None, "latency_scale", True),
+    (None, "overlap_slowdown", True),
+    (None, "step_cv", True),
+)
+
+
+def check_ranges(data: dict) -> None:
+    """Raise ValueError naming the first range of `data` (a profile's YAML) that is not a number or an
+    ordered [low, nominal, high] of numbers."""
+    for section, key, required in RANGES:
+        holder = data.get(section) if section else data
+        value = holder.get(key) if isinstance(holder, dict) else None
+        where = f"{section}.{key}" if section else key
+        if value is None:
+            if required:
+                raise ValueError(f"{where} is missing")
+            continue
+        items = value if isinstance(value, list) else [value]
+        try:  # YAML 1.1 reads 2.5e12 (no exponent sign) as a string: numbers as text are numbers here too
+            values = [float(v) for v in items if not isinstance(v, bool)]
+        except (TypeError, ValueError):
+            values = []
+        if len(values) != len(items) or len(values) not in (1, 3) or values != sorted(values):
+            raise ValueError(f"{where} must be a number or [low, nominal, high] in order, not {value!r}")
+
+
 def load_profile(name: str) -> Profile:
     """A catalogue profile by name, or a YAML file of the same shape by path."""
     path = Path(name) if name.endswith((".yaml", ".yml")) else PROFILE_DIR / f"{name}.yaml"
@@ -164,6 +199,7 @@ def load_profile(name: str) -> Profile:
         )
     try:
         data = yaml.safe_load(path.read_text())
+        check_ranges(data)
         return Profile(
             name=data["name"],
             description=data.get("description", ""),
