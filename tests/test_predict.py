@@ -313,6 +313,24 @@ def test_the_profile_gives_nccl_the_bus_bandwidth_of_its_node_or_its_nics_less_w
 
 
 @unit
+def test_an_oversubscribed_fabric_costs_the_slow_corner_beyond_a_leaf_group(tmp_path):
+    """a100-80g-sxm with leaf switches 2:1 oversubscribed above 4 nodes: a contiguous job (nominal, fast)
+    keeps the NICs' bandwidth; the slow corner, placed across leaf groups, gets half of a NIC beyond 4
+    nodes: min(210, 8 x 22 / 2 = 88 GB/s), less the slow corner's 6% per doubling beyond 4 nodes."""
+    text = (PROFILE_DIR / "a100-80g-sxm.yaml").read_text()
+    line = "  scale_loss_per_doubling: [0.0, 0.025, 0.06]\n"
+    assert line in text
+    path = tmp_path / "oversubscribed.yaml"
+    path.write_text(text.replace(line, line + "  oversubscription: {ratio: 2, nodes_per_leaf: 4}\n"))
+    fabric, plain = load_profile(str(path)), load_profile("a100-80g-sxm")
+    assert fabric.busbw(32, "slow") == plain.busbw(32, "slow") == pytest.approx(176e9)  # 4 nodes: one leaf
+    assert fabric.busbw(64, "slow") == pytest.approx(88e9 * 0.94)
+    assert plain.busbw(64, "slow") == pytest.approx(176e9 * 0.94)
+    for corner in ("nominal", "fast"):
+        assert fabric.busbw(64, corner) == plain.busbw(64, corner)
+
+
+@unit
 def test_where_the_profile_has_nvlink_sharp_all_reduce_runs_nvls_in_a_node_and_nvls_tree_across():
     """h100-sxm has NVLS (480 GB/s all-reduce busbw on a full node, measured); a100-80g-sxm has none.
     NCCL's latencies (tuning.cc v2.23-v2.27): NVLS 25 µs; NVLSTree 25 µs + 14 µs per tree level up and
@@ -728,6 +746,12 @@ def test_bad_predict_input_is_one_line_and_exit_2(argv, message, capsys):
             "intra_node.busbw_Bps must be a number or [low, nominal, high] in order",
         ),
         ("step_cv: [0.005, 0.01, 0.02]", "", "step_cv is missing"),
+        (
+            "  scale_loss_per_doubling: [0.0, 0.025, 0.06]",
+            "  scale_loss_per_doubling: [0.0, 0.025, 0.06]\n"
+            "  oversubscription: {ratio: 0.5, nodes_per_leaf: 4}",
+            "inter_node.oversubscription must be {ratio: >= 1, nodes_per_leaf: a whole number >= 1}",
+        ),
     ],
 )
 def test_a_profile_with_a_malformed_range_is_one_line_and_exit_2(old, new, message, tmp_path, capsys):

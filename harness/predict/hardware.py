@@ -83,11 +83,29 @@ class Profile:
         nodes = self.nodes(world)
         if nodes == 1:
             return intra
-        bus = min(intra, self.gpus_per_node * pick(self.inter_node["nic_Bps_per_gpu"], corner))
+        return min(intra, self.network_busbw(world, corner)) * self.scale_factor(nodes, corner)
+
+    def network_busbw(self, world: int, corner: str) -> float:
+        """A node's egress as bus bandwidth: GPUs x NIC. Where the profile says its leaf switches are
+        oversubscribed (`inter_node.oversubscription`: `ratio` o of a leaf's bandwidth down to its nodes
+        over its bandwidth up to the spine, and `nodes_per_leaf` S on one rail's leaf), a job of more than S
+        nodes placed contiguously sends, per leaf group and rail, one ring hop and a few tree edges through
+        the spine, which the uplinks (S/o nodes' bandwidth) carry at full rate while o is a few times below
+        S; placed across leaf groups among other jobs, every hop can cross the spine and gets 1/o of a NIC.
+        The slow corner takes that placement, the nominal and fast ones the contiguous placement."""
+        egress = self.gpus_per_node * pick(self.inter_node["nic_Bps_per_gpu"], corner)
+        fabric = self.inter_node.get("oversubscription")
+        if fabric and corner == "slow" and self.nodes(world) > fabric["nodes_per_leaf"]:
+            egress /= float(fabric["ratio"])
+        return egress
+
+    def scale_factor(self, nodes: int, corner: str) -> float:
+        """What the fabric keeps of its bandwidth as it grows: 1 - `scale_loss_per_doubling` for every
+        doubling of nodes beyond 4."""
         loss = self.inter_node.get("scale_loss_per_doubling")
-        if loss and nodes > 4:
-            bus *= (1 - pick(loss, corner, larger_is_faster=False)) ** math.log2(nodes / 4)
-        return bus
+        if not loss or nodes <= 4:
+            return 1.0
+        return (1 - pick(loss, corner, larger_is_faster=False)) ** math.log2(nodes / 4)
 
     def nvls_busbw(self, world: int, corner: str) -> float | None:
         """Achieved all_reduce bus bandwidth of NVLink SHARP where the profile has it
@@ -105,12 +123,8 @@ class Profile:
         bus = pick(nvls, corner)
         if nodes == 1:
             return bus
-        network = self.gpus_per_node * pick(self.inter_node["nic_Bps_per_gpu"], corner)
-        bus = min(bus, network * (2 if nodes <= 2 else 1))
-        loss = self.inter_node.get("scale_loss_per_doubling")
-        if loss and nodes > 4:
-            bus *= (1 - pick(loss, corner, larger_is_faster=False)) ** math.log2(nodes / 4)
-        return bus
+        network = self.network_busbw(world, corner)
+        return min(bus, network * (2 if nodes <= 2 else 1)) * self.scale_factor(nodes, corner)
 
     def priced(
         self, op: str, size_bytes: float, world: int, corner: str, latency_corner: str | None = None
@@ -190,6 +204,24 @@ def check_ranges(data: dict) -> None:
             raise ValueError(f"{where} must be a number or [low, nominal, high] in order, not {value!r}")
 
 
+def check_fabric(data: dict) -> None:
+    """Raise ValueError if `inter_node.oversubscription`, where given, is not {ratio >= 1, nodes_per_leaf
+    >= 1 whole}."""
+    fabric = (data.get("inter_node") or {}).get("oversubscription")
+    if fabric is None:
+        return
+    try:
+        ratio, per_leaf = float(fabric["ratio"]), fabric["nodes_per_leaf"]
+        ok = ratio >= 1 and isinstance(per_leaf, int) and not isinstance(per_leaf, bool) and per_leaf >= 1
+    except (TypeError, KeyError, ValueError):
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"inter_node.oversubscription must be {{ratio: >= 1, nodes_per_leaf: a whole number >= 1}}, "
+            f"not {fabric!r}"
+        )
+
+
 def load_profile(name: str) -> Profile:
     """A catalogue profile by name, or a YAML file of the same shape by path."""
     path = Path(name) if name.endswith((".yaml", ".yml")) else PROFILE_DIR / f"{name}.yaml"
@@ -200,6 +232,7 @@ def load_profile(name: str) -> Profile:
     try:
         data = yaml.safe_load(path.read_text())
         check_ranges(data)
+        check_fabric(data)
         return Profile(
             name=data["name"],
             description=data.get("description", ""),
