@@ -313,6 +313,26 @@ def test_the_profile_gives_nccl_the_bus_bandwidth_of_its_node_or_its_nics_less_w
 
 
 @unit
+def test_on_two_nodes_the_tree_runs_at_nvlink_s_bandwidth_up_to_twice_the_network_s():
+    """a100-80g-sxm on two nodes: the ring is bound by 8 NICs x 23 GB/s = 184 GB/s; the tree by min(NVLink's
+    225, 2 x 184), as NCCL's search and tuning price it. A 16 MiB all-reduce then runs tree/LL128:
+    14 + 2 x (7 x 1.25 + 1 x 8.5) = 48.5 µs, its bytes at half of 92% x 120/128 of 225 GB/s x 0.9 (the
+    correction at 16 MiB); with the ring's 184 GB/s the tree loses to ring/LL128. From three nodes on,
+    none."""
+    a100 = load_profile("a100-80g-sxm")
+    assert a100.busbw(16, "nominal") == pytest.approx(184e9)
+    assert a100.tree_busbw(16, "nominal") == pytest.approx(225e9)
+    assert a100.tree_busbw(24, "nominal") is None and a100.tree_busbw(8, "nominal") is None
+    size = 16 * 2**20
+    assert a100.priced("all_reduce", size, 16, "nominal") == (
+        "tree/LL128",
+        pytest.approx(48.5e-6 + size / (0.5 * 0.92 * 120 / 128 * 225e9 * 0.9)),
+    )
+    ring_bound = nccl.fastest("all_reduce", size, 16, 8, 184e9, "ampere")
+    assert ring_bound[0] == "ring/LL128"
+
+
+@unit
 def test_an_oversubscribed_fabric_costs_the_slow_corner_beyond_a_leaf_group(tmp_path):
     """a100-80g-sxm with leaf switches 2:1 oversubscribed above 4 nodes: a contiguous job (nominal, fast)
     keeps the NICs' bandwidth; the slow corner, placed across leaf groups, gets half of a NIC beyond 4

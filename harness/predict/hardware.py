@@ -107,6 +107,18 @@ class Profile:
             return 1.0
         return (1 - pick(loss, corner, larger_is_faster=False)) ** math.log2(nodes / 4)
 
+    def tree_busbw(self, world: int, corner: str) -> float | None:
+        """The tree's bus bandwidth where it is not the ring's: on two nodes NCCL's search raises a tree's
+        in-node bandwidth up to twice the network's ("increase bwIntra for trees (2 nodes or collnet)",
+        src/graph/search.cc) and tuning.cc prices two nodes at it ("On two nodes, NCCL uses the tree (or
+        nvlstree) algorithm which can indeed go beyond the network bottleneck", a maintainer in
+        NVIDIA/nccl-tests#196): min(NVLink's, twice the node's NICs). Each node sends and receives the
+        buffer once across, where a ring sends 2(N-1)/N of it. Else None (the ring's)."""
+        if self.nodes(world) != 2:
+            return None
+        intra = pick(self.intra_node["busbw_Bps"], corner)
+        return min(intra, 2 * self.network_busbw(world, corner))
+
     def nvls_busbw(self, world: int, corner: str) -> float | None:
         """Achieved all_reduce bus bandwidth of NVLink SHARP where the profile has it
         (`intra_node.nvls_all_reduce_busbw_Bps`, measured on one full node), else None. In one node NVLS's;
@@ -140,7 +152,7 @@ class Profile:
         scale = pick(self.latency_scale, latency_corner or corner, larger_is_faster=False)
         return nccl.fastest(
             op, size_bytes, world, self.gpus_per_node, self.busbw(world, corner), self.gpu_arch, scale,
-            self.nvls_busbw(world, corner),
+            self.nvls_busbw(world, corner), self.tree_busbw(world, corner),
         )  # fmt: skip
 
     def collective_time(

@@ -65,13 +65,14 @@ def tree_correction(protocol: str, size_bytes: float) -> float:
 
 def options(
     op: str, size_bytes: float, world: int, gpus_per_node: int, busbw_Bps: float, arch: str,
-    nvls_busbw_Bps: float | None = None,
+    nvls_busbw_Bps: float | None = None, tree_busbw_Bps: float | None = None,
 ) -> list:  # fmt: skip
     """Every (algorithm, protocol) NCCL would weigh for one call: (name, latency_s, seconds for the bytes).
     `size_bytes` is the nccl-tests size (a rank's buffer for all_reduce, the whole gathered tensor for
     all_gather / reduce_scatter); `busbw_Bps` the achieved ring/Simple bus bandwidth at this rank count;
     `nvls_busbw_Bps`, where the profile has NVLink SHARP, the achieved all_reduce bus bandwidth of NVLS (one
-    node) or NVLSTree (across nodes) at this rank count (`Profile.nvls_busbw`), else None."""
+    node) or NVLSTree (across nodes) at this rank count (`Profile.nvls_busbw`), else None; `tree_busbw_Bps`
+    the tree's, where it differs from the ring's (two nodes: `Profile.tree_busbw`)."""
     nodes = math.ceil(world / gpus_per_node)
     per_node = world // nodes
     column = min(nodes, 3) - 1
@@ -100,7 +101,7 @@ def options(
         hops = (per_node - 1) * HOP_LATENCY_US["nvlink"]["tree"][k]
         hops += int(math.log2(nodes)) * HOP_LATENCY_US["net"]["tree"][k]
         latency = BASE_LATENCY_US["tree"][k] + 2 * hops
-        bus = TREE_SHARE * busbw_Bps
+        bus = TREE_SHARE * (tree_busbw_Bps or busbw_Bps)
         if protocol == "LL":
             bus = min(bus / TREE_LL_DIVISOR, ll_cap)
         elif protocol == "LL128":
@@ -120,12 +121,12 @@ def options(
 
 def fastest(
     op: str, size_bytes: float, world: int, gpus_per_node: int, busbw_Bps: float, arch: str,
-    latency_scale: float = 1.0, nvls_busbw_Bps: float | None = None,
+    latency_scale: float = 1.0, nvls_busbw_Bps: float | None = None, tree_busbw_Bps: float | None = None,
 ) -> tuple[str, float]:  # fmt: skip
     """The pair NCCL picks (its own model's fastest) and its seconds, the latency scaled by
     `latency_scale` (what measured small-message latencies say of NCCL's constants on a real fabric)."""
     name, latency, transfer = min(
-        options(op, size_bytes, world, gpus_per_node, busbw_Bps, arch, nvls_busbw_Bps),
+        options(op, size_bytes, world, gpus_per_node, busbw_Bps, arch, nvls_busbw_Bps, tree_busbw_Bps),
         key=lambda o: o[1] + o[2],
     )
     return name, latency * latency_scale + transfer
