@@ -77,7 +77,10 @@ def row_prediction(row_id: str) -> dict:
 
 # Each modelled term that moves a prediction at scale, and how it is taken out: NCCL's (algorithm, protocol)
 # pairs narrowed or its latencies zeroed (a filter on harness.predict.nccl.options), or the profile's range
-# set to nothing. experiments/predict_terms.py reads this table.
+# set to nothing. experiments/predict_terms.py reads this table. Not here, as they decide no row: NVLS and
+# NVLSTree (every H100 row's all-reduces are its gradient norm's), the tree's two-node bandwidth (no row
+# all-reduces its gradients over two nodes) and an oversubscribed fabric (no row's fabric says it is);
+# tests/test_predict.py checks each against NCCL's source and the measurements its profile cites.
 TERMS = {
     "protocols (Simple only)": (lambda pairs: [p for p in pairs if p[0].endswith("Simple")], None),
     "tree (ring only)": (lambda pairs: [p for p in pairs if p[0].startswith("ring")], None),
