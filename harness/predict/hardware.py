@@ -123,11 +123,10 @@ class Profile:
         """Achieved all_reduce bus bandwidth of NVLink SHARP where the profile has it
         (`intra_node.nvls_all_reduce_busbw_Bps`, measured on one full node), else None. In one node NVLS's;
         across nodes NVLSTree's: a node's switch reduces and its NICs carry one tree of nodes, so tuning.cc
-        bounds it by the network, twice the network on two nodes ("Handle 2 node case of NVLSTree"; "On two
-        nodes, NCCL uses the tree (or nvlstree) algorithm which can indeed go beyond the network bottleneck",
-        a maintainer in NVIDIA/nccl-tests#196), less
-        what the fabric loses as it grows, as the ring's. Only for whole nodes: with 2-4 GPUs of a node NVLS
-        measures the ring's bus bandwidth, 420-460 GB/s with 5-7 (NVIDIA/nccl#1455), priced as the ring."""
+        bounds it by the network, twice the network on two nodes ("Handle 2 node case of NVLSTree"; as
+        `tree_busbw`), less what the fabric loses as it grows, as the ring's. Only for whole nodes: with 2-4
+        GPUs of a node NVLS measures the ring's bus bandwidth, 420-460 GB/s with 5-7 (NVIDIA/nccl#1455),
+        priced as the ring."""
         nvls = self.intra_node.get("nvls_all_reduce_busbw_Bps")
         nodes = self.nodes(world)
         if not nvls or world != nodes * self.gpus_per_node:
