@@ -44,7 +44,6 @@ view is created by the same host code on any device) and the Python-level `copy_
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import time
@@ -53,7 +52,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from harness.predict.published import CHECK_FILE, load_rows  # noqa: E402
+from core.config import RunConfig  # noqa: E402
+from harness.predict.published import load_check, load_rows, published_ratio, row_configs  # noqa: E402
 
 # Megatron-LM's ParallelTransformerLayer (biases on): QKV, output projection and the two MLP matrices, and
 # their 4 biases and the two layernorms' weight and bias (at hidden 12,288 or more, each under 100,000
@@ -66,17 +66,15 @@ OUTSIDE = {"default threshold": 2 * 3 + 2 * 2, "none persistent": 4 * 3}
 RANKS_TIMED = 1536
 
 
-def argv_value(argv: list[str], flag: str) -> int:
-    return int(argv[argv.index(flag) + 1])
-
-
-def megatron_step_flops(row: dict) -> float:
-    """Megatron's eq. 3 (the paper's own count, with the recompute) for one step of the row's global batch."""
-    argv = row["argv"]
-    layers, hidden = argv_value(argv, "--layers"), argv_value(argv, "--d-model")
-    seq, vocab = argv_value(argv, "--seq-len"), argv_value(argv, "--vocab")
-    batch = argv_value(argv, "--global-batch")
-    return 96 * batch * seq * layers * hidden**2 * (1 + seq / (6 * hidden) + vocab / (16 * layers * hidden))
+def megatron_step_flops(cfg: RunConfig) -> float:
+    """Megatron's eq. 3 (the paper's own count, with the recompute) for one step of the global batch."""
+    spec, batch = cfg.model.spec, cfg.batch
+    sequences = batch.micro_batch * batch.grad_accum * cfg.topology.world_size
+    layers, hidden, seq = spec.n_layers, spec.d_model, spec.seq_len
+    return (
+        96 * sequences * seq * layers * hidden**2
+        * (1 + seq / (6 * hidden) + spec.vocab_size / (16 * layers * hidden))
+    )  # fmt: skip
 
 
 def per_rank_host_seconds(ranks: int, repeats: int = 30) -> tuple[float, float]:
@@ -105,7 +103,7 @@ def per_rank_host_seconds(ranks: int, repeats: int = 30) -> tuple[float, float]:
 
 def main() -> None:
     rows = [r for r in load_rows() if r["id"].startswith("megatron-sc21-zero3-")]
-    checked = {r["id"]: r for r in json.loads(CHECK_FILE.read_text())["rows"]}
+    checked = {r["id"]: r for r in load_check()}
     print(
         "row | published step at n_small s | published extra at n_large s | collectives a step (default"
         " threshold, none persistent) | implied µs per rank x collective"
@@ -113,12 +111,12 @@ def main() -> None:
     implied = []
     for row in rows:
         n_s, n_l = row["n_small"], row["n_large"]
-        step_small = megatron_step_flops(row) / (n_s * row["value_small"] * 1e12)
-        published = row["value_large"] / row["value_small"]
+        small, _, _ = row_configs(row)
+        step_small = megatron_step_flops(small) / (n_s * row["value_small"] * 1e12)
+        published = published_ratio(row)
         predicted = checked[row["id"]]["predicted_ratio"]["nominal"]
         extra = step_small * n_s / n_l * (1 / published - 1 / predicted)
-        layers = argv_value(row["argv"], "--layers")
-        counts = [PER_LAYER[k] * layers + OUTSIDE[k] for k in PER_LAYER]
+        counts = [PER_LAYER[k] * small.model.spec.n_layers + OUTSIDE[k] for k in PER_LAYER]
         per = [extra / (k * (n_l - n_s * n_s / (n_l * predicted))) for k in counts]
         implied += per
         print(
