@@ -107,26 +107,30 @@ class Profile:
             return 1.0
         return (1 - pick(loss, corner, larger_is_faster=False)) ** math.log2(nodes / 4)
 
+    def tree_network_busbw(self, world: int, corner: str) -> float:
+        """What the network lets a tree of nodes (the tree, NVLSTree) carry: the node's NICs, twice them on
+        two nodes, where NCCL's search raises a tree's in-node bandwidth up to twice the network's
+        ("increase bwIntra for trees (2 nodes or collnet)", src/graph/search.cc) and tuning.cc prices two
+        nodes at it ("On two nodes, NCCL uses the tree (or nvlstree) algorithm which can indeed go beyond the
+        network bottleneck", a maintainer in NVIDIA/nccl-tests#196): each node sends and receives the buffer
+        once across, where a ring sends 2(N-1)/N of it."""
+        return self.network_busbw(world, corner) * (2 if self.nodes(world) <= 2 else 1)
+
     def tree_busbw(self, world: int, corner: str) -> float | None:
-        """The tree's bus bandwidth where it is not the ring's: on two nodes NCCL's search raises a tree's
-        in-node bandwidth up to twice the network's ("increase bwIntra for trees (2 nodes or collnet)",
-        src/graph/search.cc) and tuning.cc prices two nodes at it ("On two nodes, NCCL uses the tree (or
-        nvlstree) algorithm which can indeed go beyond the network bottleneck", a maintainer in
-        NVIDIA/nccl-tests#196): min(NVLink's, twice the node's NICs). Each node sends and receives the
-        buffer once across, where a ring sends 2(N-1)/N of it. Else None (the ring's)."""
+        """The tree's bus bandwidth where it is not the ring's: on two nodes min(NVLink's, twice the node's
+        NICs) (`tree_network_busbw`). Else None (the ring's)."""
         if self.nodes(world) != 2:
             return None
-        intra = pick(self.intra_node["busbw_Bps"], corner)
-        return min(intra, 2 * self.network_busbw(world, corner))
+        return min(pick(self.intra_node["busbw_Bps"], corner), self.tree_network_busbw(world, corner))
 
     def nvls_busbw(self, world: int, corner: str) -> float | None:
         """Achieved all_reduce bus bandwidth of NVLink SHARP where the profile has it
         (`intra_node.nvls_all_reduce_busbw_Bps`, measured on one full node), else None. In one node NVLS's;
         across nodes NVLSTree's: a node's switch reduces and its NICs carry one tree of nodes, so tuning.cc
-        bounds it by the network, twice the network on two nodes ("Handle 2 node case of NVLSTree"; as
-        `tree_busbw`), less what the fabric loses as it grows, as the ring's. Only for whole nodes: with 2-4
-        GPUs of a node NVLS measures the ring's bus bandwidth, 420-460 GB/s with 5-7 (NVIDIA/nccl#1455),
-        priced as the ring."""
+        bounds it by the network, twice the network on two nodes ("Handle 2 node case of NVLSTree";
+        `tree_network_busbw`), less what the fabric loses as it grows, as the ring's. Only for whole nodes:
+        with 2-4 GPUs of a node NVLS measures the ring's bus bandwidth, 420-460 GB/s with 5-7
+        (NVIDIA/nccl#1455), priced as the ring."""
         nvls = self.intra_node.get("nvls_all_reduce_busbw_Bps")
         nodes = self.nodes(world)
         if not nvls or world != nodes * self.gpus_per_node:
@@ -134,8 +138,7 @@ class Profile:
         bus = pick(nvls, corner)
         if nodes == 1:
             return bus
-        network = self.network_busbw(world, corner)
-        return min(bus, network * (2 if nodes <= 2 else 1)) * self.scale_factor(nodes, corner)
+        return min(bus, self.tree_network_busbw(world, corner)) * self.scale_factor(nodes, corner)
 
     def priced(
         self, op: str, size_bytes: float, world: int, corner: str, latency_corner: str | None = None
