@@ -70,6 +70,14 @@ class Trainer(ABC):
         """Reset the framework allocator's peak counters: called after warm-up, so peaks exclude model
         construction (the full model before sharding) and one-off warm-up work."""
 
+    def hold_transient(self, nbytes: int) -> str:
+        """Take `nbytes` of memory, touch every page, and free it (the test hook
+        core.hooks.warmup_transient_bytes): where the run's peaks are read, "host" RSS here; a trainer on a
+        device holds it in the allocator whose peak the record reports, and says "device"."""
+        held = np.ones(nbytes, dtype=np.uint8)
+        del held
+        return "host"
+
     def math_mode(self) -> dict:
         """How this worker runs fp32 matmuls: {"tf32": True/False} where the framework can say (None: not
         applicable, e.g. on CPU). TF32 raises the device's fp32 peak, so MFU must know."""
@@ -330,6 +338,8 @@ def run_training(
     group_tokens = cfg.tokens_per_step * cfg.process_group_size / cfg.topology.world_size
     next_step = 0
     measured: dict = {"peak_rss_scope": "process lifetime"}
+    if hooks.warmup_transient_bytes:  # before the first warm-up step, so only a reset peak excludes it
+        measured["warmup_transient"] = trainer.hold_transient(hooks.warmup_transient_bytes)
 
     def timed_step(step: int, sync_grads: bool) -> tuple[float, float, float]:
         """(step time, loss, batch preparation time) of one step."""
@@ -383,6 +393,7 @@ def run_training(
                 "peak_rss": peak_rss_bytes(),
                 "peak_rss_scope": measured["peak_rss_scope"],
                 **trainer.memory(),
+                **{k: measured[k] for k in ("warmup_transient",) if k in measured},
             },
             "model_state_bytes": measured["model_state"],
             "minor_faults_per_step": measured["minor_faults_per_step"],

@@ -267,6 +267,15 @@ class TorchTrainer(Trainer):
         override = self.device.type == "cuda" and os.environ.get("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE") == "1"
         return matmul_precision == "tf32" or override
 
+    def hold_transient(self, nbytes: int) -> str:
+        """On a GPU in the caching allocator, whose peak the record reports (backends.loop.Trainer)."""
+        if self.device.type != "cuda":
+            return super().hold_transient(nbytes)
+        held = torch.ones(nbytes, dtype=torch.uint8, device=self.device)
+        torch.cuda.synchronize(self.device)
+        del held
+        return "device"
+
     def reset_peak_memory(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)

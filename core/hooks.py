@@ -23,16 +23,19 @@ FAULT_KINDS = ("raise", "exit", "sigkill", "sigstop", "hang", "oom")
 @dataclass(frozen=True)
 class TestHooks:
     """`fault`: {"rank", "step", "kind"} (kind one of FAULT_KINDS; a commbench run counts its (op, size)
-    points as steps); `step_delay_s`: seconds of sleep inside every timed step."""
+    points as steps); `step_delay_s`: seconds of sleep inside every timed step; `warmup_transient_bytes`:
+    memory each rank takes and frees before its first warm-up step (Trainer.hold_transient), so a test can
+    tell a peak reset after warm-up from one that was not."""
 
     __test__ = False  # a name pytest would otherwise take for a test class
 
     fault: dict | None = None
     step_delay_s: float = 0.0
+    warmup_transient_bytes: int = 0
 
     @property
     def active(self) -> bool:
-        return bool(self.fault) or bool(self.step_delay_s)
+        return bool(self.fault) or bool(self.step_delay_s) or bool(self.warmup_transient_bytes)
 
     def to_dict(self) -> dict | None:
         """What the record and the run directory hold: the hooks set, None when none is."""
@@ -41,12 +44,17 @@ class TestHooks:
         return {
             **({"fault": self.fault} if self.fault else {}),
             **({"step_delay_s": self.step_delay_s} if self.step_delay_s else {}),
+            **({"warmup_transient_bytes": n} if (n := self.warmup_transient_bytes) else {}),
         }
 
     @classmethod
     def from_dict(cls, d: dict | None) -> TestHooks:
         d = d or {}
-        return cls(fault=d.get("fault"), step_delay_s=float(d.get("step_delay_s") or 0.0))
+        return cls(
+            fault=d.get("fault"),
+            step_delay_s=float(d.get("step_delay_s") or 0.0),
+            warmup_transient_bytes=int(d.get("warmup_transient_bytes") or 0),
+        )
 
     def write(self, run_dir: Path) -> None:
         """Into `run_dir` when any is set; a directory without the file runs without hooks."""

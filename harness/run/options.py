@@ -39,7 +39,9 @@ def hooks_from_args(args) -> TestHooks:
     """The test hooks the testing flags set (--inject-fault, and --step-delay where the command has it):
     kept out of the RunConfig, the runner hands them to the workers (core.hooks)."""
     return TestHooks(
-        fault=getattr(args, "inject_fault", None), step_delay_s=getattr(args, "step_delay", None) or 0.0
+        fault=getattr(args, "inject_fault", None),
+        step_delay_s=getattr(args, "step_delay", None) or 0.0,
+        warmup_transient_bytes=getattr(args, "warmup_transient", None) or 0,
     )
 
 
@@ -189,6 +191,12 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         help=f"make one rank fail; KIND: {', '.join(FAULT_KINDS)}",
     )
     testing.add_argument("--step-delay", type=float, default=0.0, help="seconds of sleep added to every step")
+    testing.add_argument(
+        "--warmup-transient",
+        metavar="BYTES",
+        type=positive,
+        help="each rank takes and frees this much memory before its first warm-up step",
+    )
     testing.add_argument(
         "--dump-weights", action="store_true", help="rank 0 saves its final weights in the log dir"
     )
