@@ -4,12 +4,15 @@ it ran, what it expected and what it got; exit 1 if any fails.
 Frameworks are imported each in its own subprocess, with the interpreter its backend's workers run under
 (backends.interpreter; two frameworks in one process can crash, and the harness imports none); the
 collective check is a real 2-process all_reduce through torchrun, over gloo, and NCCL when GPUs
-are visible. For a multi-node plan, run it on every node with the same --hosts/--master.
+are visible; `--gpu` adds the driver, CUDA runtime and NCCL versions and a traced NCCL all_reduce over
+every local GPU, one included (the GPU acceptance tier runs it: tests/test_gpu_tier.py). For a multi-node
+plan, run it on every node with the same --hosts/--master.
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import shlex
@@ -26,7 +29,7 @@ from backends import all_backends, backend_names, get_backend, interpreter
 from backends.base import NETWORK_SETTINGS, Check, network_settings
 from core.process import REPO_ROOT, free_port
 from core.records import DEFAULT_OUT
-from harness.run.devices import gpu_query, visible_gpus
+from harness.run.devices import gpu_query, query_gpus, visible_gpus
 from harness.run.nodes import add_node_arguments, node_layout, requested_world
 from harness.usage import EXIT_FAILED, EXIT_OK, choice, positive
 from workloads.data import Shard, make_source, micro_batches
@@ -96,7 +99,9 @@ def device_check(device: str, per_node: int) -> Check:
     return Check("devices", shlex.join(gpu_query(("name",))), expected, got, "ok" if ok else "FAIL")
 
 
-def collective_check(backend: str, n: int = 2, python: str | None = None) -> Check:
+def collective_check(backend: str, n: int = 2, python: str | None = None, trace: bool = False) -> Check:
+    """A real all_reduce over `backend` among `n` torchrun processes; with `trace`, also one all_reduce of
+    known size under torch's profiler, read by the runs' own trace reader (backends.allreduce_probe)."""
     port = free_port()
     argv = [
         python or sys.executable,
@@ -107,6 +112,7 @@ def collective_check(backend: str, n: int = 2, python: str | None = None) -> Che
         f"--master-port={port}",
         str(PROBE),
         backend,
+        *(["--trace"] if trace else []),
     ]
     rc, out = run(argv, COLLECTIVE_TIMEOUT_S)
     sums = dict(re.findall(r"rank (\d+): all_reduce sum (\S+)", out))  # the ranks' lines may interleave
@@ -116,12 +122,84 @@ def collective_check(backend: str, n: int = 2, python: str | None = None) -> Che
         if sums
         else last_line(out)
     )
+    expected = f"every rank gets the sum {n * (n + 1) // 2}"
+    if trace:
+        traced = re.findall(r"rank \d+: (traced all_reduce .*?) \(expected (.*?)\)", out)
+        expected += f"; its profiler traces {traced[0][1] if traced else 'the call'}"
+        got += "; " + (", ".join(sorted({t for t, _ in traced})) if traced else "no traced call reported")
+    name = f"collective ({backend}, {n} rank{'s' if n > 1 else ''})" if trace else f"collective ({backend})"
     return Check(
-        f"collective ({backend})",
+        name,
         shlex.join([argv[0] if python else "python", *argv[1:]]).replace(str(REPO_ROOT) + "/", ""),
-        f"every rank gets the sum {n * (n + 1) // 2}",
+        expected,
         got if ok else f"exit {rc}: {got}",
         "ok" if ok else "FAIL",
+    )
+
+
+# Run in the torch stacks' interpreter: the driver's CUDA version (libcuda's cuDriverGetVersion, the number
+# the driver supports, not the toolkit's), and the CUDA runtime and NCCL that torch was built with and loads.
+VERSIONS_PROBE = """
+import ctypes, json
+import torch
+found = {"cuda_available": torch.cuda.is_available(), "torch": torch.__version__}
+found["runtime"] = torch.version.cuda
+try:
+    version = ctypes.c_int()
+    ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(version))
+    found["driver_cuda"] = f"{version.value // 1000}.{version.value % 1000 // 10}"
+except OSError as exc:
+    found["driver_cuda"] = None
+    found["driver_error"] = str(exc)
+try:
+    found["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+except Exception as exc:
+    found["nccl"] = None
+    found["nccl_error"] = str(exc)
+print(json.dumps(found))
+"""
+
+
+def version_tuple(text: str | None) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", text or ""))
+
+
+def cuda_versions_check(python: str | None) -> Check:
+    """The GPU driver, the CUDA runtime torch was built for and the NCCL it loads: a driver that supports
+    an older CUDA than the runtime leaves torch without a GPU (or fails at the first kernel), and an NCCL
+    that does not load leaves the runs without their collectives; both are cheaper to find here."""
+    driver = ", ".join(sorted({g["driver_version"] for g in query_gpus(("driver_version",))})) or "none"
+    argv = [python or sys.executable, "-c", VERSIONS_PROBE]
+    rc, out = run(argv, IMPORT_TIMEOUT_S)
+    command = "nvidia-smi --query-gpu=driver_version; python -c <torch's CUDA, cuDriverGetVersion, NCCL>"
+    expected = "torch sees CUDA; the driver's CUDA >= torch's CUDA runtime; NCCL loads"
+    try:
+        found = json.loads(last_line(out)) if rc == 0 else None
+    except ValueError:
+        found = None
+    if not found:
+        return Check("cuda versions", command, expected, f"exit {rc}: {last_line(out)}", "FAIL")
+    got = (
+        f"driver {driver} (CUDA {found['driver_cuda']}), torch {found['torch']} with CUDA runtime "
+        f"{found['runtime']}, NCCL {found['nccl']}"
+    )
+    problems = []
+    if not found["cuda_available"]:
+        problems.append("torch.cuda.is_available() is False")
+    if found["runtime"] is None:
+        problems.append("torch is a CPU build")
+    elif found["driver_cuda"] is None:
+        problems.append(f"libcuda does not load ({found.get('driver_error')})")
+    elif version_tuple(found["driver_cuda"])[:2] < version_tuple(found["runtime"])[:2]:
+        problems.append(f"the driver supports CUDA {found['driver_cuda']}, older than the runtime")
+    if found["nccl"] is None:
+        problems.append(f"NCCL does not load ({found.get('nccl_error')})")
+    return Check(
+        "cuda versions",
+        command,
+        expected,
+        got + ("; " + "; ".join(problems) if problems else ""),
+        "FAIL" if problems else "ok",
     )
 
 
@@ -292,7 +370,11 @@ def cmd_doctor(args) -> int:
     world = requested_world(args)
     layout = node_layout(args, world, node_rank=args.node_rank or 0)
     per_node = world // layout["nodes"]
-    device = ("cuda" if visible_gpus() else "cpu") if args.device == "auto" else args.device
+    device = args.device
+    if args.gpu:  # the node's GPUs are the point: no GPU visible fails the device check
+        device = "cuda"
+    elif device == "auto":
+        device = "cuda" if visible_gpus() else "cpu"
 
     pythons, checks = {}, []
     for b in backends:  # each backend's workers' interpreter: its imports are checked there
@@ -316,7 +398,11 @@ def cmd_doctor(args) -> int:
     torch_python = None if interpreter.is_this_one(torch_python) else torch_python
     if any(c.name == framework_name("torch", torch_python) and c.status == "ok" for c in checks):
         checks.append(collective_check("gloo", python=torch_python))
-        if device == "cuda" and len(visible_gpus()) >= 2:
+        local_gpus = len(visible_gpus())
+        if args.gpu and local_gpus:
+            checks.append(cuda_versions_check(torch_python))
+            checks.append(collective_check("nccl", n=local_gpus, python=torch_python, trace=True))
+        elif device == "cuda" and local_gpus >= 2:
             checks.append(collective_check("nccl", python=torch_python))
     else:
         checks.append(
@@ -349,6 +435,12 @@ def register(subparsers) -> None:
     p.add_argument("--backends", help=f"comma-separated (default: all): {', '.join(backend_names())}")
     p.add_argument("--gpus", type=positive, help="ranks in all (default: nodes x --gpus-per-node, else 1)")
     p.add_argument("--device", default="auto", help="auto, cuda, cpu")
+    p.add_argument(
+        "--gpu",
+        action="store_true",
+        help="this node's GPUs: driver, CUDA and NCCL versions, and a traced NCCL all_reduce over all of "
+        "them (one GPU included)",
+    )
     p.add_argument("--micro-batch", type=positive, default=8)
     p.add_argument("--workload", default="tiny", help=f"for the data check: {', '.join(PRESETS)}")
     p.add_argument(
