@@ -8,6 +8,7 @@ contract of every launcher is tests/test_device_contract.py's.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -137,3 +138,31 @@ def test_horovod_ranks_keep_their_own_local_rank_under_an_inherited_one(out, mon
         timeout=240,
     )
     assert [(r["rank"], r["local_rank"]) for r in rec["ranks"]] == [(0, 0), (1, 1)]
+
+
+DS_ARCH_PROBE = """
+from deepspeed.ops.op_builder.fused_adam import FusedAdamBuilder
+builder = FusedAdamBuilder()
+builder.jit_mode = True  # as FusedAdam's first use builds it
+builder.compute_capability_args()
+"""
+
+
+@pytest.mark.parametrize("archs", ["9.0a;10.0a", "8.0 9.0a+PTX"])
+def test_deepspeed_workers_get_an_arch_list_its_jit_builder_reads(monkeypatch, archs):
+    """torch takes arch-specific entries ("10.0a") in TORCH_CUDA_ARCH_LIST; DeepSpeed's JIT builder raises
+    on them, which killed tuned DeepSpeed (FusedAdam) on a GPU node whose image set one. The adapter hands
+    its GPU workers the list without the letter, and DeepSpeed's own builder reads that one."""
+    from backends import get_backend
+
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", archs)
+    cfg = RunConfig.build("deepspeed", workload="tiny", spec=PRESETS["tiny"], world_size=1, device="cuda")
+    given = get_backend("deepspeed").worker_env(cfg)["TORCH_CUDA_ARCH_LIST"]
+    assert not any(c.isalpha() for c in given.replace("+PTX", "")), given
+
+    def builder_reads(value: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, "TORCH_CUDA_ARCH_LIST": value, "DS_ACCELERATOR": "cpu"}
+        return subprocess.run([sys.executable, "-c", DS_ARCH_PROBE], env=env, capture_output=True, text=True)
+
+    assert builder_reads(archs).returncode != 0  # the user's list, as DeepSpeed's builder fails on it
+    assert builder_reads(given).returncode == 0, builder_reads(given).stderr[-500:]

@@ -17,6 +17,7 @@ gets the same configuration. This package is not called `deepspeed` because the 
 
 import argparse
 import os
+import re
 import shlex
 import time
 from dataclasses import dataclass
@@ -62,6 +63,16 @@ def extensions_dir(python: str | None = None) -> Path | None:
         return Path(os.environ["TORCH_EXTENSIONS_DIR"])
     prefix = interpreter.venv_prefix(python)
     return prefix / EXTENSIONS_SUBDIR if prefix else None
+
+
+def jit_arch_list(archs: str) -> str:
+    """TORCH_CUDA_ARCH_LIST as DeepSpeed's JIT op builder can read it. torch takes arch-specific entries
+    such as "9.0a" or "10.0a" (CUDA's sm_90a), but DeepSpeed's builder sorts the entries by int() of each
+    part (op_builder/builder.py, compute_capability_args) and raises on the letter, so a run that builds an
+    op (a tuned run's FusedAdam) dies before its first step. The letter is dropped: the ops DeepSpeed
+    builds for these runs use no arch-specific instruction, and "+PTX" is kept."""
+    entries = [entry for entry in re.split(r"[;\s]+", archs) if entry]
+    return ";".join(re.sub(r"^(\d+\.\d+)[A-Za-z]+", r"\1", entry) for entry in entries)
 
 
 STALE_LOCK_S = 15 * 60  # no JIT build of one op takes this long here; a lock this old is a killed build's
@@ -330,6 +341,8 @@ class DeepSpeed(Backend[DeepSpeedOptions]):
         env = super().worker_env(cfg)
         if cfg.topology.device == "cpu":
             env["DS_ACCELERATOR"] = "cpu"
+        elif archs := os.environ.get("TORCH_CUDA_ARCH_LIST"):
+            env["TORCH_CUDA_ARCH_LIST"] = jit_arch_list(archs)
         if extensions := extensions_dir(worker_python(cfg)):
             env["TORCH_EXTENSIONS_DIR"] = str(extensions)
         return env
