@@ -11,7 +11,7 @@ The 2-worker tf-mwms run also shows that its worker's synchronize() runs in a mu
 leaves the losses alone (tf.test.experimental.sync_devices(), which syncs every logical device, fails there:
 the other workers' devices are in the device list). What a CPU run cannot show is that it waits for the
 step's all-reduce and optimizer tail: on CPU a tf.function call returns only after all of its ops ran.
-scripts/gpu_check.sh times what synchronize() still waits for on a GPU.
+The GPU tier (tests/test_gpu_tier.py) runs it where synchronize() has a device to wait for.
 """
 
 import json
