@@ -49,7 +49,8 @@ def torch_collectives(trace_events: list[dict], world: int) -> list[dict]:
     The issuing thread's c10d op names the API call and its tensors; the call itself runs asynchronously
     (gloo: an event `gloo:<op>` on one of gloo's threads; NCCL: an `nccl...Kernel` on a CUDA stream), whose
     interval is the collective's time. On CPU each c10d op is paired with the first later unpaired gloo
-    event of the same input size, and compute overlap is the part of that interval during which the
+    event of the same input size (without one, an `nccl:` annotation of that size gives its dtype, untimed:
+    NCCL at world 1 launches no kernel), and compute overlap is the part of that interval during which the
     issuing thread ran aten ops. A trace with NCCL kernels is read by nccl_collectives."""
     spans = [e for e in trace_events if e.get("ph") == "X" and "dur" in e]
     kernels = sorted((e for e in spans if is_nccl_kernel(e)), key=lambda e: e["ts"])
@@ -60,6 +61,10 @@ def torch_collectives(trace_events: list[dict], world: int) -> list[dict]:
         return []
     main_tid = calls[0]["tid"]
     gloo = sorted((e for e in spans if e["name"].startswith("gloo:")), key=lambda e: e["ts"])
+    # A trace with c10d ops and no NCCL kernel: NCCL at world 1, which copies nothing and launches none;
+    # the call is sized from its `nccl:<op>` annotation and left untimed (its host span is no device time).
+    nccl_annotations = sorted((e for e in spans if e["name"].startswith("nccl:")), key=lambda e: e["ts"])
+    annotated: set[int] = set()
     # the collectives run on gloo's threads: the rank's compute is the issuing thread's aten ops
     busy = union(
         [
@@ -86,12 +91,26 @@ def torch_collectives(trace_events: list[dict], world: int) -> list[dict]:
             work = candidate
             used.add(i)
             break
+        if work is None:  # NCCL with no kernel (world 1): its annotation still names the tensor's dtype
+            work = next(
+                (
+                    e
+                    for e in nccl_annotations
+                    if e["ts"] >= call["ts"]
+                    and id(e) not in annotated
+                    and elements((e.get("args", {}).get("Input Dims") or [[]])[0]) == sent
+                ),
+                None,
+            )
+            if work is not None:
+                annotated.add(id(work))
+        timed = work is not None and work["name"].startswith("gloo:")
         work_types = (work or {}).get("args", {}).get("Input type") or [None]
         dtype = next(
             (t for t in [work_types[0], args.get("dtype"), *args.get("Input type", [])] if t in DTYPE_BYTES),
             None,
         )
-        start, duration = (work["ts"], work["dur"]) if work else (call["ts"], None)
+        start, duration = (work["ts"], work["dur"]) if timed and work else (call["ts"], None)
         out.append(
             collective(
                 op,

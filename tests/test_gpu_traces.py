@@ -27,6 +27,7 @@ TRACES = REPO / "tests" / "data" / "gpu-traces"
 DDP = "a100_ddp_2rank_nccl2.17_rank0.json.gz"
 MIXED = "a100_16rank_mixed_collectives_rank0.json.gz"
 SAMPLED = ["a100_128rank_sampled_rank0.json.gz", "a100_128rank_sampled_rank1.json.gz"]
+H200_WORLD1 = "h200_nccl_world1_allreduce.json.gz"
 # Element bytes of the dtype names these files use (record_param_comms' and torch's Input type)
 BYTES = {"Float": 4, "Long": 8, "float": 4, "long": 8, "int": 4, "unsigned char": 1, "signed char": 1}
 # ProcessGroupNCCL's annotation of each op in the older files -> the op; its Input Dims is the op's input
@@ -334,3 +335,15 @@ def test_harness_trace_of_a_file_that_is_no_trace_is_one_line_and_exit_2(content
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"harness: error: {path}: {expected}"), captured.err
     assert captured.out == ""
+
+
+@pytest.mark.unit
+def test_nccl_at_world_1_is_sized_from_its_annotation_and_left_untimed():
+    """An H200's NCCL 2.28 all_reduce of 262,144 fp32 at world 1 (torch 2.11) launches no kernel: the trace
+    holds the c10d op and its `nccl:all_reduce` annotation only. The call is sized from the annotation and
+    has no time, since no device work is there to time (harness doctor --gpu's one-GPU check reads it)."""
+    doc = load(H200_WORLD1)
+    assert not nccl_kernels(doc) and not [e for e in doc["traceEvents"] if e.get("cat") == "kernel"]
+    [call] = torch_collectives(doc["traceEvents"], 1)
+    assert (call["op"], call["size_bytes"], call["dtype"]) == ("all_reduce", 262144 * 4, "float")
+    assert call["time_s"] is None and call["overlapped_s"] is None
