@@ -242,3 +242,64 @@ def test_paddle_fleet_launches_this_node_against_the_master():
     )
     assert {"--nproc_per_node=1", "--ips=127.0.0.1", "--start_port=29600"} <= set(alone.argv)
     assert not any(a.startswith(("--nnodes", "--master")) for a in alone.argv)
+
+
+def paddle_config(device: str, precision: str = "fp32", stage: int = 0, commbench: dict | None = None):
+    return RunConfig.build(
+        "paddle-fleet",
+        {"sharding_stage": stage},
+        workload="tiny",
+        spec=PRESETS["tiny"],
+        world_size=2,
+        device=device,
+        precision=precision,
+        commbench=commbench,
+    )
+
+
+@pytest.mark.unit
+def test_paddle_refuses_before_launch_what_its_cpu_build_cannot_train():
+    """bf16/fp16 (paddle.amp does not cast on CPU) and sharding stages 2-3 (GPU/XPU only) on CPU are
+    refused by the adapter, naming what works, where the workers used to launch and fail; on cuda they
+    stand, and a commbench's bf16 messages are no autocast."""
+    paddle = get_backend("paddle-fleet")
+    for precision in ("bf16", "fp16"):
+        with pytest.raises(InvalidConfig, match=f"--precision {precision} needs --device cuda.*fp32"):
+            paddle.validate(paddle_config("cpu", precision))
+        paddle.validate(paddle_config("cuda", precision))
+    for stage in (2, 3):
+        with pytest.raises(InvalidConfig, match=f"--sharding-stage {stage} needs --device cuda"):
+            paddle.validate(paddle_config("cpu", stage=stage))
+    paddle.validate(paddle_config("cpu", stage=1))
+    paddle.validate(paddle_config("cpu", "bf16", commbench={"ops": ["all_reduce"], "sizes": [1024]}))
+
+
+@pytest.mark.unit
+@pytest.mark.subprocess
+def test_a_paddle_bf16_run_on_cpu_is_one_line_and_exit_2(tmp_path):
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            "run",
+            "--backend",
+            "paddle-fleet",
+            "--gpus",
+            "2",
+            "--device",
+            "cpu",
+            "--precision",
+            "bf16",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "needs --device cuda" in proc.stderr and not list(tmp_path.glob("*.json"))

@@ -21,7 +21,8 @@ from backends.base import (
     worker_python,
 )
 from backends.paddle_fleet.schedule import fleet_schedule
-from core.precision import autocast_numerics, low_precision_module_numerics
+from core.config import InvalidConfig
+from core.precision import LOW_PRECISIONS, autocast_numerics, low_precision_module_numerics
 from core.process import Process
 
 SHARDING = {0: "none", 1: "optimizer", 2: "gradients", 3: "parameters"}
@@ -120,6 +121,25 @@ class PaddleFleet(Backend[PaddleOptions]):
 
     def sharding(self, cfg):
         return SHARDING[self.options(cfg).sharding_stage]
+
+    def validate(self, cfg):
+        """What Paddle's CPU build cannot train, refused before launch rather than by every worker after
+        it: paddle.amp casts only on GPU/XPU (on CPU its autocast 'makes no effect', so a bf16 run would
+        train in fp32), and group_sharded_parallel (stages 2 and 3) supports only GPU/XPU devices. A
+        commbench run's bf16 is a message dtype, not autocast, and stays allowed."""
+        if cfg.topology.device == "cuda":
+            return
+        if cfg.model.precision in LOW_PRECISIONS and cfg.role.commbench is None:
+            raise InvalidConfig(
+                f"paddle-fleet --precision {cfg.model.precision} needs --device cuda: Paddle's amp does not "
+                "cast on CPU; on CPU use --precision fp32"
+            )
+        stage = self.options(cfg).sharding_stage
+        if stage >= 2:
+            raise InvalidConfig(
+                f"paddle-fleet --sharding-stage {stage} needs --device cuda: Paddle's group_sharded_parallel "
+                "runs on GPU/XPU only; on CPU use --sharding-stage 0 or 1"
+            )
 
     def features(self):
         return {**super().features(), "sharding": list(SHARDING.values())}
