@@ -934,3 +934,33 @@ def test_a_prefetch_bucket_that_cannot_apply_is_refused_in_one_line(options, mes
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+@unit
+@pytest.mark.subprocess  # the record's git commit
+def test_a_shape_the_spec_flags_changed_is_named_custom_in_the_table_and_the_record(tmp_path, capsys):
+    """--layers/--d-model/... over the default preset used to be titled 'tiny (174,615.8M params)'."""
+    shape = ["--layers", "96", "--d-model", "12288", "--heads", "96", "--ffn", "49152", "--seq-len", "2048"]
+    argv = ["predict", "--backend", "torch-fsdp", *shape, "--gpus", "64", "--hardware", "h100-sxm"]
+    assert main([*argv, "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "custom (" in out and "96 layers, d_model 12288" in out and "tiny" not in out
+    [record] = load_records([tmp_path], kind="prediction")
+    assert run_config(record).model.workload == "custom"
+    assert (
+        main(
+            [
+                "predict",
+                "--backend",
+                "torch-fsdp",
+                "--workload",
+                "1b",
+                "--gpus",
+                "8",
+                "--hardware",
+                "h100-sxm",
+            ]
+        )
+        == 0
+    )
+    assert "1b (1," in capsys.readouterr().out

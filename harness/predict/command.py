@@ -82,7 +82,8 @@ def configs(args, profile) -> list[RunConfig]:
             )
         cfg = RunConfig.build(
             backend=backend.name,
-            workload=args.workload,
+            # a shape the spec flags changed is no preset: named custom here and in the record
+            workload=args.workload if spec == PRESETS[args.workload] else "custom",
             spec=spec,
             world_size=n,
             device=profile.device,
@@ -275,8 +276,7 @@ def cmd_predict(args) -> int:
     label = get_backend(cfgs[0].backend).label(cfgs[0])
     method = points[0]["prediction"]["corners"]["nominal"]["compute_method"]
     header = (
-        f"PREDICTED (not measured): {label}, {cfgs[0].model.workload} "
-        f"({cfgs[0].model.spec.n_params / 1e6:,.1f}M params), "
+        f"PREDICTED (not measured): {label}, {shape_title(cfgs[0].model.workload, cfgs[0].model.spec)}, "
         f"{cfgs[0].model.precision}, on {profile.name}"
         + (f" ({profile.description})" if profile.name == "local" else "")
         + f"; compute: {method}; training on {tokens:.3g} tokens "
@@ -312,6 +312,17 @@ def cmd_predict(args) -> int:
             print(f"record: {Path(args.out) / (record['run_id'] + '.json')}")
     print(f"predicted {len(points)} rank count(s) in {time.perf_counter() - started:.2f} s")
     return EXIT_OK
+
+
+def shape_title(workload: str, spec) -> str:
+    """'1b (1,316.0M params)', or for a custom shape its dimensions too, so no preset's name is on it."""
+    params = f"{spec.n_params / 1e6:,.1f}M params"
+    if workload != "custom":
+        return f"{workload} ({params})"
+    return (
+        f"custom ({params}: {spec.n_layers} layers, d_model {spec.d_model}, {spec.n_heads} heads, "
+        f"ffn {spec.d_ff}, seq {spec.seq_len}, vocab {spec.vocab_size})"
+    )
 
 
 def register(subparsers) -> None:
