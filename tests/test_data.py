@@ -4,7 +4,8 @@ data."""
 import numpy as np
 import pytest
 
-from workloads.data import Shard, SyntheticTokens, TokenFile, micro_batches
+from workloads.data import Shard, SyntheticTokens, TokenFile, micro_batches, token_dtype
+from workloads.spec import PRESETS, resolve
 
 pytestmark = pytest.mark.unit
 
@@ -58,3 +59,23 @@ def test_token_file_rejects_out_of_vocab_tokens(tmp_path):
     np.full(100, 500, dtype=np.uint16).tofile(path)
     with pytest.raises(ValueError, match="vocab_size"):
         TokenFile(path, vocab_size=300, seq_len=8, global_batch=2).samples(0, range(1))
+
+
+@pytest.mark.parametrize("vocab,width", [(50_257, np.uint16), (65_536, np.uint16), (128_256, np.uint32)])
+def test_token_files_are_as_wide_as_the_vocabulary_needs_and_read_back_intact(tmp_path, vocab, width):
+    """GPT-2's vocabulary fits uint16 token files; Llama 3's 128,256 needs uint32, and its ids above 65,535
+    come back intact through the sharded windows every rank reads."""
+    assert token_dtype(vocab) == np.dtype(width)
+    tokens = (np.arange(20_000, dtype=np.int64) * 7919 + vocab - 20_000) % vocab
+    path = tmp_path / "train.bin"
+    tokens.astype(token_dtype(vocab)).tofile(path)
+    src = TokenFile(path, vocab_size=vocab, seq_len=16, global_batch=4)
+    single = union_over_ranks(src, 1, 4, 1, step=1)
+    assert np.array_equal(single, union_over_ranks(src, 2, 2, 1, step=1))
+    assert np.array_equal(single[0], tokens[4 * 17 : 5 * 17])  # step 1, sample 0: window 4
+    assert single.max() >= 65_536 if vocab > 65_536 else single.max() < 65_536
+
+
+def test_a_vocabulary_above_16_bits_is_a_valid_spec():
+    assert resolve("tiny", vocab_size=128_256).vocab_size == 128_256
+    assert PRESETS["tiny"].vocab_size <= 65_536

@@ -60,15 +60,22 @@ class SyntheticTokens:
         return tokens
 
 
+def token_dtype(vocab_size: int) -> np.dtype:
+    """The width of a token file for this vocabulary: uint16 (nanoGPT's train.bin) where every id fits,
+    else uint32 (Llama 3's 128,256 ids do not fit 16 bits). The one place the width is decided: the
+    readers and the doctor's data check take it from here."""
+    return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
+
+
 class TokenFile:
-    """A flat memory-mapped uint16 token file (nanoGPT's train.bin format).
+    """A flat memory-mapped token file of token_dtype(vocab_size) (nanoGPT's train.bin format where uint16).
 
     Sample j of step s is the window starting at ((s * global_batch + j) * (seq_len + 1)) modulo the
     usable length: consecutive, non-overlapping windows that wrap around at the end of the file.
     """
 
     def __init__(self, path: str | os.PathLike, vocab_size: int, seq_len: int, global_batch: int):
-        self.tokens = np.memmap(path, dtype=np.uint16, mode="r")
+        self.tokens = np.memmap(path, dtype=token_dtype(vocab_size), mode="r")
         self.seq_len, self.global_batch = seq_len, global_batch
         if len(self.tokens) < seq_len + 1:
             raise ValueError(f"{path}: {len(self.tokens)} tokens, need at least seq_len + 1 = {seq_len + 1}")

@@ -48,8 +48,8 @@ class ModelSpec:
                 raise ValueError(f"{field} must be >= 1, got {getattr(self, field)}")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
-        if self.vocab_size > 65536:
-            raise ValueError("vocab_size must fit uint16 token files (<= 65536)")
+        if self.vocab_size > 1 << 32:
+            raise ValueError(f"vocab_size must fit uint32 token files (<= {1 << 32:,})")
 
     @property
     def head_dim(self) -> int:

@@ -32,7 +32,7 @@ from core.records import DEFAULT_OUT
 from harness.run.devices import gpu_query, query_gpus, visible_gpus
 from harness.run.nodes import add_node_arguments, node_layout, requested_world
 from harness.usage import EXIT_FAILED, EXIT_OK, choice, positive
-from workloads.data import Shard, make_source, micro_batches
+from workloads.data import Shard, make_source, micro_batches, token_dtype
 from workloads.spec import PRESETS
 
 MIN_FREE_BYTES = 1 << 30  # results are small, but logs and weight dumps are not
@@ -278,8 +278,8 @@ def data_check(path: Path | None, workload: str, world: int, micro_batch: int, g
     global_batch = world * micro_batch * grad_accum
     command = f"workloads.data.TokenFile({path}), step 0 of every rank's shard"
     expected = (
-        f">= {global_batch * (spec.seq_len + 1):,} uint16 tokens (one global batch), ids < "
-        f"{spec.vocab_size:,} ({workload})"
+        f">= {global_batch * (spec.seq_len + 1):,} {token_dtype(spec.vocab_size)} tokens (one global batch), "
+        f"ids < {spec.vocab_size:,} ({workload})"
     )
     try:
         source = make_source(spec.vocab_size, spec.seq_len, global_batch, path=str(path))

@@ -173,7 +173,11 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         help="the stack's tuned set: the settings its own documentation and reference trainers use (each "
         "listed in the record with its source; a flag given as well overrides its setting)",
     )
-    p.add_argument("--data", help="flat uint16 token file (memory-mapped) instead of synthetic tokens")
+    p.add_argument(
+        "--data",
+        help="flat token file (memory-mapped; uint16, uint32 where the vocabulary is above 65,536) instead "
+        "of synthetic tokens",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=seconds, default=900.0, help="seconds before the whole run is killed")
     p.add_argument(
