@@ -1,6 +1,9 @@
 """Sharding: ranks read disjoint samples whose union is the single-process stream, for synthetic and file
 data."""
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -79,3 +82,17 @@ def test_token_files_are_as_wide_as_the_vocabulary_needs_and_read_back_intact(tm
 def test_a_vocabulary_above_16_bits_is_a_valid_spec():
     assert resolve("tiny", vocab_size=128_256).vocab_size == 128_256
     assert PRESETS["tiny"].vocab_size <= 65_536
+
+
+def test_token_files_are_read_in_one_place_with_the_vocabularys_width():
+    """Every stack reads token files through workloads.data (backends.loop's make_source, the doctor's data
+    check): a worker or model that memory-maps a file itself, or names a 16-bit dtype (np.uint16, "uint16"),
+    would misread a vocabulary above 65,536."""
+    root = Path(__file__).resolve().parents[1]
+    readers = sorted(
+        str(path.relative_to(root))
+        for folder in ("backends", "workloads", "harness", "core")
+        for path in (root / folder).rglob("*.py")
+        if re.search(r"np\.(memmap|fromfile)|\.uint16\b|[\"']uint16[\"']", path.read_text())
+    )
+    assert readers == ["workloads/data.py"]
