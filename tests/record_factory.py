@@ -1,8 +1,8 @@
 """Hand-made run records with known answers, built the way the runner builds them: raw rank records in the
-shape the runner folds from a rank's events (core.events.rank_record), assembled by
-harness.run.runner.assemble_record
-with the registered adapter, so the record schema and the summary live only in the runner and
-harness.analyze.metrics. Lets analysis/report/compare tests cover every backend without launching one.
+shape harness.run.record folds from a rank's events (core.events.rank_record), assembled by
+harness.run.record.assemble_record with the registered adapter, so the record schema and the summary live
+only there and in harness.analyze.metrics. Lets analysis/report/compare tests cover every backend without
+launching one.
 
 What a test fixes by hand (step times, memory, the measured model state) is an independent known number;
 nothing here is computed by the code under test, so a broken formula cannot agree with itself."""
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from backends import get_backend
 from core.config import CommbenchSpec, RunConfig
-from harness.run.runner import assemble_commbench_record, assemble_record
+from harness.run.record import assemble_commbench_record, assemble_record
 from workloads.spec import PRESETS, ModelSpec
 
 DEVICE = "cpu: Test CPU"

@@ -33,7 +33,7 @@ from harness.cli import main
 from harness.predict.command import prediction_record
 from harness.predict.hardware import load_profile
 from harness.predict.model import calibrate, predict_point
-from harness.run.runner import save_record
+from harness.run.record import save_record
 
 DATA = Path(__file__).parent / "data"
 BACKENDS = tuple(backend_names())

@@ -38,7 +38,7 @@ def make_record(
     start="2026-01-01T00:00:00+00:00",
     spec=None,
 ):
-    """A run record as harness.run.runner.assemble_record builds it, every rank with the same step-time series
+    """A run record as harness.run.record.assemble_record builds it, every rank with the same step-time series
     (`state`: the measured model state per rank, an arbitrary fixed figure)."""
     versions = versions or {"python": "3.11.7", "torch": "2.13.0+cpu"}
     cfg = factory.config(

@@ -268,17 +268,17 @@ def test_an_adapter_that_does_not_load_is_refused_naming_it(installed):
 def test_its_words_for_a_lost_peer_tell_the_runner_which_rank_failed_on_its_own(installed, monkeypatch):
     """A rank whose receive raised EOFError failed because rank 0 went: the runner learns it from the
     registered adapter's peer_lost_texts, and without them takes it for the rank's own failure."""
-    from harness.run import runner
+    from harness.run import record as run_record
 
     dead_peer = {"status": "failed", "error": "EOFError: "}
-    runner.peer_failure_texts.cache_clear()
+    run_record.peer_failure_texts.cache_clear()
     try:
-        assert runner.failure_kind(dead_peer) == "lost"
+        assert run_record.failure_kind(dead_peer) == "lost"
         monkeypatch.setattr(type(get_backend("dummy")), "peer_lost_texts", ())
-        runner.peer_failure_texts.cache_clear()
-        assert runner.failure_kind(dead_peer) is None
+        run_record.peer_failure_texts.cache_clear()
+        assert run_record.failure_kind(dead_peer) is None
     finally:
-        runner.peer_failure_texts.cache_clear()
+        run_record.peer_failure_texts.cache_clear()
 
 
 # ------------------------------------------------------------------------------- the harness, end to end

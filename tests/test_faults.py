@@ -108,7 +108,7 @@ def test_a_run_is_kept_only_if_every_rank_had_measured_before_it_failed():
     before its measurements were complete, and a run timed out or stopped from outside is not trusted:
     nothing is kept then."""
     from harness.run.launch import LaunchResult
-    from harness.run.runner import measured_before_failure
+    from harness.run.record import measured_before_failure
 
     def measured(rank, **trace):
         trace = trace or {"method": None, "reason": loop.TRACE_LOST}
@@ -155,12 +155,12 @@ def test_the_record_names_the_phase_the_culprit_died_in(tmp_path, traced, monkey
 
     from backends import get_backend
     from core.config import CommbenchSpec, RunConfig
-    from harness.run import runner
-    from harness.run.runner import write_record
+    from harness.run import record as run_record
+    from harness.run.record import write_record
     from workloads.spec import PRESETS
 
-    # the runner's platform and git probes start processes
-    monkeypatch.setattr(runner, "environment", lambda *args: environment(world=2))
+    # the record's platform and git probes start processes
+    monkeypatch.setattr(run_record, "environment", lambda *args: environment(world=2))
 
     cfg = RunConfig.build(
         "torch-ddp", workload="tiny", spec=PRESETS["tiny"], world_size=2, device="cpu", compute_method="none"
@@ -533,7 +533,7 @@ def test_a_record_that_cannot_be_written_is_kept_in_the_temp_dir_and_says_so(sma
     kept in the temp dir, and the line the commands print says both."""
     from record_factory import make_record
 
-    from harness.run.runner import record_line, save_record
+    from harness.run.record import record_line, save_record
 
     subprocess.run(["dd", "if=/dev/zero", f"of={small_filesystem / 'filler'}", "bs=64k"], capture_output=True)
     record = make_record(gpus=2)
@@ -564,7 +564,7 @@ def test_a_run_with_test_hooks_says_so_in_its_record_summary_and_comparison(tmp_
     from harness.analyze.compare import env_differences
     from harness.analyze.summary import print_summary
     from harness.run.options import hooks_from_args
-    from harness.run.runner import assemble_record
+    from harness.run.record import assemble_record
 
     hooks = TestHooks(fault={"rank": 1, "step": 2, "kind": "hang"}, step_delay_s=0.05)
     hooks.write(tmp_path)

@@ -4,7 +4,7 @@ import pytest
 import record_factory as factory
 
 import harness.analyze.summary as summary_view
-import harness.run.runner as runner
+import harness.run.record as run_record
 from harness.analyze.metrics import comm_bytes_per_rank, device_peak_flops, per_step_max, summarize
 
 pytestmark = pytest.mark.unit
@@ -180,7 +180,7 @@ def test_a_failing_analysis_still_leaves_a_record_with_the_raw_ranks(monkeypatch
     def broken(record):
         raise KeyError("an analysis bug")
 
-    monkeypatch.setattr(runner, "summarize", broken)
+    monkeypatch.setattr(run_record, "summarize", broken)
     rec = record()
     assert rec["summary"] == {"error": "KeyError: 'an analysis bug'"} and len(rec["ranks"]) == 2
     summary_view.print_summary(rec)

@@ -12,7 +12,7 @@ from backends import get_backend
 from core.records import SCHEMA_VERSION, RecordError, config_key, load_record, run_config, write_json_atomic
 from harness.analyze.metrics import summarize
 from harness.cli import main
-from harness.run.runner import assemble_record
+from harness.run.record import assemble_record
 
 pytestmark = pytest.mark.unit
 

@@ -203,7 +203,7 @@ class MWMSTrainer(Trainer):
         the step's traced functions (the same tf.function calls, no retracing) and joined by node name.
         Stopping TensorFlow 2.21's profiler under MultiWorkerMirroredStrategy now and then kills the worker
         (a double free while "collecting data"); the run keeps its measurements and records the incident
-        (harness.run.runner.measured_before_failure)."""
+        (harness.run.record.measured_before_failure)."""
         from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
         with tempfile.TemporaryDirectory() as folder:

@@ -19,7 +19,8 @@ from harness.run.launch import stop_on_sigterm
 from harness.run.nodes import check_run_id, requested_world
 from harness.run.options import add_run_arguments, build_config, check_out_dir, hooks_from_args, os_error_line
 from harness.run.progress import RunDisplay
-from harness.run.runner import execute, record_line, run_node, write_record
+from harness.run.record import record_line, write_record
+from harness.run.runner import execute, run_node
 from harness.usage import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, positive
 from workloads.spec import PRESETS
 

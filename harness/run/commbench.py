@@ -32,7 +32,8 @@ from harness.run.options import (
     os_error_line,
     worker_python,
 )
-from harness.run.runner import execute, record_line, run_node
+from harness.run.record import record_line
+from harness.run.runner import execute, run_node
 from harness.run_args import foreign_flags
 from harness.usage import EXIT_FAILED, EXIT_OK, UsageError, choice, int_at_least, positive, seconds
 from workloads.spec import PRESETS

@@ -33,7 +33,8 @@ from harness.run.options import (
     worker_python,
 )
 from harness.run.progress import RunDisplay, make_progress
-from harness.run.runner import execute, record_line
+from harness.run.record import record_line
+from harness.run.runner import execute
 from harness.usage import EXIT_FAILED, EXIT_OK, UsageError, choice, positive
 
 SCALING_MODES = ("weak", "strong")
