@@ -25,8 +25,8 @@ from backends.horovod_torch import build_env as hvd_build
 from backends.horovod_torch.build_env import CPU_ENV, MissingPiece, build_env, compute_capabilities
 from harness.cli import main
 from harness.run.doctor import interface_check, ipv4_interfaces
+from harness.run.kubeflow import job_kinds, manifest
 from harness.run.runner import isolated_plans, node_plan
-from harness.run.schedulers import job_kinds, manifest
 
 INSTALL_HOROVOD = REPO / "scripts" / "install_horovod.sh"
 

@@ -21,7 +21,7 @@ from backends import all_backends, get_backend
 from backends.torch_ddp import TorchDDP
 from core.records import run_config
 from harness.cli import main
-from harness.run.schedulers import job_kinds, manifest
+from harness.run.kubeflow import job_kinds, manifest
 
 RUN = (
     "--backend torch-ddp --steps 3 --warmup 1 --compute-method none "
@@ -368,7 +368,7 @@ def closed(schema):
     [("5", 300), ("2:30", 150), ("01:00:00", 3600), ("1-0", 86400), ("1-2:30", 95400), ("0-0:0:45", 45)],
 )
 def test_slurm_time_limits_are_read_as_sbatch_reads_them(text, seconds):
-    from harness.run.schedulers import slurm_seconds
+    from harness.run.slurm import slurm_seconds
 
     assert slurm_seconds(text) == seconds
 
@@ -429,9 +429,9 @@ def test_the_mpijob_launcher_pod_runs_the_workers_gpu_run_without_a_gpu_of_its_o
     """The launcher pod has no GPU: its `harness run` names the workers' device (--device cuda) and runs
     no rank itself (--launcher-only), so it is accepted on a machine without GPUs, and horovodrun starts
     every rank on the hostfile's workers, even on one node. Before, it ran with --device auto (cpu there)."""
+    from harness.run.jobfile import command_parser
     from harness.run.options import build_config
     from harness.run.runner import node_plan
-    from harness.run.schedulers import command_parser
 
     monkeypatch.setattr("harness.run.devices.visible_gpus", lambda: [])  # the launcher pod
     job = manifest("horovod", "hvd-1", "img:1", nodes, 4, ["--workload", "tiny"], "results", gpus=True)
