@@ -1,0 +1,15 @@
+"""`harness report` and `harness results`: what a set of run records shows, as a report (Markdown or one
+self-contained HTML file) or as the tidy table itself.
+
+One job per module: command.py (the two commands: load the records, pick the sections, write the output),
+training.py (the sections on training runs: scaling, numerics, framework selection), commbench.py (the
+collectives of `harness commbench` records), prediction.py (`harness predict` records, apart from every
+measured table), render.py (the document they build and its rendering to Markdown or HTML). Every number
+comes from harness.analyze (analysis, collectives, predictions); these modules only choose and format.
+"""
+
+from harness.analyze.report.command import cmd_report, cmd_results, register
+from harness.analyze.report.render import render_html, render_md
+from harness.analyze.report.training import build
+
+__all__ = ["build", "cmd_report", "cmd_results", "register", "render_html", "render_md"]
