@@ -1,5 +1,5 @@
 """Which published rows each modelled term of `harness predict` moves: every row of
-tests/data/published_scaling_rows.yaml predicted with one term removed at a time, its nominal per-GPU
+harness/predict/published_scaling_rows.yaml predicted with one term removed at a time, its nominal per-GPU
 ratio (larger N over smaller) against the full model's. The prediction-at-scale issue's term table.
 
     .venv/bin/python experiments/predict_terms.py [--min-move 0.005]

@@ -1,5 +1,5 @@
 """`harness predict` against published scaling results at 128 GPUs and more
-(tests/data/published_scaling_rows.yaml: each row's source, quote, setup as `harness predict` flags and
+(harness/predict/published_scaling_rows.yaml: each row's source, quote, setup as `harness predict` flags and
 published per-GPU figures at two N).
 
 Nothing in the model is fitted to any row (no constant is fitted to published data at all: the profiles'

@@ -1,9 +1,9 @@
 """How far `harness predict` holds on published scaling results, and what a prediction says of it.
 
-tests/data/published_scaling_rows.yaml holds published per-GPU throughputs at two rank counts, each row with
-its source, quote and setup as `harness predict` flags. Predicting all of them takes about ten seconds, too
-long for every prediction, so their outcomes under the current model are kept in published_check.json
-beside this module (written by `python -m harness.predict.published` from a checkout;
+published_scaling_rows.yaml beside this module holds published per-GPU throughputs at two rank counts, each
+row with its source, quote and setup as `harness predict` flags. Predicting all of them takes about ten
+seconds, too long for every prediction, so their outcomes under the current model are kept in
+published_check.json beside it (written by `python -m harness.predict.published`;
 tests/test_predict_published.py fails when it is not what the model predicts now). `harness predict` then
 says, from the rows of the stack it predicts, how close the model came there: an optimistic prediction at
 scale is the number a cluster gets budgeted on, so where the published runs lost more than the model does,
@@ -23,8 +23,8 @@ from core.config import RunConfig
 from harness.predict.hardware import Profile, load_profile
 from harness.predict.model import Calibration, scaling_ratio
 
-REPO = Path(__file__).resolve().parents[2]
-ROWS_FILE = REPO / "tests" / "data" / "published_scaling_rows.yaml"
+# Package data, as published_check.json is: an installed wheel has both without a source tree.
+ROWS_FILE = Path(__file__).with_name("published_scaling_rows.yaml")
 CHECK_FILE = Path(__file__).with_name("published_check.json")
 # The target a row is held to: the predicted ratio within this fraction of the published one, and the
 # published ratio inside the predicted band.
@@ -38,8 +38,9 @@ def load_rows(path: Path = ROWS_FILE) -> list[dict]:
 
 
 def hardware(row: dict) -> str:
-    """A catalogue profile's name, or a profile file of the repository (the publishers' own clusters)."""
-    return str(REPO / row["hardware"]) if row["hardware"].endswith(".yaml") else row["hardware"]
+    """A catalogue profile's name, or a profile file beside the rows (the publishers' own clusters,
+    published_profiles/, which the catalogue of `--hardware` names leaves out)."""
+    return str(ROWS_FILE.parent / row["hardware"]) if row["hardware"].endswith(".yaml") else row["hardware"]
 
 
 @functools.cache
