@@ -381,3 +381,36 @@ def test_low_precision_losses_match_torch_ddp_at_the_same_precision(label, preci
         assert_traced_steps_follow_the_schedule(rec, in_order=label != "torch-fsdp")
     what = f"{label} {precision} on {RECORD_SHAPE}"
     assert_same_losses(rec["summary"]["losses"], ref["summary"]["losses"], what, atol)
+
+
+# ------------------------------------------------------------------------------ a vocabulary above 16 bits
+# Llama 3's 128,256 token ids do not fit nanoGPT's uint16 token files: such a vocabulary reads a uint32 file
+# (workloads.data.token_dtype; its width is unit-tested in tests/test_data.py) through the data path every
+# stack shares (backends.loop), into each framework's embedding and vocabulary projection. torch-ddp and
+# tf-mwms train a one-layer model on one such file, ids up to 128,255, to the same losses: the cheapest pair
+# of frameworks to launch (Paddle reads the file through the same code, and its start-up is the slowest), on
+# one rank each (how ranks shard a file is tests/test_data.py's). The loss is a logsumexp over 128,256
+# logits, summed in float32 in each framework's own order: measured max |tf - torch| 3.5e-5 over the 10
+# steps (3.7e-5 at 2 ranks; most steps under 1.6e-5, not growing as a difference in the update would).
+# Ids above 65,535 read modulo 2^16, as a 16-bit reader would, move torch's own losses by up to 2.7e-2, and
+# TF's embedding taking them so 5.8e-3 off torch's; WIDE_VOCAB_LOSS_ATOL leaves ~2.8x room over rounding.
+WIDE_VOCAB_SHAPE = Shape(layers=1, heads=1, d_model=16, seq_len=16, vocab=128_256, seed=0, micro_batch=2)
+WIDE_VOCAB_LOSS_ATOL = 1e-4
+
+
+@pytest.mark.slow
+def test_a_vocabulary_above_16_bits_trains_alike_in_torch_and_tensorflow_from_a_uint32_file(tmp_path, out):
+    shape = WIDE_VOCAB_SHAPE
+    tokens = (np.arange(20_000, dtype=np.int64) * 7919 + 70_000) % shape.vocab
+    assert tokens.max() >= 1 << 16 and tokens.max() < shape.vocab
+    data = tmp_path / "train.bin"
+    tokens.astype(np.uint32).tofile(data)
+    common = [*shape.args(gpus=1), "--compute-method", "none", "--no-trace-comm", "--data", data]
+    torch_rec = run_record(out, "--backend", "torch-ddp", *common)
+    tf_rec = run_record(out, "--backend", "tf-mwms", *common)
+    for rec in (torch_rec, tf_rec):
+        assert rec["status"] == "ok" and run_config(rec).model.spec.vocab_size == shape.vocab
+        assert run_config(rec).batch.data_path == str(data)
+    ref = torch_rec["summary"]["losses"]
+    assert abs(ref[0] - np.log(shape.vocab)) < 0.1  # ln(128,256) = 11.76: the head spans every id
+    assert_same_losses(tf_rec["summary"]["losses"], ref, f"tf-mwms on {shape}", WIDE_VOCAB_LOSS_ATOL)
