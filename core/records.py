@@ -41,6 +41,7 @@ SCHEMA_NAMES = {
     "training": "training",
     "commbench": "commbench",
     "prediction": "prediction",
+    "selection": "selection",
     BASELINE_KIND: "baseline",
 }
 

@@ -34,6 +34,7 @@ COMMANDS = {
     "doctor": "harness.run.doctor",
     "env": "harness.run.environment",
     "predict": "harness.predict.command",
+    "select": "harness.predict.select",
 }
 
 

@@ -123,7 +123,7 @@ def test_the_schemas_enums_are_the_code_s_own():
     assert base["kind"] == {"const": baseline.BASELINE_KIND}
     assert base["baseline_schema_version"] == {"const": baseline.BASELINE_SCHEMA_VERSION}
     assert base["name"]["pattern"] == baseline.NAME_PATTERN.pattern
-    assert set(SCHEMA_NAMES) == {"training", "commbench", "prediction", BASELINE_KIND}
+    assert set(SCHEMA_NAMES) == {"training", "commbench", "prediction", "selection", BASELINE_KIND}
 
 
 # ------------------------------------------------------------------------------------ valid files pass

@@ -12,6 +12,7 @@ FLOPs, and each worker uses `init_weights` so that every framework starts from t
 from __future__ import annotations
 
 import dataclasses
+import functools
 import zlib
 from dataclasses import dataclass
 
@@ -84,9 +85,10 @@ class ModelSpec:
         shapes.update({"ln_f.weight": (d,), "ln_f.bias": (d,)})
         return shapes
 
-    @property
+    @functools.cached_property
     def n_params(self) -> int:
-        """Exact parameter count (the tied LM head adds none)."""
+        """Exact parameter count (the tied LM head adds none). Cached: the prediction reads it thousands of
+        times a search, and counting walks every parameter's shape."""
         return sum(int(np.prod(s)) for s in self.parameter_shapes().values())
 
     @property

@@ -1,0 +1,253 @@
+"""`harness select`: the search, the memory terms, the odds and the constraints (predicted; nothing runs)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+
+import pytest
+
+from backends import get_backend
+from core.config import RunConfig
+from core.records import validate_record
+from harness.cli import main
+from harness.predict import select
+from harness.predict.hardware import load_profile
+from harness.predict.model import Calibration
+from workloads.spec import PRESETS
+
+pytestmark = pytest.mark.unit
+
+
+def cfg(backend="torch-ddp", n=2, micro=4, ckpt=False, options=None, workload="small") -> RunConfig:
+    return RunConfig.build(
+        backend=backend,
+        workload=workload,
+        spec=PRESETS[workload],
+        world_size=n,
+        device="cuda",
+        precision="bf16",
+        micro_batch=micro,
+        activation_checkpointing=ckpt,
+        nodes=1,
+        gpus_per_node=n,
+        backend_options=get_backend(backend).Options(**(options or {})).to_dict(),
+    )
+
+
+def test_gpu_range():
+    assert select.gpu_range("8-256") == [8, 16, 32, 64, 128, 256]
+    assert select.gpu_range("32,8,16") == [8, 16, 32]
+    for bad in ("x", "0", "16-8", ""):
+        with pytest.raises(argparse.ArgumentTypeError):
+            select.gpu_range(bad)
+
+
+def test_sharding_settings_come_from_the_options():
+    assert [s["zero_stage"] for s in select.sharding_settings(get_backend("deepspeed"))] == [0, 1, 2, 3]
+    assert [s["sharding_stage"] for s in select.sharding_settings(get_backend("paddle-fleet"))] == [1, 2, 3]
+    assert select.sharding_settings(get_backend("torch-ddp")) == [{}]
+
+
+# ----------------------------------------------------------------------------------------- memory terms
+TERMS = ("model_state", "gathered_parameters", "comm_buffers", "activations", "materialised_attention")
+
+
+def test_total_is_every_term():
+    mem = select.peak_memory(cfg("torch-fsdp"))
+    assert set(mem) == {*TERMS, "total"}
+    assert mem["total"] == pytest.approx(sum(mem[t] for t in TERMS))
+
+
+def test_model_state_holds_deepspeeds_fp32_copy():
+    """ZeRO-0 in bf16: bf16 weights and gradients, fp32 master and two moments: at least 16 B a parameter."""
+    c = cfg("deepspeed", options={"zero_stage": 0})
+    assert select.peak_memory(c)["model_state"] >= 16 * c.model.spec.n_params
+
+
+def test_sharded_stacks_gather_and_replicated_ones_bucket():
+    fsdp, ddp = select.peak_memory(cfg("torch-fsdp")), select.peak_memory(cfg("torch-ddp"))
+    assert fsdp["gathered_parameters"] > 0 and fsdp["comm_buffers"] == 0
+    assert ddp["comm_buffers"] >= 4 * cfg().model.spec.n_params and ddp["gathered_parameters"] == 0
+
+
+def test_activations_grow_with_micro_batch_and_shrink_with_checkpointing():
+    a = [
+        select.peak_memory(cfg(micro=m, ckpt=k))["activations"]
+        for m, k in ((2, False), (4, False), (4, True))
+    ]
+    assert a[1] == pytest.approx(2 * a[0]) and 0 < a[2] < a[1]
+
+
+def test_tf_materialises_attention_and_the_others_do_not():
+    small = PRESETS["small"]
+    tf = select.peak_memory(cfg("tf-mwms", micro=4))
+    assert tf["materialised_attention"] == 4 * small.n_heads * small.seq_len**2 * 4 * small.n_layers
+    assert select.peak_memory(cfg("torch-ddp"))["materialised_attention"] == 0
+
+
+def test_a_candidate_that_does_not_fit_names_the_term_that_broke_it():
+    mem = select.peak_memory(cfg("tf-mwms", micro=4))
+    # usable just below the total: the last term (attention) is the one that passes it
+    capacity = (mem["total"] - 1) / (1 - select.ALLOCATOR_MARGIN)
+    why = select.fit_check(mem, capacity)
+    assert why.startswith("materialised attention")
+    assert select.fit_check(mem, (mem["total"] + 1) / (1 - select.ALLOCATOR_MARGIN)) is None
+    # the margin is applied: the total alone fits the device, not the device less the margin
+    assert select.fit_check(mem, mem["total"] * 1.01) is not None
+
+
+# ---------------------------------------------------------------------------------------------- search
+def args_for(**kw):
+    base = dict(workload="small", gpus=[8, 16], global_batch=64, deadline=None, budget=None)
+    base.update(kw)
+    return argparse.Namespace(**base)
+
+
+def test_search_takes_the_largest_micro_batch_that_fits_and_drops_the_rest():
+    profile = load_profile("h100-sxm")
+    base = select.base_configs(args_for(), profile, PRESETS["small"], ["bf16"], ["torch-ddp", "deepspeed"])
+    assert {(c.backend, c.topology.world_size) for c in base} == {
+        (b, n) for b in ("torch-ddp", "deepspeed") for n in (8, 16)
+    }
+    roomy = select.search(base, profile, Calibration(), 1e9, None)
+    for c in roomy:
+        assert not c.dropped
+        assert c.cfg.batch.micro_batch * c.cfg.batch.grad_accum * c.cfg.topology.world_size == 64
+    # a device that holds a micro-batch of 1 at most for ZeRO-3 and nothing for DDP
+    zero3 = next(
+        c
+        for c in roomy
+        if c.cfg.backend_options.get("zero_stage") == 3 and not c.cfg.model.activation_checkpointing
+    )
+    one = select.peak_memory(zero3.cfg.evolve(micro_batch=1))["total"]
+    tight = dataclasses.replace(profile, memory_bytes=(one + 1) / (1 - select.ALLOCATOR_MARGIN))
+    cands = select.search(base, tight, Calibration(), 1e9, None)
+    same = [
+        c
+        for c in cands
+        if c.label == zero3.label
+        and c.cfg.topology.world_size == zero3.cfg.topology.world_size
+        and not c.cfg.model.activation_checkpointing
+    ]
+    assert (
+        same[0].cfg.batch.micro_batch == 1
+        and same[0].cfg.batch.grad_accum == 64 // zero3.cfg.topology.world_size
+    )
+    ddp = [c for c in cands if c.cfg.backend == "torch-ddp" and not c.cfg.model.activation_checkpointing]
+    assert ddp and all(c.lacks == ["memory"] and "does not fit" in c.dropped for c in ddp)
+
+
+def test_pareto_and_constraints():
+    profile = load_profile("h100-sxm")
+    base = select.base_configs(args_for(), profile, PRESETS["small"], ["bf16"], ["torch-ddp"])
+    cands = select.search(base, profile, Calibration(), 1e9, 2.0)
+    front = select.pareto(cands)
+    assert front
+    for c in cands:
+        if c not in front:  # dominated: something on the front is at least as fast and as cheap
+            assert any(f.train_s <= c.train_s for f in front)
+    fastest = min(c.train_s for c in cands)
+    select.constrain(cands, deadline_h=fastest * 1.0001 / 3600, budget=None)
+    assert [c for c in cands if not c.dropped] and all(c.lacks == ["deadline"] for c in cands if c.dropped)
+
+
+# ------------------------------------------------------------------------------------------------ odds
+def candidate(c: RunConfig) -> select.Candidate:
+    return select.Candidate(c, get_backend(c.backend).label(c), {})
+
+
+def test_identical_candidates_are_each_about_half():
+    profile = load_profile("h100-sxm")
+    c = cfg("torch-ddp", n=8)
+    p = select.odds([candidate(c), candidate(c)], profile, Calibration(), samples=200)
+    assert p == pytest.approx([0.5, 0.5], abs=0.05)
+
+
+def test_a_candidate_faster_in_every_draw_wins_and_the_odds_sum_to_one():
+    profile = load_profile("h100-sxm")
+    slow, fast = cfg("torch-ddp", n=8), cfg("torch-ddp", n=8, micro=8)  # same work a token, more a call
+    p = select.odds(
+        [candidate(cfg("deepspeed", n=8, options={"zero_stage": 3})), candidate(fast), candidate(slow)],
+        profile,
+        Calibration(),
+        samples=100,
+    )
+    assert sum(p) == pytest.approx(1.0)
+    assert p[0] < 0.5
+
+
+# ------------------------------------------------------------------------------------------------- CLI
+@pytest.mark.subprocess  # the record's git commit
+def test_cli_writes_a_selection_record_that_validates(tmp_path, capsys):
+    code = main(
+        [
+            "select",
+            "--workload",
+            "tiny",
+            "--hardware",
+            "h100-sxm",
+            "--gpus",
+            "8,16",
+            "--global-batch",
+            "64",
+            "--stacks",
+            "torch-ddp,torch-fsdp",
+            "--gpu-hour-price",
+            "2",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "SELECTED (predicted, not measured)" in out and "Pareto front" in out
+    (path,) = tmp_path.glob("*.json")
+    record = json.loads(path.read_text())
+    assert validate_record(record) == "selection"
+    assert record["ranked"][0]["p_fastest"] is not None
+    times = [r["train_time_s"]["nominal"] for r in record["ranked"]]
+    assert times == sorted(times)
+
+
+def test_cli_impossible_constraints_exit_1_naming_what_each_lacks(capsys):
+    code = main(
+        [
+            "select",
+            "--workload",
+            "tiny",
+            "--hardware",
+            "h100-sxm",
+            "--gpus",
+            "8",
+            "--global-batch",
+            "64",
+            "--stacks",
+            "torch-ddp",
+            "--deadline",
+            "1e-9",
+        ]
+    )
+    assert code == select.EXIT_NOTHING
+    out = capsys.readouterr().out
+    assert "nothing meets the constraints" in out and "lacks deadline" in out
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--hardware", "nope", "--gpus", "8"],
+        ["--hardware", "h100-sxm", "--gpus", "8", "--stacks", "mxnet"],
+        ["--hardware", "h100-sxm", "--gpus", "8", "--precision", "fp8"],
+        ["--hardware", "h100-sxm", "--gpus", "8", "--budget", "10"],
+    ],
+)
+def test_cli_malformed_input_exits_2_in_one_line(argv, capsys):
+    assert main(["select", "--workload", "tiny", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("harness: error:") and "\n" not in err
+
+
+def test_cli_malformed_gpus_exit_2():
+    assert main(["select", "--workload", "tiny", "--hardware", "h100-sxm", "--gpus", "x"]) == 2
