@@ -53,7 +53,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from core.config import RunConfig  # noqa: E402
-from harness.predict.published import load_check, load_rows, published_ratio, row_configs  # noqa: E402
+from harness.predict.published import load_rows, published_ratio, row_configs  # noqa: E402
+from harness.predict.published_check import load_check  # noqa: E402
 
 # Megatron-LM's ParallelTransformerLayer (biases on): QKV, output projection and the two MLP matrices, and
 # their 4 biases and the two layernorms' weight and bias (at hidden 12,288 or more, each under 100,000

@@ -24,8 +24,6 @@ import pytest
 
 from harness.predict import nccl
 from harness.predict.published import (
-    check,
-    load_check,
     load_rows,
     meets_the_target,
     row_configs,
@@ -35,6 +33,7 @@ from harness.predict.published import (
 from harness.predict.published import (
     predicted_ratio as predict_row,
 )
+from harness.predict.published_check import check, load_check
 
 unit = pytest.mark.unit
 ROWS = load_rows()

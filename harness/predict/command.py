@@ -24,7 +24,7 @@ from core.records import SCHEMA_VERSION, git_commit, load_records, now_iso, writ
 from harness.analyze.summary import fmt_bytes
 from harness.predict.hardware import CORNERS, ProfileError, catalogue, load_profile, local_profile
 from harness.predict.model import calibrate, predict_point, scaling_ratio
-from harness.predict.published import check as published_check
+from harness.predict.published_check import check as published_check
 from harness.run_args import foreign_flags, micro_batch_for, spec_from_args
 from harness.usage import EXIT_OK, UsageError, choice, positive
 from workloads.spec import OVERRIDES, PRESETS

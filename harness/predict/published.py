@@ -22,13 +22,10 @@ from backends import get_backend
 from core.config import RunConfig
 from harness.predict.hardware import Profile, load_profile
 from harness.predict.model import Calibration, scaling_ratio
+from harness.predict.published_check import CHECK_FILE, RATIO_TOLERANCE, stack_of
 
 # Package data, as published_check.json is: an installed wheel has both without a source tree.
 ROWS_FILE = Path(__file__).with_name("published_scaling_rows.yaml")
-CHECK_FILE = Path(__file__).with_name("published_check.json")
-# The target a row is held to: the predicted ratio within this fraction of the published one, and the
-# published ratio inside the predicted band.
-RATIO_TOLERANCE = 0.15
 
 
 def load_rows(path: Path = ROWS_FILE) -> list[dict]:
@@ -145,13 +142,6 @@ def meets_the_target(row: dict, ratio: dict) -> bool:
     )
 
 
-def stack_of(cfg: RunConfig) -> str:
-    """What a check is matched on: the stack and what it shards (its variants, such as a reduce dtype or
-    DeepSpeed's native bf16, count as the same stack)."""
-    backend = get_backend(cfg.backend)
-    return f"{backend.name} ({backend.sharding(cfg)} sharded)"
-
-
 def row_result(row: dict, ratio: dict) -> dict:
     """One row's line of published_check.json."""
     small, _, _ = row_configs(row)
@@ -169,54 +159,6 @@ def row_result(row: dict, ratio: dict) -> dict:
         "unknown": sorted(row.get("unknown") or {}),
         "meets_the_target": bool(meets_the_target(row, ratio)),
     }
-
-
-def load_check(path: Path = CHECK_FILE) -> list[dict]:
-    return json.loads(path.read_text())["rows"]
-
-
-def check(cfg: RunConfig, world_sizes: list[int], rows: list[dict] | None = None) -> dict:
-    """What the published rows of this configuration's stack say of a prediction at `world_sizes`: how
-    many met the target, at which rank counts, the published ratio as a share of the predicted one on
-    those that missed, and whether the largest rank count asked is beyond every row."""
-    rows = load_check() if rows is None else rows
-    stack = stack_of(cfg)
-    mine = [r for r in rows if r["stack"] == stack]
-    out: dict = {"stack": stack, "rows": [r["id"] for r in mine], "file": CHECK_FILE.name}
-    if not mine:
-        return out | {"verdict": f"no published row checks {stack}"}
-    missed = [r for r in mine if not r["meets_the_target"]]
-    shares = {r["id"]: r["published_ratio"] / r["predicted_ratio"]["nominal"] for r in missed}
-    below = [r for r in missed if r["published_ratio"] < r["predicted_ratio"]["low"]]
-    largest = max(r["n_large"] for r in mine)
-    out |= {
-        "met": len(mine) - len(missed),
-        "of": len(mine),
-        "n_range": [min(r["n_small"] for r in mine), largest],
-        "largest_met": max((r["n_large"] for r in mine if r["meets_the_target"]), default=None),
-        "missed_share_of_predicted": [min(shares.values()), max(shares.values())] if shares else None,
-        "worst": min(shares, key=shares.__getitem__) if shares else None,
-        "below_the_band": len(below),
-        "beyond": max(world_sizes) > largest,
-        "below": max(world_sizes) < min(r["n_small"] for r in mine),
-    }
-    verdict = (
-        f"{stack}: {out['met']} of {len(mine)} published rows met the target (ratio within "
-        f"{RATIO_TOLERANCE:.0%}, inside the band), at {out['n_range'][0]:,}–{largest:,} GPUs"
-    )
-    if shares:
-        low, high = out["missed_share_of_predicted"]
-        verdict += (
-            f"; on the {len(missed)} missed, the published per-GPU ratio was {low:.2f}–{high:.2f} of the "
-            f"predicted (worst {out['worst']})"
-        )
-        if len(below) == len(missed):
-            verdict += ", below the band every time: read scaling figures here as upper bounds"
-    if out["beyond"]:
-        verdict += f"; N={max(world_sizes):,} is beyond every published check of this stack"
-    elif out["below"]:
-        verdict += "; the rank counts asked are below every published check of this stack"
-    return out | {"verdict": verdict}
 
 
 def main() -> None:
