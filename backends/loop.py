@@ -72,8 +72,8 @@ class Trainer(ABC):
 
     def hold_transient(self, nbytes: int) -> str:
         """Take `nbytes` of memory, touch every page, and free it (the test hook
-        core.hooks.warmup_transient_bytes): where the run's peaks are read, "host" RSS here; a trainer on a
-        device holds it in the allocator whose peak the record reports, and says "device"."""
+        core.hooks.TestHooks.warmup_transient_bytes): where the run's peaks are read, "host" RSS here; a
+        trainer on a device holds it in the allocator whose peak the record reports, and says "device"."""
         held = np.ones(nbytes, dtype=np.uint8)
         del held
         return "host"

@@ -158,7 +158,7 @@ class RunConfig:
     (role, set by the harness)."""
 
     backend: str
-    """A registered stack name (backends.registry)."""
+    """A registered stack name (backends.backend_names(): the shipped adapters and the entry points)."""
     model: ModelConfig
     topology: TopologyConfig
     batch: BatchConfig = field(default_factory=BatchConfig)

@@ -1,5 +1,5 @@
 """Usage errors and exit codes, in one place: bad input is one line on stderr naming the valid choices and
-exit 2, before anything launches (see DESIGN.md's conventions)."""
+exit 2, before anything launches (docs/measurement.md's conventions)."""
 
 from __future__ import annotations
 

@@ -7,8 +7,13 @@ anchor to a heading of the target page (GitHub's slug of it).
 
 from __future__ import annotations
 
+import argparse
+import ast
+import functools
+import importlib
 import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -154,3 +159,327 @@ def test_the_readme_shows_the_commands_ci_runs():
     assert expected in blocks, (
         f"README.md has no code block of exactly .ci/run's commands {expected}; its blocks: {blocks}"
     )
+
+
+# --- Names the docs give: every path, module and flag they name exists -----------------------------------
+
+# The folders a path the docs name starts from; the packages among them, whose dotted names are modules.
+ROOTS = ("harness", "backends", "core", "workloads", "tests", "docs", "scripts", "experiments")
+PACKAGES = ("harness", "backends", "core", "workloads")
+# An ML framework: a module that imports one (at import time, itself or through the repository's modules)
+# is read with `ast`, never imported, as this process imports none (conftest).
+FRAMEWORKS = {"torch", "tensorflow", "keras", "paddle", "deepspeed", "horovod", "jax"}
+PATH_NAME = re.compile(rf"(?<![\w./~$-])(?:{'|'.join(ROOTS)})/[^\s`'\"()\[\],;|]*")
+MODULE_NAME = re.compile(rf"(?<![\w./~$-])(?:{'|'.join(PACKAGES)})(?:\.[A-Za-z_]\w*)+")
+# A page named without its folder ("see DESIGN.md"): a page of this repository somewhere. (A bare module
+# file name is as often another project's, such as nanoGPT's train.py.)
+FILE_NAME = re.compile(r"(?<![\w./~$-])[\w-]+\.md\b")
+# What precedes another project's file: "Horovod's docs/tensor-fusion.rst" is no path of this repository.
+THEIRS = re.compile(r"\w's\s+$")
+# A dotted name that ends in one of these is a file name, which PATH_NAME's check covers when it is a path.
+FILE_SUFFIXES = {"py", "md", "json", "yaml", "yml", "toml", "sh", "txt", "csv", "html", "log", "cfg"}
+SHELL_SEPARATORS = ("|", "&&", ";", ">", "<", "#", "`", "$(", ")")
+
+
+def named_pages() -> list[Path]:
+    """The pages whose names must hold: README.md and docs/, less the dated investigation notes, which
+    record what the repository held on their date (docs/notes/README.md says so) and are not rewritten."""
+    return [p for p in doc_pages() if not re.match(r"\d{4}-\d{2}-\d{2}-", p.name)]
+
+
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(encoding="utf-8"))
+
+
+def docstrings():
+    """(where, text) for every docstring of the product packages: a module's, a class's, a function's, and
+    an attribute's (the string after a field, as core/config.py documents RunConfig's)."""
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            for node in ast.walk(parsed(path)):
+                if (
+                    isinstance(node, ast.Expr)
+                    and isinstance(node.value, ast.Constant)
+                    and isinstance(node.value.value, str)
+                ):
+                    yield f"{path.relative_to(REPO)}:{node.lineno}", node.value.value
+
+
+def texts():
+    """(where, text) for every page and docstring whose names must hold; a page's `where` gains the line
+    of each name (`locate`)."""
+    for page in named_pages():
+        yield str(page.relative_to(REPO)), page.read_text(encoding="utf-8")
+    yield from docstrings()
+
+
+def locate(where: str, text: str, offset: int) -> str:
+    if ":" in where:  # a docstring: its first line is enough
+        return where
+    return f"{where}:{text.count(chr(10), 0, offset) + 1}"
+
+
+def missing_path(name: str) -> str | None:
+    """Why a path the docs name is not in the repository, or None when it is (a glob: when it matches)."""
+    name = re.sub(r"(:\d+(-\d+)?|#.*)$", "", name.rstrip(".:"))  # a sentence's end, a line, an anchor
+    name = name.rstrip(".:/")
+    if any(mark in name for mark in ("<", ">", "{", "}", "$", "...", "…")):
+        return None  # a placeholder such as backends/<name>/worker.py
+    if any(mark in name for mark in "*?"):
+        return None if any(REPO.glob(name)) else "matches no file"
+    return None if (REPO / name).exists() else "no such file or folder"
+
+
+@functools.cache
+def file_names() -> frozenset[str]:
+    return frozenset(path.name for path in repository_files())
+
+
+def missing_file_name(name: str) -> str | None:
+    return None if name in file_names() else "no file of the repository has this name"
+
+
+def module_file(module: str) -> Path | None:
+    base = REPO.joinpath(*module.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def top_level(body):
+    """The statements Python runs when it imports a module: not function bodies, not `if TYPE_CHECKING`."""
+    for node in body:
+        yield node
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            continue
+        for field in ("body", "orelse", "finalbody", "handlers"):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield from top_level(getattr(node, field, []) or [])
+
+
+def imported_at_import_time(module: str) -> set[str]:
+    """The modules `module` imports when it is imported, its packages' __init__ included."""
+    path = module_file(module)
+    out = {module.rpartition(".")[0]} - {""}
+    if path is None:
+        return out
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in top_level(parsed(path).body):
+        if isinstance(node, ast.Import):
+            out |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            out.add(base)
+            out |= {f"{base}.{alias.name}" for alias in node.names if module_file(f"{base}.{alias.name}")}
+    return out
+
+
+@functools.cache
+def imports_a_framework(module: str) -> bool:
+    """Whether importing `module` imports an ML framework, through the repository's modules too."""
+    seen, todo = set(), [module]
+    while todo:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        for name in imported_at_import_time(current):
+            if name.split(".")[0] in FRAMEWORKS:
+                return True
+            if name.split(".")[0] in PACKAGES:
+                todo.append(name)
+    return False
+
+
+def defined_names(body) -> dict[str, ast.AST]:
+    """The names a module or class body binds: defs, classes, assignments, imports."""
+    out: dict[str, ast.AST] = {}
+    for node in top_level(body):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out[node.name] = node
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                for name in ast.walk(target):
+                    if isinstance(name, ast.Name):
+                        out[name.id] = node
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                out[(alias.asname or alias.name).split(".")[0]] = node
+    return out
+
+
+def missing_attribute(module: str, attributes: list[str]) -> str | None:
+    """Why `module.a.b...` names nothing, or None when it does. A framework-free module is imported and
+    the name looked up; a module that imports a framework is parsed: the name must be bound at its top
+    level (and the next one in that class's body). Past a dataclass field or an instance's attribute the
+    name cannot be followed without a value, and is taken as given."""
+    if imports_a_framework(module):
+        scope = defined_names(parsed(module_file(module)).body)
+        for depth, name in enumerate(attributes[:2]):
+            if name not in scope:
+                return f"{module} binds no {'.'.join(attributes[: depth + 1])} (read, not imported)"
+            node = scope[name]
+            if not isinstance(node, ast.ClassDef):
+                return None
+            scope = defined_names(node.body)
+        return None
+    value = importlib.import_module(module)
+    for depth, name in enumerate(attributes):
+        if hasattr(value, name):
+            value = getattr(value, name)
+            continue
+        declared = getattr(value, "__dataclass_fields__", {}) or getattr(value, "__annotations__", {})
+        if isinstance(value, type) and name in declared:
+            return None
+        return f"{module} has no {'.'.join(attributes[: depth + 1])}"
+    return None
+
+
+def missing_module(name: str) -> str | None:
+    """Why a dotted name of the packages names no module or module attribute, or None when it does."""
+    parts = name.split(".")
+    if parts[-1] in FILE_SUFFIXES:
+        return None
+    for cut in range(len(parts), 0, -1):
+        if module_file(".".join(parts[:cut])):
+            return missing_attribute(".".join(parts[:cut]), parts[cut:]) if cut < len(parts) else None
+    return "no such package"
+
+
+def stale_names(where: str, text: str) -> tuple[list[str], int]:
+    """Every path, dotted module name and page name of `text` that names nothing, and how many it names."""
+    problems, checked = [], 0
+    for pattern, why in (
+        (PATH_NAME, missing_path),
+        (MODULE_NAME, missing_module),
+        (FILE_NAME, missing_file_name),
+    ):
+        for match in pattern.finditer(text):
+            if THEIRS.search(text[max(0, match.start() - 40) : match.start()]):
+                continue
+            checked += 1
+            problem = why(match.group(0))
+            if problem:
+                problems.append(f"{locate(where, text, match.start())}: {match.group(0)}: {problem}")
+    return problems, checked
+
+
+def test_every_path_and_module_the_docs_and_docstrings_name_exists():
+    problems, checked = [], 0
+    for where, text in texts():
+        found, count = stale_names(where, text)
+        problems, checked = problems + found, checked + count
+    assert checked > 200, f"only {checked} names found: is the scan still reading the docs?"
+    assert not problems, "\n".join(problems)
+
+
+def code_spans(text: str) -> list[tuple[int, str]]:
+    """(offset, code) for every shell line of a fenced block (a trailing backslash joins the next) and
+    every inline code span."""
+    out = []
+    for block in FENCE.finditer(text):
+        lines = block.group(0).splitlines(keepends=True)
+        offset, start, joined = block.start() + len(lines[0]), 0, ""
+        for line in lines[1:-1]:
+            start = start if joined else offset
+            offset += len(line)
+            joined += line.rstrip("\n")
+            if joined.endswith("\\"):
+                joined = joined[:-1] + " "
+                continue
+            out.append((start, joined))
+            joined = ""
+    for span in INLINE_CODE.finditer(FENCE.sub(lambda m: " " * len(m.group(0)), text)):
+        out.append((span.start(), span.group(0).strip("`")))
+    return out
+
+
+def harness_commands(code: str) -> list[list[str]]:
+    """The words after each `harness` (or .venv/bin/harness, python -m harness) of a shell line, up to
+    the end of its command."""
+    out = []
+    words = code.split()
+    for i, word in enumerate(words):
+        before = words[i - 1] if i else "$"
+        starts = before in ("$", "-m", "&&", "||", "|", ";", "(", "time") or re.fullmatch(r"\w+=\S*", before)
+        if word.rsplit("/", 1)[-1] != "harness" or not starts:
+            continue  # prose in a diagram ("the harness imports ..."), not a command
+        command = []
+        for arg in words[i + 1 :]:
+            if arg == "--" or arg.startswith(SHELL_SEPARATORS):
+                break
+            command.append(arg)
+            if arg.endswith((";", "`")):
+                break
+        out.append(command)
+    return out
+
+
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(actions[0].choices) if actions else {}
+
+
+def unknown_flags(parser: argparse.ArgumentParser, words: list[str]) -> list[str]:
+    """The flags among `words` (`harness WORDS`) that the command they follow does not take."""
+    verbs = []
+    for word in words:
+        if word.startswith("-"):
+            break
+        if not re.fullmatch(r"[a-z][\w-]*", word) or not subcommands(parser):
+            break  # a placeholder, or a command's positional argument
+        if word not in subcommands(parser):
+            return [f"harness {' '.join([*verbs, word])}: no such command"]
+        verbs.append(word)
+        parser = subcommands(parser)[word]
+    out = []
+    for word in words:
+        flag = word.split("=", 1)[0].strip("[]();`")  # `[--out DIR]`: an optional flag
+        if re.fullmatch(r"--[a-z][\w-]*|-[A-Za-z]", flag) and flag not in parser._option_string_actions:
+            out.append(f"harness {' '.join(verbs)} {flag}: no such flag")
+    return out
+
+
+def test_every_cli_flag_the_docs_show_is_one_its_command_takes():
+    from harness.cli import make_parser
+
+    parser = make_parser()
+    problems, shown = [], 0
+    for page in named_pages():
+        text = page.read_text(encoding="utf-8")
+        for offset, code in code_spans(text):
+            for words in harness_commands(code):
+                shown += 1
+                where = locate(str(page.relative_to(REPO)), text, offset)
+                problems += [f"{where}: {p}" for p in unknown_flags(parser, words)]
+    assert shown > 50, f"only {shown} harness commands found: is the scan still reading the docs?"
+    assert not problems, "\n".join(problems)
+
+
+def test_the_scan_finds_each_kind_of_stale_name():
+    """What the two tests above look for, on a page written for it: the names this repository's docs once
+    gave wrongly are found, their right names and another project's file are not."""
+    page = """see DESIGN.md; a stack's name (backends.registry); `harness/analyze/metric.py`, and
+    core.hooks.warmup_transient_bytes. Right: README.md, backends.backend_names, core.hooks.TestHooks,
+    `harness/analyze/metrics.py`, docs/notes/, core/schemas/*.json, backends/<name>/worker.py,
+    workloads.torch_model.GPT, Horovod's docs/tensor-fusion.rst."""
+    problems, checked = stale_names("page.md", page)
+    assert checked == 12
+    assert [p.split(": ")[1] for p in problems] == [
+        "harness/analyze/metric.py",
+        "backends.registry",
+        "core.hooks.warmup_transient_bytes",
+        "DESIGN.md",
+    ], problems
+    assert "torch" not in sys.modules, "a framework's module was imported, not read"
+    from harness.cli import make_parser
+
+    [words] = harness_commands("FOO=1 .venv/bin/harness predict --gpus 8 [--tuned-too] --out=x | grep --nope")
+    assert unknown_flags(make_parser(), words) == ["harness predict --tuned-too: no such flag"]
+    assert unknown_flags(make_parser(), ["reports", "--gpus", "8"]) == ["harness reports: no such command"]
+    assert harness_commands("the harness imports no framework") == []

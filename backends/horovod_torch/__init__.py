@@ -77,8 +77,8 @@ class Horovod(Backend[HorovodOptions]):
 
     def tuned(self, cfg):
         """The torch family's compile (the whole model, as torch-ddp's before its wrapper) and fused AdamW.
-        Tensor fusion stays at Horovod's defaults: its docs (docs/tensor-fusion.rst) give no value for a
-        transformer and leave it to the autotuner (`--hvd-autotune`), which is not in the set because it
+        Tensor fusion stays at Horovod's defaults: Horovod's docs/tensor-fusion.rst gives no value for a
+        transformer and leaves it to the autotuner (`--hvd-autotune`), which is not in the set because it
         explores with slow steps inside a short timed run; fp16 compression changes the numerics and stays
         a choice by hand (--hvd-compression)."""
         return torch_tuned(f"{NANOGPT}: the whole model compiled before the wrapper")

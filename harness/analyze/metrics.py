@@ -1,4 +1,4 @@
-"""Every derived figure, computed here and only here, from raw rank records (see shared DESIGN.md).
+"""Every derived figure, computed here and only here, from raw rank records (defined in docs/measurement.md).
 
 Reports, sweeps and compare all call `summarize`; no backend computes a metric of its own.
 """
