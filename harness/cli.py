@@ -24,6 +24,7 @@ COMMANDS = {
     "report": "harness.analyze.report",
     "results": "harness.analyze.report",
     "compare": "harness.analyze.compare",
+    "gate": "harness.run.gate",
     "baseline": "harness.analyze.baseline",
     "history": "harness.analyze.history",
     "check": "harness.analyze.check",

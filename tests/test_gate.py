@@ -1,0 +1,426 @@
+"""`harness gate`: its sequential decision on generated paired data with a known shift, and the gate around
+it with the runs faked (records written by hand), so nothing here launches a training run.
+
+The error rates are counted over 2,000 simulated sequences per case, each looked at after every pair as the
+gate looks, and held to the design's nominal levels with a one-sided binomial test (scipy.stats.binomtest,
+at 1%): a rate significantly above alpha (or a detection rate significantly below 1 - beta) fails. The
+counter-example is the rule the design replaces: a fixed 95% interval re-checked after every pair.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import record_factory as factory
+from scipy.stats import binomtest, ttest_1samp
+from scipy.stats import t as student_t
+
+from core.records import write_json_atomic
+from harness.analyze import sequential
+from harness.analyze.baseline import load_all
+from harness.analyze.sequential import (
+    CODE_CONTINUE,
+    CODE_NO_REGRESSION,
+    CODE_REGRESSION,
+    INCONCLUSIVE,
+    NO_REGRESSION,
+    REGRESSION,
+    Design,
+    decide,
+)
+from harness.cli import main
+from harness.run import gate
+from harness.usage import UsageError
+
+pytestmark = pytest.mark.unit
+
+DESIGN = Design(threshold=0.05, max_pairs=40)
+SLOWDOWN = math.log(1.05)  # the threshold as a mean log-ratio
+SEQUENCES = 2000
+TOLERANCE = 0.01  # a binomial p-value below this fails a rate
+
+
+def sequences(shift: float, sd: float, seed: int, rows: int = SEQUENCES) -> np.ndarray:
+    """Paired log-ratios with a known mean shift: one row per simulated gate, max_pairs columns."""
+    return np.random.default_rng(seed).normal(shift, sd, (rows, DESIGN.max_pairs))
+
+
+def count(rule, shift: float, sd: float, seed: int, code: int) -> tuple[int, int]:
+    verdicts, _ = rule(sequences(shift, sd, seed), DESIGN)
+    return int(np.sum(verdicts == code)), len(verdicts)
+
+
+def check_false_alarms(sd: float, seed: int, shift: float = 0.0) -> None:
+    """The gate's rule (looked up at call time, as the gate looks it up) on sequences without a slowdown:
+    its REGRESSION rate must not be significantly above alpha."""
+    k, n = count(sequential.decide_all, shift, sd, seed, CODE_REGRESSION)
+    p = binomtest(k, n, DESIGN.alpha, alternative="greater").pvalue
+    assert p > TOLERANCE, (
+        f"false alarms {k}/{n} = {k / n:.3f} above alpha {DESIGN.alpha} (binomial p={p:.2g})"
+    )
+
+
+def fixed_interval_rule(x: np.ndarray, design: Design) -> tuple[np.ndarray, np.ndarray]:
+    """The counter-example: a fixed 95% interval of the mean log-ratio, re-checked after every pair from
+    the second on (tachometer's and cbdr's stopping rule): REGRESSION when it excludes 0, NO REGRESSION when
+    it lies below the threshold (first, as in the design)."""
+    rows, length = x.shape
+    verdict, stop = np.full(rows, CODE_CONTINUE), np.full(rows, length)
+    for n in range(2, length + 1):
+        open_ = verdict == CODE_CONTINUE
+        interval = ttest_1samp(x[:, :n], 0.0, axis=1).confidence_interval(0.95)
+        no_regression = open_ & (interval.high < design.delta)
+        regression = open_ & ~no_regression & (interval.low > 0)
+        verdict[no_regression], verdict[regression] = CODE_NO_REGRESSION, CODE_REGRESSION
+        stop[no_regression | regression] = n
+    return verdict, stop
+
+
+# ---- the sequential decision ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sd", [0.02, 0.05, 0.08, 0.15])
+def test_false_alarms_within_alpha_with_a_look_after_every_pair(sd):
+    """No slowdown, spreads from a quiet machine's to a noisy one's: REGRESSION at most alpha of the time,
+    although every sequence is looked at after every pair up to the budget."""
+    check_false_alarms(sd, seed=int(sd * 1000))
+
+
+def test_false_alarms_within_alpha_when_the_head_is_faster():
+    """H0 is "no slowdown", δ <= 0, not only δ = 0: a faster head is no more often a regression."""
+    check_false_alarms(0.08, seed=7, shift=-0.02)
+
+
+@pytest.mark.parametrize("sd", [0.02, 0.05])
+def test_detects_a_slowdown_of_the_threshold(sd):
+    """A 5% slowdown, at spreads the budget of 40 pairs can resolve: REGRESSION at least 1 - beta of the
+    time."""
+    k, n = count(sequential.decide_all, SLOWDOWN, sd, seed=11, code=CODE_REGRESSION)
+    p = binomtest(k, n, 1 - DESIGN.beta, alternative="less").pvalue
+    assert p > TOLERANCE, f"detected {k}/{n} = {k / n:.3f}, below 1 - beta (binomial p={p:.2g})"
+
+
+def test_misses_at_most_beta_whatever_the_spread():
+    """At a spread the budget cannot resolve, a 5% slowdown may end INCONCLUSIVE, but it is passed as NO
+    REGRESSION at most beta of the time (the design's guarantee does not depend on the spread)."""
+    verdicts, _ = sequential.decide_all(sequences(SLOWDOWN, 0.15, seed=13), DESIGN)
+    k, n = int(np.sum(verdicts == CODE_NO_REGRESSION)), len(verdicts)
+    assert binomtest(k, n, DESIGN.beta, alternative="greater").pvalue > TOLERANCE, f"{k}/{n} missed"
+    assert np.mean(verdicts == CODE_CONTINUE) > 0.2  # the budget ran out: INCONCLUSIVE, not a pass
+
+
+def test_a_fixed_interval_rechecked_after_every_pair_fails_the_false_alarm_check(monkeypatch):
+    """The counter-example: re-checking a fixed 95% interval after every pair raises false alarms well
+    above alpha, and the false-alarm check above fails when the gate's rule is replaced by it."""
+    k, n = count(fixed_interval_rule, 0.0, 0.15, seed=150, code=CODE_REGRESSION)
+    assert binomtest(k, n, DESIGN.alpha, alternative="greater").pvalue < 1e-6, f"{k}/{n}"
+    monkeypatch.setattr(sequential, "decide_all", fixed_interval_rule)
+    assert decide([0.02, 0.021], DESIGN).pairs == 2  # the gate now decides on the fixed interval
+    with pytest.raises(AssertionError, match="above alpha"):
+        check_false_alarms(0.15, seed=150)
+
+
+def test_the_gates_decision_is_the_vectorised_one():
+    """decide (one gate's pairs so far) reaches the verdict, at the pair, that decide_all reaches for the
+    same sequence looked at pair by pair."""
+    x = sequences(0.03, 0.05, seed=3, rows=20)
+    codes, stops = sequential.decide_all(x, DESIGN)
+    names = {CODE_REGRESSION: REGRESSION, CODE_NO_REGRESSION: NO_REGRESSION, CODE_CONTINUE: INCONCLUSIVE}
+    for row, code, stop in zip(x, codes, stops):
+        decision = decide(row, DESIGN)
+        assert (decision.verdict, decision.pairs) == (names[int(code)], int(stop))
+        if stop > DESIGN.min_pairs:  # fed pair by pair, it goes on until that pair
+            assert decide(row[: stop - 1], DESIGN).verdict == "continue"
+
+
+def test_interval_and_smallest_detectable_slowdown():
+    """The repeated interval and, when the budget runs out, the smallest slowdown the pairs could have
+    detected: (c_alpha(n) + t.isf(beta, n - 1)) s / sqrt(n), as a relative change."""
+    x = 0.025 + 0.2 * (-1.0) ** np.arange(DESIGN.max_pairs)  # mean 2.5%, spread 0.2: never decides
+    d = decide(x, DESIGN)
+    assert d.verdict == INCONCLUSIVE and d.pairs == DESIGN.max_pairs
+    n, se = len(x), np.std(x, ddof=1) / math.sqrt(len(x))
+    p_alpha, p_beta = DESIGN.levels
+    expected = math.expm1((student_t.isf(p_alpha, n - 1) + student_t.isf(DESIGN.beta, n - 1)) * se)
+    assert d.detectable == pytest.approx(expected) and d.detectable > DESIGN.threshold
+    low, high = d.interval
+    assert low == pytest.approx(math.expm1(x.mean() - student_t.isf(p_alpha, n - 1) * se))
+    assert high == pytest.approx(math.expm1(x.mean() + student_t.isf(p_beta, n - 1) * se))
+    assert decide(x[:5], DESIGN, exhausted=True).verdict == INCONCLUSIVE
+    assert decide(x[:2], DESIGN).verdict == "continue"  # before the first look nothing is decided
+
+
+def test_nominal_level_is_below_alpha_and_deterministic():
+    p_alpha, p_beta = DESIGN.levels
+    assert 0 < p_alpha < DESIGN.alpha / 3 and p_alpha == p_beta  # alpha == beta: one level
+    # one look: no peeking to pay for, the level is alpha itself (up to the simulation's error)
+    assert Design(max_pairs=3).levels[0] == pytest.approx(DESIGN.alpha, abs=0.005)
+
+
+# ---- the gate, its runs faked ------------------------------------------------------------------------
+
+
+class FakeRuns:
+    """A runner that writes a record instead of launching: every step of a run takes 100 ms x a lognormal
+    factor (spread `sd`), x (1 + slowdown) on the head side; the factor comes from (side, pair), so a
+    resumed gate sees the runs an uninterrupted one saw."""
+
+    def __init__(
+        self, out: Path, slowdown=0.0, sd=0.01, seed=0, status=None, summary=None, rss=None, stop_at=None
+    ):
+        self.out, self.slowdown, self.sd, self.seed = out, slowdown, sd, seed
+        self.status = status or {}
+        self.summary = summary or {}  # side -> summary fields to overwrite
+        self.rss = rss or {}
+        self.stop_at = stop_at
+        self.calls: list[tuple[str, int]] = []
+
+    def __call__(self, side: str, k: int) -> gate.RunOutcome:
+        if k == self.stop_at:
+            raise KeyboardInterrupt
+        self.calls.append((side, k))
+        factor = math.exp(np.random.default_rng([self.seed, k, side == "head"]).normal(0, self.sd))
+        step = 0.1 * factor * (1 + self.slowdown if side == "head" else 1)
+        status = self.status.get(side, "ok")
+        record = factory.make_record(
+            gpus=2,
+            step_time=step,
+            status=status,
+            run_id=f"pair{k}-{side}",
+            peak_rss=self.rss.get(side, 400 << 20),
+        )
+        record["summary"].update(self.summary.get(side, {}))
+        path = self.out / side / f"{record['run_id']}.json"
+        write_json_atomic(path, record)
+        (trimmed,) = load_all([path])
+        message = "" if status == "ok" else "RuntimeError: injected fault at step 1"
+        return gate.RunOutcome(0 if status == "ok" else 1, trimmed, path, message, 1.0)
+
+
+def settings(design=DESIGN, run_args=("--backend", "torch-ddp"), order_seed=1234, **kw) -> gate.Settings:
+    """The gate's settings, with what identifies the experiment as the command line builds it."""
+    match = {"run_args": list(run_args), "design": design.to_dict()}
+    return gate.Settings(design=design, order_seed=order_seed, match=match, **kw)
+
+
+def every_30s():
+    return itertools.count(step=30.0).__next__
+
+
+def test_gate_reports_a_regression_with_its_size_and_interval(tmp_path):
+    runs = FakeRuns(tmp_path, slowdown=0.20)
+    outcome = gate.run_gate(settings(), tmp_path, runs, say=lambda _: None)
+    assert outcome.verdict == "REGRESSION" and outcome.exit_code == 1
+    assert outcome.line.startswith("REGRESSION: step time +2") and "repeated 90% interval" in outcome.line
+    low, high = outcome.decision.interval
+    assert 0 < low < 0.20 < high
+    pairs = [json.loads(line) for line in (tmp_path / gate.PAIRS_FILE).read_text().splitlines()]
+    assert len(pairs) == outcome.decision.pairs and len(runs.calls) == 2 * len(pairs)
+    verdict = json.loads((tmp_path / gate.VERDICT_FILE).read_text())
+    assert verdict["verdict"] == "REGRESSION" and verdict["step_time"]["pairs"] == len(pairs)
+    assert all((tmp_path / p[side]["record"]).is_file() for p in pairs for side in gate.SIDES)
+
+
+def test_gate_passes_the_same_code(tmp_path):
+    outcome = gate.run_gate(settings(), tmp_path, FakeRuns(tmp_path), say=lambda _: None)
+    assert (outcome.verdict, outcome.exit_code) == ("NO REGRESSION", 0)
+    assert "rules out a slowdown of 5% or more" in outcome.line
+    lines = [d["line"] for d in outcome.details]
+    assert "comm bytes per step: unchanged (4,287,488)" in lines
+    assert any(line.startswith("peak RSS / rank:") and line.endswith(": ok") for line in lines)
+
+
+def test_gate_runs_out_of_minutes_inconclusive_with_what_it_could_detect(tmp_path):
+    runs = FakeRuns(tmp_path, slowdown=0.03, sd=0.1)
+    s = settings(max_minutes=2.0, inconclusive_exit=7)
+    outcome = gate.run_gate(s, tmp_path, runs, say=lambda _: None, clock=every_30s())
+    # 30 s a pair: a fifth pair would end past 2 minutes
+    assert (outcome.verdict, outcome.exit_code, outcome.decision.pairs) == ("INCONCLUSIVE", 7, 4)
+    assert "the budget (--max-minutes) ran out" in outcome.line
+    assert f"could have detected a slowdown of {outcome.decision.detectable:.1%} or more" in outcome.line
+
+
+def test_the_order_within_a_pair_is_seeded_and_varies():
+    orders = [gate.order_of(1234, k) for k in range(40)]
+    assert orders == [gate.order_of(1234, k) for k in range(40)]
+    assert 10 < orders.count(("base", "head")) < 30
+    assert orders != [gate.order_of(99, k) for k in range(40)]
+
+
+def test_a_head_run_failing_where_the_base_ran_is_a_regression(tmp_path):
+    runs = FakeRuns(tmp_path, status={"head": "failed"})
+    outcome = gate.run_gate(settings(), tmp_path, runs, say=lambda _: None)
+    assert (outcome.verdict, outcome.exit_code) == ("REGRESSION", 1)
+    assert "a head run failed where the base ran: RuntimeError" in outcome.line
+    (failure,) = [json.loads(line) for line in (tmp_path / gate.FAILURES_FILE).read_text().splitlines()]
+    assert failure["base"]["ok"] and not failure["head"]["ok"]
+
+
+@pytest.mark.parametrize("failing", [("base",), ("base", "head")])
+def test_base_runs_failing_is_bad_input(tmp_path, failing):
+    runs = FakeRuns(tmp_path, status={side: "failed" for side in failing})
+    outcome = gate.run_gate(settings(), tmp_path, runs, say=lambda _: None)
+    assert outcome.exit_code == 2 and outcome.line.startswith("harness: error:")
+    assert "\n" not in outcome.line
+
+
+def test_exact_metrics_any_change_is_reported_and_growth_fails(tmp_path):
+    """Same speed, but the head sends twice the bytes per step and holds less model state: no statistics,
+    the change is named, the growth fails the gate."""
+    head = {"comm_bytes_per_rank_per_step": 2 * 4287488.0, "model_state_bytes_per_rank": 17_000_000}
+    outcome = gate.run_gate(
+        settings(), tmp_path, FakeRuns(tmp_path, summary={"head": head}), say=lambda _: None
+    )
+    assert (outcome.verdict, outcome.exit_code) == ("REGRESSION", 1)
+    lines = [d["line"] for d in outcome.details]
+    assert "comm bytes per step changed: 4,287,488 -> 8,574,976 (+100.0%)" in lines
+    assert "model-state bytes per rank changed: 17,149,952 -> 17,000,000 (-0.9%)" in lines
+    assert "comm bytes per step changed" in outcome.line and "model-state" not in outcome.line
+
+
+def test_peak_memory_keeps_its_threshold(tmp_path):
+    runs = FakeRuns(tmp_path, rss={"head": 480 << 20})
+    outcome = gate.run_gate(settings(), tmp_path, runs, say=lambda _: None)
+    assert outcome.exit_code == 1
+    assert any(
+        d["line"].startswith("peak RSS / rank") and d["verdict"] == "regression" for d in outcome.details
+    )
+
+
+def test_an_interrupted_gate_resumes_from_its_recorded_pairs(tmp_path):
+    """Interrupted in its fourth pair, the gate keeps the three recorded; run again it runs from the fourth on
+    and reaches the verdict, at the pair, of a gate never interrupted."""
+    whole = gate.run_gate(
+        settings(), tmp_path / "whole", FakeRuns(tmp_path / "whole", 0.1, 0.05, seed=1), say=print
+    )
+    assert whole.verdict == "REGRESSION" and whole.decision.pairs > 4
+    out = tmp_path / "cut"
+    with pytest.raises(KeyboardInterrupt):
+        gate.run_gate(settings(), out, FakeRuns(out, 0.1, 0.05, seed=1, stop_at=3), say=print)
+    assert len((out / gate.PAIRS_FILE).read_text().splitlines()) == 3
+    said: list[str] = []
+    again = FakeRuns(out, 0.1, 0.05, seed=1)
+    resumed = gate.run_gate(settings(), out, again, say=said.append)
+    assert said[1] == f"resuming from 3 pair(s) recorded in {out}"
+    assert min(k for _, k in again.calls) == 3
+    assert (resumed.line, resumed.decision.pairs) == (whole.line, whole.decision.pairs)
+
+
+def test_resuming_another_gates_pairs_is_refused(tmp_path):
+    gate.run_gate(settings(), tmp_path, FakeRuns(tmp_path), say=lambda _: None)
+    other = settings(run_args=["--backend", "torch-fsdp"])
+    with pytest.raises(UsageError, match=r"holds the pairs of another gate \(run_args: \["):
+        gate.run_gate(other, tmp_path, FakeRuns(tmp_path), say=lambda _: None)
+    threshold = settings(design=Design(threshold=0.1, max_pairs=DESIGN.max_pairs))
+    with pytest.raises(UsageError, match=r"another gate \(design.threshold: 0.05 there, 0.1 here\)"):
+        gate.run_gate(threshold, tmp_path, FakeRuns(tmp_path), say=lambda _: None)
+    with pytest.raises(UsageError, match="ordered with --order-seed 1234, not 99"):
+        gate.run_gate(settings(order_seed=99), tmp_path, FakeRuns(tmp_path), say=lambda _: None)
+
+
+# ---- the command line: bad input, one line, exit 2, nothing launched ----------------------------------
+
+
+@pytest.fixture
+def nothing_launches(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("a run or probe was started")
+
+    monkeypatch.setattr(gate, "launch_run", refuse)
+    monkeypatch.setattr(gate, "probe_tree", refuse)
+
+
+def gate_cli(capsys, *args) -> tuple[int, str]:
+    code = main(["gate", "--backend", "torch-ddp", "--gpus", "2", *args])
+    err = capsys.readouterr().err
+    return code, err
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--threshold", "7"], "--threshold: expected a value between 0 and 1"),
+        (["--threshold", "5 percent"], "--threshold: expected a fraction"),
+        (["--max-pairs", "2"], "--max-pairs: expected a number of pairs >= 3"),
+        (["--max-minutes", "0"], "--max-minutes: expected a number of seconds > 0"),
+        (["--inconclusive-exit", "300"], "--inconclusive-exit: expected an exit code 0-125"),
+        (["--statistic", "p99"], "invalid choice: 'p99'"),
+        (["--run-id", "x"], "unrecognized arguments: --run-id"),
+    ],
+)
+def test_bad_options_one_line_exit_2(capsys, nothing_launches, args, says):
+    code, err = gate_cli(capsys, "--base", "HEAD", "--head", ".", *args)
+    assert code == 2 and says in err and err.count("\n") == 1, err
+
+
+@pytest.mark.subprocess
+def test_a_ref_that_does_not_exist(capsys, nothing_launches):
+    code, err = gate_cli(capsys, "--base", "no-such-ref-anywhere", "--head", ".")
+    assert code == 2 and err.count("\n") == 1
+    assert "--base no-such-ref-anywhere: not a directory, nor a commit" in err
+
+
+@pytest.mark.subprocess
+def test_a_directory_without_a_harness(capsys, nothing_launches, tmp_path):
+    code, err = gate_cli(capsys, "--base", "HEAD", "--head", str(tmp_path))
+    assert code == 2 and "a directory without a distbench harness" in err and err.count("\n") == 1
+
+
+@pytest.mark.subprocess
+def test_a_tree_whose_harness_is_too_old(capsys, monkeypatch, tmp_path):
+    """A harness without `plan` whose `run` lacks a flag given: one line naming the flag."""
+    (tmp_path / "harness").mkdir()
+    (tmp_path / "harness" / "__init__.py").write_text("")
+    (tmp_path / "harness" / "__main__.py").write_text(
+        "import sys\n"
+        "if sys.argv[1:] == ['run', '--help']:\n"
+        "    print('usage: harness run --backend BACKEND [--out OUT]')\n"
+        "    sys.exit(0)\n"
+        "print(\"harness: error: argument command: invalid choice: 'plan'\", file=sys.stderr)\n"
+        "sys.exit(2)\n"
+    )
+    monkeypatch.setattr(gate, "launch_run", lambda *a, **k: pytest.fail("a run was launched"))
+    code, err = gate_cli(
+        capsys, "--base", str(tmp_path), "--head", str(tmp_path), "--out", str(tmp_path / "o")
+    )
+    assert code == 2 and err.count("\n") == 1
+    assert "its harness is too old: `harness run` does not take --gpus" in err
+
+
+@pytest.mark.subprocess
+def test_the_command_line_passes_run_arguments_to_each_side(capsys, monkeypatch, tmp_path):
+    """The run arguments reach both sides as given (the gate's own options taken out), --head-args the head
+    only; a git ref is checked out as a worktree whose own harness is imported, and removed at the end."""
+    seen: dict[str, list[str]] = {}
+    probed: list[Path] = []
+
+    def probe(tree, args):
+        found = gate.subprocess.run(
+            [gate.sys.executable, "-c", gate.PROBE, str(tree.path)], capture_output=True, text=True
+        )
+        assert Path(found.stdout.strip()).resolve().parent.parent == tree.path.resolve()
+        probed.append(tree.path)
+
+    def launch(tree, args, out, log):
+        seen[tree.side] = args
+        return FakeRuns(out.parent, slowdown=0.0)(tree.side, int(log.name.split("-")[1]))
+
+    monkeypatch.setattr(gate, "probe_tree", probe)
+    monkeypatch.setattr(gate, "launch_run", launch)
+    out = tmp_path / "gate"
+    code = main(
+        ["gate", "--base", "HEAD", "--backend", "torch-ddp", "--head", "HEAD", "--workload", "tiny",
+         "--threshold", "10%", "--head-args", "--step-delay 0.01", "--gpus", "2", "--out", str(out)]
+    )  # fmt: skip
+    printed = capsys.readouterr().out
+    assert code == 0 and printed.splitlines()[-1].startswith("NO REGRESSION"), printed
+    assert seen["base"] == ["--backend", "torch-ddp", "--workload", "tiny", "--gpus", "2"]
+    assert seen["head"] == seen["base"] + ["--step-delay", "0.01"]
+    (worktree,) = set(probed)  # one worktree for both sides of the same commit
+    assert not worktree.exists()
+    assert json.loads((out / gate.CONFIG_FILE).read_text())["match"]["head_args"] == ["--step-delay", "0.01"]
