@@ -3,19 +3,28 @@
 Each record knows the commit it ran at (environment.git.commit, with a dirty flag) and when it started;
 runs of one commit are aggregated (median, min, max) and commits are ordered by their first run, so the
 table reads as the project's timeline. A dirty tree is its own row: it is not the commit it sits on.
+
+`--detect` finds change points in that timeline (harness.analyze.changepoints, Apache Otava's E-divisive)
+and names the first commit after each, the size of the change and whether it is a regression or an
+improvement for the metric. Exit codes, so that a nightly job can alert: 0 no change point that is a
+regression (improvements only, none at all, or too few commits to detect one: a young history is not an
+error); 1 a change point that is a regression (with `--recent N`: one among the newest N commits); 2 bad
+input.
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 from pathlib import Path
 
 import numpy as np
 
 from core.records import device_name, run_config, workload_name, write_atomic
+from harness.analyze import changepoints
 from harness.analyze.baseline import InputError, load_all
 from harness.analyze.compare import run_key
-from harness.usage import EXIT_OK, UsageError, positive
+from harness.usage import EXIT_FAILED, EXIT_OK, UsageError, fraction, int_at_least, positive
 
 DEFAULT_METRIC = "throughput_tokens_per_s"
 
@@ -141,7 +150,72 @@ def plot(label: str, metric: str, rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+# Options that only `--detect` reads: given without it they would silently do nothing.
+DETECT_OPTIONS = {
+    "max_pvalue": "--max-pvalue",
+    "min_magnitude": "--min-magnitude",
+    "window": "--window",
+    "recent": "--recent",
+    "better": "--better",
+}
+
+
+def magnitude(text: str) -> float:
+    """0 <= x < 1, as 0.03 or 3%: a relative change (0 keeps every significant one)."""
+    try:
+        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction such as 0.03 or 3%, got '{text}'") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"expected a value from 0 up to 1 (exclusive), got {text}")
+    return value
+
+
+def detect(args, rows: list[dict], higher: bool) -> int:
+    """The change points of the table's timeline, one line each, and the exit code a nightly job reads."""
+    timeline = changepoints.series(rows)
+    if len(timeline) < changepoints.MIN_COMMITS:
+        print(
+            f"change points: too few commits to detect one ({len(timeline)} with a value, need "
+            f"{changepoints.MIN_COMMITS}); exit {EXIT_OK}"
+        )
+        return EXIT_OK
+    points = changepoints.change_points(
+        timeline,
+        higher,
+        max_pvalue=args.max_pvalue,
+        min_magnitude=args.min_magnitude,
+        window=args.window,
+    )
+    recent = len(timeline) if args.recent is None else args.recent
+    deciding = [p for p in points if p.index >= len(timeline) - recent]
+    print(
+        f"\nchange points in {args.metric} over {len(timeline)} commits (Apache Otava E-divisive; max p "
+        f"{args.max_pvalue:g}, min magnitude {args.min_magnitude:.1%}, window {args.window}; "
+        f"{'higher' if higher else 'lower'} is better):"
+    )
+    for p in points:
+        print(f"- {changepoints.describe(p, args.metric)}" + ("" if p in deciding else " (not recent)"))
+    regressions = [p for p in deciding if p.verdict == "regression"]
+    if regressions:
+        last = regressions[-1]
+        print(f"REGRESSION: {last.change:+.1%} {args.metric} from commit {last.commit}")
+        return EXIT_FAILED
+    print("no change point" if not points else "no regression among the change points")
+    return EXIT_OK
+
+
 def cmd_history(args) -> int:
+    if not args.detect:
+        given = [flag for name, flag in DETECT_OPTIONS.items() if getattr(args, name) is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)} only apply with --detect")
+    else:
+        args.max_pvalue = changepoints.DEFAULT_MAX_PVALUE if args.max_pvalue is None else args.max_pvalue
+        args.min_magnitude = (
+            changepoints.DEFAULT_MIN_MAGNITUDE if args.min_magnitude is None else args.min_magnitude
+        )
+        args.window = changepoints.DEFAULT_WINDOW if args.window is None else args.window
     try:
         runs = select(load_all(args.records or [Path("results")]), args)
     except InputError as exc:
@@ -149,13 +223,20 @@ def cmd_history(args) -> int:
     valid = metric_names(runs[0]["summary"])
     if args.metric not in valid:
         raise UsageError(f"unknown metric '{args.metric}'; valid: {', '.join(valid)}")
+    higher = changepoints.higher_is_better(args.metric) if args.better is None else args.better == "higher"
+    if args.detect and higher is None:
+        raise UsageError(
+            f"metric '{args.metric}' has no known direction; give --better higher or --better lower"
+        )
     label = run_key(next((r for r in runs if r["environment"].get("device_kind")), runs[0])).text()
     rows = history_rows(runs, args.metric)
+    if args.detect and len(changepoints.series(rows)) >= changepoints.MIN_COMMITS:
+        changepoints.otava_analysis()  # a missing library: one line and exit 2, before the table
     print(markdown(label, args.metric, rows), end="")
     if args.output:
         plot(label, args.metric, rows, args.output)
         print(f"plot: {args.output}")
-    return EXIT_OK
+    return detect(args, rows, bool(higher)) if args.detect else EXIT_OK
 
 
 def register(subparsers) -> None:
@@ -171,4 +252,37 @@ def register(subparsers) -> None:
     p.add_argument("--device-kind", help="only this device kind, e.g. 'NVIDIA H100 80GB HBM3'")
     p.add_argument("--metric", default=DEFAULT_METRIC, help=f"summary figure (default {DEFAULT_METRIC})")
     p.add_argument("--output", type=Path, help="also plot the history to this image file")
+    d = p.add_argument_group("change points (--detect; exit 1 on a regression)")
+    d.add_argument(
+        "--detect",
+        action="store_true",
+        help="find change points across commits (Apache Otava's E-divisive); exit 1 if one is a regression",
+    )
+    d.add_argument(
+        "--max-pvalue",
+        type=fraction,
+        help=f"keep a change point only below this p-value (default {changepoints.DEFAULT_MAX_PVALUE:g})",
+    )
+    d.add_argument(
+        "--min-magnitude",
+        type=magnitude,
+        help="keep a change point only above this relative change "
+        f"(default {changepoints.DEFAULT_MIN_MAGNITUDE:g}, compare's threshold)",
+    )
+    d.add_argument(
+        "--window",
+        type=int_at_least(changepoints.MIN_COMMITS, f"an integer >= {changepoints.MIN_COMMITS}"),
+        help=f"commits the detector looks at at once (default {changepoints.DEFAULT_WINDOW})",
+    )
+    d.add_argument(
+        "--recent",
+        type=positive,
+        metavar="N",
+        help="only a change point among the newest N commits sets the exit code (default: any)",
+    )
+    d.add_argument(
+        "--better",
+        choices=["higher", "lower"],
+        help="the metric's better direction, for a metric whose direction is not known",
+    )
     p.set_defaults(func=cmd_history)
