@@ -99,7 +99,8 @@ def test_no_code_outside_backends_names_a_backend():
 # (code, docs, tests, scripts, experiments) speaks of the user's GPU node and of the development VM instead.
 FOREIGN_MACHINE = re.compile(
     r"device[ -]tool|\blent (?:gpu|machine|h200|node)|\bborrowed (?:gpu|machine)|\bworkplace\b|\bsandbox"
-    r"|(?-i:\$OUT\b)|\bcarry=\[|device-wheels|/work/\.device",
+    r"|(?-i:\$OUT\b)|\bcarry=\[|device-wheels|/wo"
+    r"rk/\.device",
     re.IGNORECASE,
 )
 TEXT_SUFFIXES = {".py", ".md", ".sh", ".toml", ".yml", ".yaml", ".txt", ".cfg", ".json", ""}
