@@ -13,6 +13,9 @@ PYTHON=${PYTHON:-python3}
 # Every stack (pyproject.toml's extras, the one list of dependencies) and the test suite's tools. One stack
 # alone: .venv/bin/pip install -e '.[torch]' (or tf, paddle, deepspeed, horovod; `harness list` names them).
 .venv/bin/python -m pip install -q -e '.[all,dev]'
+# `harness history --detect` uses Apache Otava's E-divisive detector, which needs only numpy and scipy; its
+# package pins numpy 2.2 and scipy < 1.17 and brings database and Slack clients, so it goes in without them.
+.venv/bin/python -m pip install -q --no-deps apache-otava==0.8.0
 mkdir -p .venv/distbench
 if bash scripts/install_horovod.sh .venv/bin/python > .venv/distbench/horovod-install.log 2>&1; then
   rm -f .venv/distbench/horovod-unavailable
