@@ -148,6 +148,7 @@ def run_node(
     hooks: TestHooks = NO_HOOKS,
 ) -> dict:
     """Launch this node's ranks, then its share of the isolated counterfactual; returns its node marker."""
+    run_dir = run_dir.absolute()  # the workers start in the package's folder, `--out` is the user's
     marker = start_node(cfg, run_dir, argv, now_iso())
     display.phase("launching", events=events_path(run_dir, 0))
     result = launch_node(backend, cfg, run_dir, hooks)
