@@ -334,6 +334,9 @@ def now_iso() -> str:
 
 
 def git_commit() -> dict:
+    if not (REPO_ROOT / ".git").exists():  # an installed wheel: a repository holding its venv is not ours
+        return {"commit": None, "dirty": None}
+
     def git(*args):
         return subprocess.run(
             ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10

@@ -72,12 +72,20 @@ def shown(path: str | Path) -> str:
 
 def install_command(backend: Backend, python: str) -> str | None:
     """The one command that installs `backend`'s stack for `python` (its workers' interpreter): the
-    adapter's pyproject extra, then scripts/install_<extra>.sh where pip alone cannot install the stack.
+    adapter's pyproject extra, then scripts/install_<extra>.sh where pip alone cannot install the stack
+    (an installed wheel has neither the tree nor its scripts: the extra's requirements alone).
     None for an adapter that names no extra."""
     if not backend.extra:
         return None
     py = shown(python)
-    command = f"{py} -m pip install -e {shlex.quote(f'{shown(REPO_ROOT)}[{backend.extra}]')}"
+    if (REPO_ROOT / "pyproject.toml").is_file():  # a source tree, installed editable
+        command = f"{py} -m pip install -e {shlex.quote(f'{shown(REPO_ROOT)}[{backend.extra}]')}"
+    else:  # an installed wheel: no tree to name, so the extra's requirements, as its metadata lists them
+        marker = re.compile(rf";\s*extra\s*==\s*['\"]{re.escape(backend.extra)}['\"]\s*$")
+        required = [
+            marker.sub("", r) for r in importlib.metadata.requires("distbench") or [] if marker.search(r)
+        ]
+        command = f"{py} -m pip install {shlex.join(required)}"
     script = REPO_ROOT / "scripts" / f"install_{backend.extra}.sh"
     if script.is_file():
         command += f" && bash {shown(script)} {py}"
