@@ -311,6 +311,18 @@ def test_an_interrupted_gate_resumes_from_its_recorded_pairs(tmp_path):
     assert (resumed.line, resumed.decision.pairs) == (whole.line, whole.decision.pairs)
 
 
+def test_a_sigterm_stops_the_gate_between_runs_and_drops_the_pair(tmp_path, monkeypatch):
+    """A SIGTERM (a scheduler's time limit, a cancelled job) in the middle of a pair: the pair's other run is
+    not started, the stopped run is no evidence (not a failing head), the pairs before it stay."""
+    runs = FakeRuns(tmp_path)
+    monkeypatch.setattr(gate, "stopped", lambda: "SIGTERM from outside" if len(runs.calls) >= 5 else None)
+    with pytest.raises(KeyboardInterrupt):
+        gate.run_gate(settings(), tmp_path, runs, say=lambda _: None)
+    assert len(runs.calls) == 5
+    assert len((tmp_path / gate.PAIRS_FILE).read_text().splitlines()) == 2
+    assert not (tmp_path / gate.FAILURES_FILE).exists() and not (tmp_path / gate.VERDICT_FILE).exists()
+
+
 def test_resuming_another_gates_pairs_is_refused(tmp_path):
     gate.run_gate(settings(), tmp_path, FakeRuns(tmp_path), say=lambda _: None)
     other = settings(run_args=["--backend", "torch-fsdp"])
@@ -393,17 +405,33 @@ def test_a_tree_whose_harness_is_too_old(capsys, monkeypatch, tmp_path):
 
 
 @pytest.mark.subprocess
+def test_a_tree_that_refuses_the_run_arguments(capsys, monkeypatch, tmp_path):
+    """`harness plan ARGS` (the tree's dry run) refusing: its one line, exit 2, nothing launched."""
+    (tmp_path / "harness").mkdir()
+    (tmp_path / "harness" / "__init__.py").write_text("")
+    (tmp_path / "harness" / "__main__.py").write_text(
+        "import sys\n"
+        "print(\"harness: error: unknown workload 'huge'; valid: tiny\", file=sys.stderr)\n"
+        "sys.exit(2)\n"
+    )
+    monkeypatch.setattr(gate, "launch_run", lambda *a, **k: pytest.fail("a run was launched"))
+    code, err = gate_cli(
+        capsys, "--base", str(tmp_path), "--head", str(tmp_path), "--out", str(tmp_path / "o")
+    )
+    assert code == 2 and err.count("\n") == 1
+    assert f"--base {tmp_path}: its harness refuses the run arguments: unknown workload 'huge'" in err
+
+
+@pytest.mark.subprocess
 def test_the_command_line_passes_run_arguments_to_each_side(capsys, monkeypatch, tmp_path):
     """The run arguments reach both sides as given (the gate's own options taken out), --head-args the head
     only; a git ref is checked out as a worktree whose own harness is imported, and removed at the end."""
     seen: dict[str, list[str]] = {}
     probed: list[Path] = []
+    real_probe = gate.probe_tree
 
-    def probe(tree, args):
-        found = gate.subprocess.run(
-            [gate.sys.executable, "-c", gate.PROBE, str(tree.path)], capture_output=True, text=True
-        )
-        assert Path(found.stdout.strip()).resolve().parent.parent == tree.path.resolve()
+    def probe(tree, args):  # the real probe: the worktree's harness imported, its `harness plan` run
+        real_probe(tree, args)
         probed.append(tree.path)
 
     def launch(tree, args, out, log):

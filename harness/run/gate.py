@@ -225,8 +225,12 @@ def harness_command(tree: Path, *args: str) -> list[str]:
 
 
 def last_line(text: str) -> str:
+    """What a harness's output says went wrong: its last error line (without the prefix, which the gate's
+    own line carries), else its last line."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    errors = [line for line in lines if line.startswith("harness: error:")]
+    errors = [
+        line.removeprefix("harness: error:").strip() for line in lines if line.startswith("harness: error:")
+    ]
     return (errors or lines or ["(no output)"])[-1]
 
 
@@ -576,14 +580,17 @@ def run_gate(settings: Settings, out: Path, runner: Runner, say=print, clock=tim
         decision = decide([p["log_ratio"] for p in pairs], design, exhausted=exhausted)
         if decision.verdict != CONTINUE:
             break
-        if why := stopped():
-            say(f"gate: stopped by {why}; {len(pairs)} pair(s) recorded in {out}: the same command resumes")
-            raise KeyboardInterrupt
         k = len(pairs)
         order = order_of(seed, k)
         start = clock()
-        runs = {side: runner(side, k) for side in order}
+        runs: dict[str, RunOutcome] = {}
+        for side in order:
+            if not stopped():
+                runs[side] = runner(side, k)
         took = clock() - start
+        if why := stopped():  # a run it stopped is no evidence either way: the pair is run again on resume
+            say(f"gate: stopped by {why}; {len(pairs)} pair(s) recorded in {out}: the same command resumes")
+            raise KeyboardInterrupt
         for side in order:
             if runs[side].returncode == EXIT_USAGE and runs[side].record is None:
                 raise UsageError(f"--{side}: its harness refused the run: {runs[side].message}")
