@@ -358,7 +358,8 @@ def gate_cli(capsys, *args) -> tuple[int, str]:
     [
         (["--threshold", "7"], "--threshold: expected a value between 0 and 1"),
         (["--threshold", "5 percent"], "--threshold: expected a fraction"),
-        (["--max-pairs", "2"], "--max-pairs: expected a number of pairs >= 3"),
+        (["--max-pairs", "2"], "--max-pairs: expected a number of pairs from 3 (the first look) to 100"),
+        (["--max-pairs", "101"], "--max-pairs: expected a number of pairs from 3 (the first look) to 100"),
         (["--max-minutes", "0"], "--max-minutes: expected a number of seconds > 0"),
         (["--inconclusive-exit", "300"], "--inconclusive-exit: expected an exit code 0-125"),
         (["--statistic", "p99"], "invalid choice: 'p99'"),

@@ -81,6 +81,9 @@ from harness.usage import (
 
 DEFAULT_THRESHOLD = 0.05
 DEFAULT_MAX_PAIRS = 40
+# The calibration's cost grows with the square of the looks (about ten seconds at 100); a budget beyond it
+# is better spent on a quieter machine or a higher threshold.
+MAX_PAIRS_LIMIT = 100
 DEFAULT_MAX_MINUTES = 60.0
 EXIT_INCONCLUSIVE = 3
 EXIT_INTERRUPTED = 130
@@ -740,9 +743,10 @@ def add_gate_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--max-pairs",
-        type=int_at_least(Design().min_pairs, f"a number of pairs >= {Design().min_pairs} (the first look)"),
+        type=pairs_budget,
         default=DEFAULT_MAX_PAIRS,
-        help=f"most pairs to run; the design is calibrated for this many looks (default {DEFAULT_MAX_PAIRS})",
+        help=f"most pairs to run, {Design().min_pairs} to {MAX_PAIRS_LIMIT}; the design is calibrated for "
+        f"this many looks (default {DEFAULT_MAX_PAIRS})",
     )
     p.add_argument(
         "--max-minutes",
@@ -784,6 +788,16 @@ def add_gate_options(p: argparse.ArgumentParser) -> None:
         default=EXIT_INCONCLUSIVE,
         help=f"exit code of INCONCLUSIVE (default {EXIT_INCONCLUSIVE}; 0 lets it pass, 1 fails it)",
     )
+
+
+def pairs_budget(text: str) -> int:
+    """--max-pairs: from the design's first look (fewer could never decide) to MAX_PAIRS_LIMIT."""
+    lowest = Design().min_pairs
+    what = f"a number of pairs from {lowest} (the first look) to {MAX_PAIRS_LIMIT}"
+    value = int_at_least(lowest, what)(text)
+    if value > MAX_PAIRS_LIMIT:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
+    return value
 
 
 def exit_code(text: str) -> int:
