@@ -40,6 +40,7 @@ IMPORT_TIMEOUT_S = 180
 COLLECTIVE_TIMEOUT_S = 120
 CONNECT_TIMEOUT_S = 3.0
 PROBE = REPO_ROOT / "backends" / "allreduce_probe.py"
+TORCH_BUILD = REPO_ROOT / "backends" / "torch_build.py"  # torch's CUDA, cuDNN, NCCL and the driver's CUDA
 
 
 def run(argv: list[str], timeout: float) -> tuple[int | None, str]:
@@ -137,29 +138,6 @@ def collective_check(backend: str, n: int = 2, python: str | None = None, trace:
     )
 
 
-# Run in the torch stacks' interpreter: the driver's CUDA version (libcuda's cuDriverGetVersion, the number
-# the driver supports, not the toolkit's), and the CUDA runtime and NCCL that torch was built with and loads.
-VERSIONS_PROBE = """
-import ctypes, json
-import torch
-found = {"cuda_available": torch.cuda.is_available(), "torch": torch.__version__}
-found["runtime"] = torch.version.cuda
-try:
-    version = ctypes.c_int()
-    ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(version))
-    found["driver_cuda"] = f"{version.value // 1000}.{version.value % 1000 // 10}"
-except OSError as exc:
-    found["driver_cuda"] = None
-    found["driver_error"] = str(exc)
-try:
-    found["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-except Exception as exc:
-    found["nccl"] = None
-    found["nccl_error"] = str(exc)
-print(json.dumps(found))
-"""
-
-
 def version_tuple(text: str | None) -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r"\d+", text or ""))
 
@@ -169,9 +147,9 @@ def cuda_versions_check(python: str | None) -> Check:
     an older CUDA than the runtime leaves torch without a GPU (or fails at the first kernel), and an NCCL
     that does not load leaves the runs without their collectives; both are cheaper to find here."""
     driver = ", ".join(sorted({g["driver_version"] for g in query_gpus(("driver_version",))})) or "none"
-    argv = [python or sys.executable, "-c", VERSIONS_PROBE]
+    argv = [python or sys.executable, str(TORCH_BUILD)]
     rc, out = run(argv, IMPORT_TIMEOUT_S)
-    command = "nvidia-smi --query-gpu=driver_version; python -c <torch's CUDA, cuDriverGetVersion, NCCL>"
+    command = "nvidia-smi --query-gpu=driver_version; python backends/torch_build.py"
     expected = "torch sees CUDA; the driver's CUDA >= torch's CUDA runtime; NCCL loads"
     try:
         found = json.loads(last_line(out)) if rc == 0 else None
@@ -181,19 +159,19 @@ def cuda_versions_check(python: str | None) -> Check:
         return Check("cuda versions", command, expected, f"exit {rc}: {last_line(out)}", "FAIL")
     got = (
         f"driver {driver} (CUDA {found['driver_cuda']}), torch {found['torch']} with CUDA runtime "
-        f"{found['runtime']}, NCCL {found['nccl']}"
+        f"{found['cuda']}, NCCL {found['nccl']}"
     )
     problems = []
     if not found["cuda_available"]:
         problems.append("torch.cuda.is_available() is False")
-    if found["runtime"] is None:
+    if found["cuda"] is None:
         problems.append("torch is a CPU build")
     elif found["driver_cuda"] is None:
-        problems.append(f"libcuda does not load ({found.get('driver_error')})")
-    elif version_tuple(found["driver_cuda"])[:2] < version_tuple(found["runtime"])[:2]:
+        problems.append("libcuda.so.1 does not load")
+    elif version_tuple(found["driver_cuda"])[:2] < version_tuple(found["cuda"])[:2]:
         problems.append(f"the driver supports CUDA {found['driver_cuda']}, older than the runtime")
-    if found["nccl"] is None:
-        problems.append(f"NCCL does not load ({found.get('nccl_error')})")
+    if found["cuda"] is not None and not str(found["nccl"] or "").split(".")[0].isdigit():
+        problems.append(f"NCCL does not load ({found['nccl']})")
     return Check(
         "cuda versions",
         command,

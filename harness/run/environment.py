@@ -31,7 +31,7 @@ from backends.loop import cpu_name
 from core.process import REPO_ROOT, available_cpus
 from core.records import git_commit
 from harness.run.devices import query_gpus
-from harness.run.doctor import IMPORT_TIMEOUT_S, last_line, run
+from harness.run.doctor import IMPORT_TIMEOUT_S, TORCH_BUILD, last_line, run
 from harness.usage import EXIT_OK
 
 TOOL_TIMEOUT_S = 20
@@ -45,22 +45,8 @@ TOOLS = {
     "kubectl": ["kubectl", "version", "--client"],
     "nvcc": ["nvcc", "--version"],
 }
-# Run by an interpreter that holds torch: what only torch knows of its build.
-TORCH_BUILD = """
-import json
-import torch
-facts = {"cuda": torch.version.cuda, "hip": getattr(torch.version, "hip", None), "cudnn": None, "nccl": None}
-if torch.version.cuda or facts["hip"]:
-    try:
-        facts["cudnn"] = torch.backends.cudnn.version()
-    except Exception as exc:
-        facts["cudnn"] = f"unknown ({type(exc).__name__})"
-    try:
-        facts["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-    except Exception as exc:
-        facts["nccl"] = f"unknown ({type(exc).__name__})"
-print(json.dumps(facts))
-"""
+# What `harness env` shows of the facts TORCH_BUILD prints (run by an interpreter that holds torch).
+BUILD_FIELDS = ("cuda", "hip", "cudnn", "nccl")
 
 
 def shown(path: str | Path) -> str:
@@ -121,10 +107,13 @@ def torch_build(python: str, torch_version: str | None) -> dict | None:
         return None
     if torch_version.endswith("+cpu"):
         return {"cuda": None, "hip": None, "cudnn": None, "nccl": None, "note": "CPU build (+cpu)"}
-    rc, out = run([python, "-c", TORCH_BUILD], IMPORT_TIMEOUT_S)
+    rc, out = run([python, str(TORCH_BUILD)], IMPORT_TIMEOUT_S)
     try:
-        return json.loads(out.splitlines()[-1]) if rc == 0 else {"error": f"exit {rc}: {last_line(out)}"}
-    except (IndexError, ValueError):
+        if rc != 0:
+            return {"error": f"exit {rc}: {last_line(out)}"}
+        facts = json.loads(out.splitlines()[-1])
+        return {field: facts[field] for field in BUILD_FIELDS}
+    except (IndexError, KeyError, ValueError):
         return {"error": f"unreadable answer: {last_line(out)}"}
 
 
