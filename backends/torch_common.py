@@ -63,6 +63,14 @@ def rank_device(cfg: RunConfig, local_rank: int) -> tuple[torch.device, str]:
     return torch.device("cpu"), cpu_name()
 
 
+class Seen:
+    """What watch_numerics' hooks saw, as attributes (named as core.precision's observed numerics)."""
+
+    forward_params: str
+    compute: str
+    activations: str
+
+
 class TorchTrainer(Trainer):
     """Device, threads, process group, model construction, autocast/GradScaler, and the probes."""
 
@@ -80,7 +88,7 @@ class TorchTrainer(Trainer):
         self.model: torch.nn.Module
         self.optimizer: torch.optim.Optimizer
         self.tf32_settings = apply_tf32_rule(cfg)
-        self.seen: dict[str, str] = {}  # dtypes the first forward showed (watch_numerics)
+        self.seen = Seen()  # dtypes the first forward showed (watch_numerics)
 
     def init_process_group(self) -> None:
         """NCCL on GPU, gloo on CPU; with the run's collective timeout, so a dead or hung peer ends the
@@ -126,18 +134,28 @@ class TorchTrainer(Trainer):
         """Hooks that note, in the first forward only (each removes itself), the dtypes forward really uses:
         the first block's first MLP weight as the matmul holds it and that matmul's output, and the
         block's output (the residual stream). Registered before any wrapper, which keeps them: FSDP2
-        swaps in the gathered parameter before the module runs, DeepSpeed casts the module in place."""
+        swaps in the gathered parameter before the module runs, DeepSpeed casts the module in place.
+
+        Under torch.compile, TorchDynamo traces a hook into the graph. Removing a handle made outside the
+        traced frame is a graph break, which inside GPT.forward's loop over the blocks makes dynamo skip
+        GPT.forward (the embeddings and the head run eagerly, each block compiled alone), and a dict
+        updated in a hook is guarded on, so the next call would compile everything again. A compiled hook
+        therefore stays registered and only sets attributes (Seen), which dynamo replays after each call
+        without a guard."""
         block = model.blocks[0]
         assert isinstance(block, Block)  # a ModuleList's items are typed as any Module
         fc = block.mlp.fc
 
         def on_fc(module, args, output):
-            self.seen.update(forward_params=dtype_name(module.weight.dtype), compute=dtype_name(output.dtype))
-            handles[0].remove()
+            self.seen.forward_params = dtype_name(module.weight.dtype)
+            self.seen.compute = dtype_name(output.dtype)
+            if not torch.compiler.is_compiling():
+                handles[0].remove()
 
         def on_block(module, args, output):
-            self.seen["activations"] = dtype_name(output.dtype)
-            handles[1].remove()
+            self.seen.activations = dtype_name(output.dtype)
+            if not torch.compiler.is_compiling():
+                handles[1].remove()
 
         handles = [fc.register_forward_hook(on_fc), block.register_forward_hook(on_block)]
 
@@ -164,7 +182,7 @@ class TorchTrainer(Trainer):
         """What this worker saw of its numerics, for core.precision.checked (None: not observable)."""
         updated = self.updated_weights_dtype()
         return {
-            **self.seen,
+            **vars(self.seen),
             "grad_reduce": self.reduced_gradient_dtype(),
             "master_weights": updated and master_weights(self.cfg.model.precision, updated),
             "optimizer_state": self.optimizer_state_dtype(),
