@@ -35,6 +35,10 @@ C10D_OPS = {
 }
 
 
+# record_function's name for a call of an inductor-compiled graph (forward or backward), then its cache key
+COMPILED_GRAPH = "## Call CompiledFxGraph"
+
+
 def elements(dims) -> int:
     """Elements of a tensor (its shape; [] is a scalar) or of a TensorList's tensors (a list of shapes),
     from the profiler's Input Dims entry."""
@@ -51,7 +55,8 @@ def torch_collectives(trace_events: list[dict], world: int) -> list[dict]:
     interval is the collective's time. On CPU each c10d op is paired with the first later unpaired gloo
     event of the same input size (without one, an `nccl:` annotation of that size gives its dtype, untimed:
     NCCL at world 1 launches no kernel), and compute overlap is the part of that interval during which the
-    issuing thread ran aten ops. A trace with NCCL kernels is read by nccl_collectives."""
+    issuing thread ran aten ops or a graph torch.compile generated. A trace with NCCL kernels is read by
+    nccl_collectives."""
     spans = [e for e in trace_events if e.get("ph") == "X" and "dur" in e]
     kernels = sorted((e for e in spans if is_nccl_kernel(e)), key=lambda e: e["ts"])
     if kernels:
@@ -65,12 +70,13 @@ def torch_collectives(trace_events: list[dict], world: int) -> list[dict]:
     # the call is sized from its `nccl:<op>` annotation and left untimed (its host span is no device time).
     nccl_annotations = sorted((e for e in spans if e["name"].startswith("nccl:")), key=lambda e: e["ts"])
     annotated: set[int] = set()
-    # the collectives run on gloo's threads: the rank's compute is the issuing thread's aten ops
+    # the collectives run on gloo's threads: the rank's compute is the issuing thread's aten ops, and the
+    # graphs torch.compile's inductor generated (their kernels are no aten ops; the profiler spans each call)
     busy = union(
         [
             (e["ts"], e["ts"] + e["dur"])
             for e in spans
-            if e["tid"] == main_tid and e["name"].startswith("aten::")
+            if e["tid"] == main_tid and e["name"].startswith(("aten::", COMPILED_GRAPH))
         ]
     )
     t0 = min(e["ts"] for e in spans)
