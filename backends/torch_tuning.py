@@ -5,7 +5,9 @@ import it.
 Sources (stored copies read for docs/notes/2026-12-02-tuned-settings-research.md):
 - nanoGPT's train.py compiles the whole model before wrapping it in DDP; torchtitan's
   models/llama3/infra/parallelize.py (`apply_compile`) compiles each TransformerBlock after activation
-  checkpointing and before fully_shard. Both use torch.compile's default mode.
+  checkpointing and before fully_shard. Both use torch.compile's default mode. torch-ddp compiles per
+  block too: compiled whole, the tied head splits DDPOptimizer's graph so that no bucket is ready before
+  backward ends (backends.torch_ddp.TorchDDP.tuned).
 - nanoGPT's `configure_optimizers` and torchtitan's `Optimizer.implementation = "fused"` use fused AdamW;
   since torch 2.4 the fused kernel exists for CPU too (pytorch/pytorch#123074), so the tuned set uses it on
   every device.
@@ -33,8 +35,8 @@ class TorchTuning(Options):
     compile: bool = switch(
         False,
         "--compile",
-        help="torch.compile the model (torch-ddp, horovod: the whole model before the wrapper, as nanoGPT; "
-        "torch-fsdp: each block before fully_shard, as torchtitan)",
+        help="torch.compile the model (torch-ddp, torch-fsdp: each block before the wrapper, as torchtitan; "
+        "horovod: the whole model before its hooks, as nanoGPT)",
     )
     adamw: str = option(
         "default",

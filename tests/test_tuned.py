@@ -54,7 +54,7 @@ def test_tuned_applies_the_set_and_a_flag_given_wins(monkeypatch):
     assert tuned.backend_options == {
         "compile": True,
         "adamw": "fused",
-        "bucket_cap_mb": 100,
+        "bucket_cap_mb": None,  # DDP's own buckets for tiny's gradients (TorchDDP.tuned)
         "gradient_as_bucket_view": True,
     }
     mixed = cfg_for([*base, "--tuned", "--compile", "off", "--bucket-cap-mb", "50"])
@@ -92,12 +92,35 @@ def test_the_schedules_follow_the_bucket_and_fusion_settings():
     """DDP's buckets and Horovod's fusion buffer are what the analytic schedule (and the prediction) read:
     a tuned run is priced with its own buffers, not the defaults."""
 
-    def calls(argv):
-        cfg = cfg_for(["--gpus", "2", "--device", "cpu", "--workload", "small", *argv])
-        return len(get_backend(cfg.backend).schedule(cfg).terms[0].calls)
+    def messages(argv, workload="small"):
+        cfg = cfg_for(["--gpus", "2", "--device", "cpu", "--workload", workload, *argv])
+        return get_backend(cfg.backend).schedule(cfg).messages
 
-    assert calls(["--backend", "torch-ddp"]) > calls(["--backend", "torch-ddp", "--tuned"])  # 25 -> 100 MiB
+    def calls(argv, workload="small"):
+        return len(messages(argv, workload))
+
+    ddp, tuned = ["--backend", "torch-ddp"], ["--backend", "torch-ddp", "--tuned"]
+    for workload in ("tiny", "small"):  # DDP's own buckets, its 1 MiB first one included
+        assert messages(tuned, workload) == messages(ddp, workload)
+    assert calls(ddp, "350m") > calls(tuned, "350m")  # 25 -> 100 MiB
     assert calls(["--backend", "horovod", "--hvd-fusion-mb", "8"]) > calls(["--backend", "horovod"])
+
+
+@pytest.mark.parametrize(("workload", "cap"), [("tiny", None), ("small", None), ("350m", 100), ("1b", 100)])
+def test_torch_ddp_s_tuned_buckets_follow_the_model_and_say_why(workload, cap):
+    """DDP's own buckets until torchtitan's 100 MiB would still cut the fp32 gradients into ten buckets or
+    more (350m: 1,354 MiB); the setting's source says which rule chose it, for how many MiB."""
+    cfg = RunConfig.build(
+        backend="torch-ddp", workload=workload, spec=PRESETS[workload], world_size=2, device="cpu"
+    )
+    tuned = get_backend("torch-ddp").tuned(cfg)
+    grad_mib = f"{PRESETS[workload].n_params * 4 / 2**20:.0f} MiB"
+    if cap is None:
+        assert "bucket_cap_mb" not in tuned
+        assert f"DDP's own buckets kept for {grad_mib}" in tuned["compile"].source
+    else:
+        assert tuned["bucket_cap_mb"].value == cap
+        assert "torchtitan" in tuned["bucket_cap_mb"].source and grad_mib in tuned["bucket_cap_mb"].source
 
 
 def test_horovod_states_its_fusion_settings_to_every_worker():

@@ -14,8 +14,9 @@ The record must say what ran: the variant, and every setting as applied with its
 from __future__ import annotations
 
 import pytest
-from conftest import assert_traced_steps_follow_the_schedule, run_record
+from conftest import run_record
 from test_equivalence import ISSUE_SHAPE, RECORD_SHAPE, assert_same_losses, ddp_reference, loss_atol
+from test_tuned_overlap import assert_traced_calls_follow_the_schedule
 
 from backends import backend_names, get_backend
 
@@ -38,8 +39,8 @@ def test_a_tuned_run_trains_the_same_model_as_the_default_and_lists_its_set(
     ok, why = adapter.availability()
     if not ok:
         pytest.skip(f"{backend}: {why}")
-    # torch-ddp's tuned buckets change what it all-reduces (one size for every bucket: no 1 MiB first one),
-    # so its collectives are traced and held to the schedule that prices them
+    # torch-ddp's tuned set changes when DDP sees its gradients ready (a compiled block hands them over
+    # together), so its collectives are traced and held to the schedule that prices them
     traced = backend == "torch-ddp"
     rec = run_record(
         out,
@@ -53,7 +54,7 @@ def test_a_tuned_run_trains_the_same_model_as_the_default_and_lists_its_set(
         timeout=420,
     )
     if traced:
-        assert_traced_steps_follow_the_schedule(rec)
+        assert_traced_calls_follow_the_schedule(rec)
     info, summary = rec["backend_info"], rec["summary"]
     assert rec["status"] == "ok" and info["variant"] == "tuned" and info["label"].endswith("+tuned")
     settings = info["tuned"].values()

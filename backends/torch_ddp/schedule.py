@@ -18,7 +18,14 @@ def ddp_schedule(cfg: RunConfig) -> Schedule:
     micro-batches before the last): whole tensors in reverse parameter order, by default the first bucket
     closed at 1 MiB and the others at 25 MiB (a bucket_cap_mb given closes every bucket at that size), each
     all-reduced once its last gradient is ready in the last micro-batch's backward, all finished before the
-    optimizer step."""
+    optimizer step.
+
+    With --compile (each block compiled before the wrapper, TorchDDP.tuned) a block's backward is one
+    autograd node whose gradients are ready together when it ends, the segment this schedule already
+    waits for: the buckets' count and ready segments are the same. DDP fills its buckets in the order
+    gradients reach it, inside one compiled block the autograd engine's, so where a cap falls inside a
+    block the bucket closes at another of its tensors and two buckets' sizes differ from these by some of
+    that block's tensors; their total does not (tests/test_tuned_overlap.py holds both to a trace)."""
     given = DDPOptions.from_dict(cfg.backend_options).bucket_cap_mb
     bucket_mb = DEFAULT_BUCKET_MB if given is None else given
     first = FIRST_BUCKET_BYTES if given is None else given * MiB  # DDP's 1 MiB only by default

@@ -18,7 +18,7 @@ class DDPTrainer(TorchTrainer):
         self.init_process_group()
         opts = DDPOptions.from_dict(cfg.backend_options)
         model = self.build_model()
-        self.compile_model(model)  # before the wrapper, as nanoGPT: dynamo splits the graph at DDP's buckets
+        self.compile_blocks(model)  # before the wrapper: DDP's hooks fire between blocks (TorchDDP.tuned)
         self.model = DDP(
             model,
             device_ids=[self.local_rank] if self.device.type == "cuda" else None,
