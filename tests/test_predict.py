@@ -964,3 +964,48 @@ def test_a_shape_the_spec_flags_changed_is_named_custom_in_the_table_and_the_rec
         == 0
     )
     assert "1b (1," in capsys.readouterr().out
+
+
+@unit
+@pytest.mark.subprocess  # the record's git commit
+def test_predict_tuned_prices_the_tuned_set_as_it_runs(tmp_path, capsys):
+    """`--tuned` predicts the stack's tuned set, labelled as such: on 350m's 1,354 MiB of fp32 gradients
+    torch-ddp's set takes torchtitan's 100 MiB buckets (every bucket at 100 MiB, no 1 MiB first one), which
+    the schedule prices; the default keeps DDP's 25 MiB with its 1 MiB first bucket. A flag given wins."""
+    argv = [
+        "predict",
+        "--backend",
+        "torch-ddp",
+        "--workload",
+        "350m",
+        "--gpus",
+        "8",
+        "--hardware",
+        "h100-sxm",
+    ]
+    plans = {}
+    for variant, extra in (
+        ("default", []),
+        ("tuned", ["--tuned"]),
+        ("mixed", ["--tuned", "--compile", "off"]),
+    ):
+        assert main([*argv, *extra, "--out", str(tmp_path / variant)]) == 0
+        [record] = load_records([tmp_path / variant], kind="prediction")
+        plans[variant] = (record, capsys.readouterr().out)
+    default, tuned, mixed = (plans[v][0] for v in ("default", "tuned", "mixed"))
+    assert default["config"]["variant"] == "default" and default["backend_info"]["label"] == "torch-ddp"
+    assert tuned["config"]["variant"] == "tuned" and tuned["backend_info"]["label"] == "torch-ddp+tuned"
+    assert "PREDICTED (not measured): torch-ddp+tuned," in plans["tuned"][1]
+    assert tuned["config"]["backend_options"] == {
+        "compile": True,
+        "adamw": "fused",
+        "bucket_cap_mb": 100,
+        "gradient_as_bucket_view": True,
+    }
+    assert mixed["config"]["backend_options"]["compile"] is False
+    assert mixed["config"]["backend_options"]["bucket_cap_mb"] == 100
+    assert default["summary"]["schedule"].startswith("DDP buckets (25 MiB, first 1 MiB)")
+    assert tuned["summary"]["schedule"].startswith("DDP buckets (100 MiB, first 100 MiB)")
+    # each of 350m's 24 blocks holds 48 MiB of fp32 gradients: a 100 MiB bucket closes every two blocks
+    # and a tensor, a 25 MiB one about every half block
+    assert tuned["summary"]["messages_per_step"] < default["summary"]["messages_per_step"]

@@ -97,6 +97,10 @@ def configs(args, profile) -> list[RunConfig]:
             gpus_per_node=per_node,
             backend_options=options,
         )
+        if args.tuned:  # the stack's tuned set at this N, under the flags given, as `harness run --tuned`
+            tuned = {name: setting.value for name, setting in backend.tuned(cfg).items()}
+            options_tuned = backend.Options.from_args(args, tuned).to_dict()
+            cfg = cfg.evolve(backend_options=options_tuned, variant="tuned")
         try:  # as a run's would be, less where its nodes are: a launch needs hosts, a prediction none
             backend.validate(cfg.evolve(hosts=[f"node{i}" for i in range(cfg.topology.nodes)]))
         except InvalidConfig as exc:
@@ -341,6 +345,12 @@ def register(subparsers) -> None:
     p.add_argument("--global-batch", type=positive, help="global batch (strong scaling)")
     p.add_argument("--grad-accum", type=positive, default=1)
     p.add_argument("--activation-checkpointing", action="store_true")
+    p.add_argument(
+        "--tuned",
+        action="store_true",
+        help="the stack's tuned set, priced as it runs (its schedule: buckets, compile); calibrates from "
+        "tuned records",
+    )
     p.add_argument("--gpus", type=gpu_counts, required=True, help="rank counts, e.g. 8,32,128,1024")
     p.add_argument(
         "--hardware",
