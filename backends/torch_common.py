@@ -124,12 +124,6 @@ class TorchTrainer(Trainer):
                 assert isinstance(compiled, torch.nn.Module)
                 model.blocks[i] = compiled
 
-    def compile_model(self, model: GPT) -> None:
-        """torch.compile the whole model in place before the stack wraps it, as nanoGPT does before DDP;
-        a no-op unless --compile."""
-        if self.tuning().compile:
-            model.compile()
-
     def watch_numerics(self, model: GPT) -> None:
         """Hooks that note, in the first forward only (each removes itself), the dtypes forward really uses:
         the first block's first MLP weight as the matmul holds it and that matmul's output, and the

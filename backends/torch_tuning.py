@@ -5,9 +5,9 @@ import it.
 Sources (stored copies read for docs/notes/2026-12-02-tuned-settings-research.md):
 - nanoGPT's train.py compiles the whole model before wrapping it in DDP; torchtitan's
   models/llama3/infra/parallelize.py (`apply_compile`) compiles each TransformerBlock after activation
-  checkpointing and before fully_shard. Both use torch.compile's default mode. torch-ddp compiles per
-  block too: compiled whole, the tied head splits DDPOptimizer's graph so that no bucket is ready before
-  backward ends (backends.torch_ddp.TorchDDP.tuned).
+  checkpointing and before fully_shard. Both use torch.compile's default mode. Every stack here compiles
+  per block: compiled whole, the backward is one autograd node after which every gradient hook fires
+  (torch-ddp's DDPOptimizer split does not help with the tied head: backends.torch_ddp.TorchDDP.tuned).
 - nanoGPT's `configure_optimizers` and torchtitan's `Optimizer.implementation = "fused"` use fused AdamW;
   since torch 2.4 the fused kernel exists for CPU too (pytorch/pytorch#123074), so the tuned set uses it on
   every device.
@@ -35,8 +35,7 @@ class TorchTuning(Options):
     compile: bool = switch(
         False,
         "--compile",
-        help="torch.compile the model (torch-ddp, torch-fsdp: each block before the wrapper, as torchtitan; "
-        "horovod: the whole model before its hooks, as nanoGPT)",
+        help="torch.compile each transformer block before the stack's wrapper or hooks, as torchtitan",
     )
     adamw: str = option(
         "default",

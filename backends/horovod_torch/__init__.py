@@ -21,7 +21,7 @@ from backends.base import (
 from backends.horovod_torch.options import HorovodOptions
 from backends.horovod_torch.schedule import horovod_schedule
 from backends.schedule import MiB
-from backends.torch_tuning import NANOGPT, torch_tuned
+from backends.torch_tuning import TORCHTITAN, torch_tuned
 from core.precision import autocast_numerics
 from core.process import Process
 
@@ -76,12 +76,16 @@ class Horovod(Backend[HorovodOptions]):
         return self.name + ("-fp16comp" if self.options(cfg).compression == "fp16" else "")
 
     def tuned(self, cfg):
-        """The torch family's compile (the whole model, as torch-ddp's before its wrapper) and fused AdamW.
-        Tensor fusion stays at Horovod's defaults: Horovod's docs/tensor-fusion.rst gives no value for a
-        transformer and leaves it to the autotuner (`--hvd-autotune`), which is not in the set because it
-        explores with slow steps inside a short timed run; fp16 compression changes the numerics and stays
-        a choice by hand (--hvd-compression)."""
-        return torch_tuned(f"{NANOGPT}: the whole model compiled before the wrapper")
+        """The torch family's compile (each block, as torch-ddp's) and fused AdamW. DistributedOptimizer
+        submits a gradient from a hook on its accumulator, which fires only when the compiled region that
+        computes it ends: compiled whole, the model's backward is one region and every gradient was
+        submitted after it (traced at 2 ranks on CPU: one or two fused all-reduces a step, at the end, for
+        the default's twelve spread over backward); per block the hooks fire between blocks as
+        horovod_schedule prices them. Tensor fusion stays at Horovod's defaults: Horovod's
+        docs/tensor-fusion.rst gives no value for a transformer and leaves it to the autotuner
+        (`--hvd-autotune`), which is not in the set because it explores with slow steps inside a short
+        timed run; fp16 compression changes the numerics and stays a choice by hand (--hvd-compression)."""
+        return torch_tuned(f"{TORCHTITAN}: each TransformerBlock compiled before Horovod's gradient hooks")
 
     def schedule(self, cfg):
         """Gradients are fp32 (autocast keeps fp32 parameters), unless compressed to fp16 for the wire;

@@ -45,7 +45,7 @@ class HorovodTrainer(TorchTrainer):
         super().__init__(cfg)
         hvd.init()
         model = self.build_model()
-        self.compile_model(model)  # before Horovod's gradient hooks, as torch-ddp's before its wrapper
+        self.compile_blocks(model)  # before Horovod's gradient hooks, which then fire between blocks
         compression = (
             hvd.Compression.fp16
             if HorovodOptions.from_dict(cfg.backend_options).compression == "fp16"
