@@ -209,6 +209,10 @@ class Backend(ABC, Generic[OptionsT]):
     # True when node 0's launcher starts the ranks of every node itself (horovodrun over ssh): the other
     # nodes then start no ranks, and must not start their isolated workers while node 0's ranks still run.
     starts_remote_ranks: bool = False
+    # True when the stack's trace instrument costs time from the moment it is enabled, not only while it
+    # records: the harness then measures in a launch without it and traces in a launch of its own
+    # (RoleConfig.trace_launch), and the record says so (comm_trace.launch).
+    traces_in_own_launch: bool = False
     collective_api: str = ""  # the API `harness commbench` times, for tables
     # whether its worker times the optimizer step on its own (Trainer.timed_optimizer_step): where it cannot,
     # a process with no peer runs no optimizer-timed steps

@@ -261,16 +261,25 @@ class Phase:
 def training_phases(trainer: Trainer, cfg: RunConfig) -> list[Phase]:
     """The timed loop of this rank, in order. Compute-only steps come after the measured ones, since they
     let replicas drift; a process with no peer times its optimizer in steps of its own, so no
-    synchronisation enters its measured steps; the collective trace comes last."""
+    synchronisation enters its measured steps; the collective trace comes last. A launch that only traces
+    (RoleConfig.trace_launch "only") runs the warm-up and the traced steps; the launch that measures beside
+    it traces nothing."""
     alone = cfg.process_group_size == 1
+    only_trace = cfg.role.trace_launch == "only"
     compute = bool(
         trainer.can_skip_grad_sync
         and cfg.measurement.compute_method == "no_sync"
         and not alone
         and cfg.measurement.compute_steps
+        and not only_trace
     )
-    trace = bool(cfg.measurement.trace_comm and cfg.measurement.trace_steps and not alone)
-    return [
+    trace = bool(
+        cfg.measurement.trace_comm
+        and cfg.measurement.trace_steps
+        and not alone
+        and cfg.role.trace_launch != "untraced"
+    )
+    phases = [
         Phase(
             "warm-up",
             cfg.measurement.warmup,
@@ -305,6 +314,7 @@ def training_phases(trainer: Trainer, cfg: RunConfig) -> list[Phase]:
             settle=int(compute and trace),
         ),
     ]
+    return [p for p in phases if p.name in ("warm-up", "traced")] if only_trace else phases
 
 
 def run_training(
@@ -395,8 +405,8 @@ def run_training(
                 **trainer.memory(),
                 **{k: measured[k] for k in ("warmup_transient",) if k in measured},
             },
-            "model_state_bytes": measured["model_state"],
-            "minor_faults_per_step": measured["minor_faults_per_step"],
+            "model_state_bytes": measured.get("model_state"),  # None where nothing was measured
+            "minor_faults_per_step": measured.get("minor_faults_per_step"),
             "versions": {"python": platform.python_version(), **trainer.versions()},
             "interpreter": sys.executable,  # the environment this rank ran in (RunConfig.python)
             "threads": cfg.topology.threads_per_worker,
@@ -420,6 +430,7 @@ def run_training(
             record["comm_trace"] = trainer.trace_collectives(
                 lambda phase=phase: run_steps(phase, phase.steps - phase.settle, kept=True)
             )
+            record["comm_trace"]["launch"] = "own" if cfg.role.trace_launch == "only" else "inline"
             events.emit(MEASURED, record=record)
         else:
             run_steps(phase, phase.steps - phase.settle, kept=True)

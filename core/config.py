@@ -134,7 +134,14 @@ class RoleConfig:
     commbench: dict | None = None
     """Set for `harness commbench`: the workers time collectives (CommbenchSpec's fields) instead of
     training."""
+    trace_launch: str = "inline"
+    """Where the collective trace is taken: "inline", in the traced phase after the measured steps of the
+    same launch; or, for a stack whose instrument costs time from the moment it is enabled
+    (Backend.traces_in_own_launch), "untraced" in the launch that measures and "only" in a launch of its
+    own that runs the warm-up and the traced steps and measures nothing (TRACE_LAUNCHES)."""
 
+
+TRACE_LAUNCHES = ("inline", "untraced", "only")
 
 SECTIONS = {
     "model": ModelConfig,

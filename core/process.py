@@ -34,6 +34,9 @@ def free_port() -> int:
 # environment wins, and the run record says which were used.
 ALLOCATOR_SETTINGS = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
 THREAD_SETTINGS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+# Settings that switch a stack's trace instrument on for the whole process, not only while it records
+# (Backend.traces_in_own_launch): a launch that measures must run without them, and its record shows it.
+TRACE_SETTINGS = ("HOROVOD_TIMELINE",)
 
 
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
@@ -62,7 +65,7 @@ def process_settings(threads_per_worker: int) -> dict[str, str]:
 
 def seen_process_settings() -> dict[str, str | None]:
     """The process settings as this worker got them through its framework's launcher."""
-    return {k: os.environ.get(k) for k in (*THREAD_SETTINGS, *ALLOCATOR_SETTINGS)}
+    return {k: os.environ.get(k) for k in (*THREAD_SETTINGS, *ALLOCATOR_SETTINGS, *TRACE_SETTINGS)}
 
 
 def die_with_parent(sig: int = signal.SIGTERM) -> None:

@@ -8,10 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from backends import backend_names, get_backend
 from backends.loop import TRACE_LOST, Trainer, optimizer_timed_steps, run_to_record, run_training
 from core.config import RunConfig
 from core.events import MEASURED, RESULT, EventLog, rank_record, read_events
 from core.hooks import TestHooks
+from core.process import TRACE_SETTINGS
+from harness.run.runner import measuring_config
 from workloads.spec import PRESETS
 
 pytestmark = pytest.mark.unit
@@ -168,6 +171,35 @@ def test_the_loop_runs_its_phases_in_order_and_the_stream_gives_the_rank_record(
     assert names[-3:] == [MEASURED, "phase_end", RESULT] and events[-3]["record"]["comm_trace"]["method"]
     assert "data_wait" not in record
     assert rank_record(events, MEASURED)["comm_trace"]["method"] == "counting"
+
+
+def test_a_stack_that_traces_in_a_launch_of_its_own_measures_untraced_and_traces_unmeasured(tmp_path):
+    """Backend.traces_in_own_launch: the launch that measures has no traced phase, and the launch that
+    traces runs the warm-up and the traced steps only, its trace saying where it was taken; from each
+    stack's registry entry, every worker's environment keeps the trace settings (core.process) out of
+    every launch but the one that traces."""
+    base = dict(world_size=2, steps=4, compute_method="no_sync", compute_steps=3, trace_comm=True)
+    inline, _ = train(TracingTrainer(config(**base)), config(**base), tmp_path)
+    assert inline["comm_trace"]["launch"] == "inline"
+    cfg = config(**base, trace_launch="untraced")
+    (tmp_path / "m").mkdir(), (tmp_path / "t").mkdir()
+    record, events = train(TracingTrainer(cfg), cfg, tmp_path / "m")
+    assert [e["phase"] for e in events if e["event"] == "phase_start" and e["steps"]] == [
+        "warm-up", "measured", "compute-only",
+    ]  # fmt: skip
+    assert record["comm_trace"] is None and len(record["step_times"]) == 4
+    cfg = config(**base, trace_launch="only")
+    record, events = train(TracingTrainer(cfg), cfg, tmp_path / "t")
+    assert [e["phase"] for e in events if e["event"] == "phase_start"] == ["warm-up", "traced"]
+    assert not record.get("step_times") and record["comm_trace"]["launch"] == "own"
+    for name in backend_names():
+        backend = get_backend(name)
+        traced = config(**base, backend=name)
+        measured = measuring_config(backend, traced)
+        assert (measured.role.trace_launch == "untraced") == backend.traces_in_own_launch, name
+        assert not set(TRACE_SETTINGS) & set(backend.worker_env(measured)), name
+        if backend.traces_in_own_launch:
+            assert set(TRACE_SETTINGS) & set(backend.worker_env(traced.evolve(trace_launch="only"))), name
 
 
 def test_nothing_is_written_to_the_stream_inside_a_timed_step(tmp_path):

@@ -16,6 +16,7 @@ from backends import get_backend
 from backends.base import WORKER_SCRIPT
 from backends.deepspeed_zero import ds_config, shm_segments
 from core.config import RunConfig
+from core.process import TRACE_SETTINGS
 from core.records import run_config
 from harness.cli import main
 from workloads.spec import PRESETS, ModelSpec
@@ -262,11 +263,14 @@ def test_two_workers_train_the_same_model_as_ddp_with_a_full_record(label, ddp_r
         settings = r["process_settings"]  # as they reached the worker through the backend's launcher
         assert settings["OMP_NUM_THREADS"] == str(run_config(rec).topology.threads_per_worker)
         assert settings["MALLOC_TRIM_THRESHOLD_"]
+        assert not any(settings[k] for k in TRACE_SETTINGS), settings  # the measured steps ran untraced
     # The collective trace of the steps after the measured ones, by each stack's own instrument
     m, n = s["comm_measured"], run_config(rec).model.spec.n_params
     assert m["method"] == ("horovod timeline" if label == "horovod" else "torch profiler (kineto)")
     if label == "horovod":  # DistributedOptimizer all-reduces every fp32 gradient once per step
         assert m["ops"]["all_reduce"]["size_bytes_per_step"] == 4 * n
+    own = get_backend(rec["config"]["backend"]).traces_in_own_launch  # Horovod: a launch of its own
+    assert {r["comm_trace"]["launch"] for r in rec["ranks"]} == {"own" if own else "inline"}
     # ZeRO-3 on this shape: every tensor under the persistence threshold, gathered after each optimizer step
     assert m["vs_analytic"] == pytest.approx(1, abs=0.02)
     if label != "horovod":  # Horovod's fusion depends on timing: it has no fixed schedule to hold to

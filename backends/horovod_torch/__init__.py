@@ -44,6 +44,10 @@ class Horovod(Backend[HorovodOptions]):
     collective_api = "horovod.torch"
     compute_methods = ("isolated",)
     starts_remote_ranks = True
+    # HOROVOD_TIMELINE, read once at hvd.init, starts the coordinator's timeline writer thread, which loops
+    # on std::this_thread::yield() whether or not a timeline is being recorded (horovod/common/timeline.cc,
+    # TimelineWriter::WriterLoop): a core kept busy for the whole job, measured steps included.
+    traces_in_own_launch = True
     kubeflow_job = "MPIJob"  # its launcher pod's horovodrun starts the worker pods' ranks over ssh
     peer_lost_texts = ("horovod has been shut down",)
     Options = HorovodOptions
@@ -102,14 +106,15 @@ class Horovod(Backend[HorovodOptions]):
     def worker_env(self, cfg):
         """Tensor fusion as the options set it (stated, not inherited, so the record and the schedule say
         what ran). HOROVOD_TIMELINE=DYNAMIC lets the worker start and stop Horovod's timeline around the
-        traced steps (hvd.start_timeline refuses otherwise); nothing is written until it does."""
+        traced steps (hvd.start_timeline refuses otherwise), and only in the launch that traces
+        (traces_in_own_launch)."""
         env = super().worker_env(cfg)
         opts = self.options(cfg)
         env["HOROVOD_FUSION_THRESHOLD"] = str(opts.fusion_threshold_mb * MiB)
         env["HOROVOD_CYCLE_TIME"] = str(opts.cycle_time_ms)
         if opts.autotune:
             env["HOROVOD_AUTOTUNE"] = "1"
-        if cfg.measurement.trace_comm:
+        if cfg.measurement.trace_comm and cfg.role.trace_launch == "only":
             env["HOROVOD_TIMELINE"] = "DYNAMIC"
         return env
 

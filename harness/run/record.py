@@ -197,6 +197,22 @@ def classify(
     return "ok", None
 
 
+def traced_dir(run_dir: Path) -> Path:
+    """Where a stack that traces in a launch of its own (Backend.traces_in_own_launch) runs that launch."""
+    return run_dir / "traced"
+
+
+def with_own_launch_traces(ranks: dict[int, dict], run_dir: Path, world: int) -> dict[int, dict]:
+    """The measuring launch's ranks, each with the trace its rank took in the traced launch, or, where
+    that launch recorded none, a trace that says so."""
+    traced = gather_ranks(traced_dir(run_dir), world)
+    lost = {"method": None, "reason": f"the traced launch recorded no trace; see {traced_dir(run_dir)}"}
+    return {
+        r: {**rank, "comm_trace": (traced.get(r) or {}).get("comm_trace") or lost}
+        for r, rank in ranks.items()
+    }
+
+
 def isolated_dir(run_dir: Path, index: int, repeat: int) -> Path:
     return run_dir / (f"isolated{index}" if repeat == 0 else f"isolated{index}-r{repeat}")
 
@@ -273,6 +289,8 @@ def write_record(
             ranks, incident = kept, {"phase": phase, "status": status, **error}
             status, error = "ok", None
 
+    if status == "ok" and cfg.role.trace_launch == "untraced":
+        ranks = with_own_launch_traces(ranks, run_dir, cfg.topology.world_size)
     isolated: list[dict] = []
     comm_error: str | None = None
     if status == "ok" and cfg.measurement.compute_method == "isolated" and cfg.topology.world_size > 1:

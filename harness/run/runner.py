@@ -23,7 +23,7 @@ from harness.run.devices import isolated_devices, node_devices
 from harness.run.launch import LaunchResult, run_processes
 from harness.run.nodes import finish_node, node_log, ranks_launched, start_node, wait_for_ranks
 from harness.run.progress import NO_DISPLAY, NoDisplay, RunDisplay
-from harness.run.record import gather_ranks, isolated_dir, measured_before_failure, write_record
+from harness.run.record import gather_ranks, isolated_dir, measured_before_failure, traced_dir, write_record
 
 
 def new_run_id(cfg: RunConfig) -> str:
@@ -53,6 +53,15 @@ def isolated_plans(backend: Backend, cfg: RunConfig, run_dir: Path, repeat: int 
 def write_files(files: dict[Path, str]) -> None:
     for path, content in files.items():
         write_atomic(path, lambda tmp, content=content: tmp.write_text(content))
+
+
+def measuring_config(backend: Backend, cfg: RunConfig) -> RunConfig:
+    """The config of the launch that measures: for a stack whose trace instrument costs time once enabled
+    (Backend.traces_in_own_launch), one that traces nothing, the trace being taken by run_traced."""
+    traced = cfg.measurement.trace_comm and cfg.measurement.trace_steps and cfg.topology.world_size > 1
+    if backend.traces_in_own_launch and traced and not cfg.role.commbench:
+        return cfg.evolve(trace_launch="untraced")
+    return cfg
 
 
 def launch_node(backend: Backend, cfg: RunConfig, run_dir: Path, hooks: TestHooks = NO_HOOKS) -> LaunchResult:
@@ -115,6 +124,25 @@ def run_isolated(
     return None
 
 
+def run_traced(
+    backend: Backend,
+    cfg: RunConfig,
+    run_dir: Path,
+    display: RunDisplay | NoDisplay = NO_DISPLAY,
+) -> None:
+    """The collective trace in a launch of its own, after the one that measured: the warm-up, then the
+    traced steps (backends.loop.training_phases), into traced_dir, without the test hooks (a fault or delay
+    injected into the measured steps is no part of it). Its failure costs the record its trace only:
+    write_record says so in each rank's comm_trace."""
+    traced = cfg.evolve(trace_launch="only")
+    display.phase(
+        "collective trace (a launch of its own)",
+        events=events_path(traced_dir(run_dir), 0),
+        total=cfg.measurement.warmup + cfg.measurement.trace_steps,
+    )
+    launch_node(backend, traced, traced_dir(run_dir))
+
+
 def execute(
     backend: Backend,
     cfg: RunConfig,
@@ -134,6 +162,7 @@ def execute(
     if cfg.topology.node_rank != 0:
         raise ValueError("execute() runs node 0; another node calls run_node and writes no record")
     run_id = run_id or new_run_id(cfg)
+    cfg = measuring_config(backend, cfg)
     run_node(backend, cfg, Path(out_dir) / "logs" / run_id, argv, display, hooks)
     display.phase("writing the record")
     return write_record(backend, cfg, Path(out_dir), run_id, sweep=sweep)
@@ -147,8 +176,10 @@ def run_node(
     display: RunDisplay | NoDisplay = NO_DISPLAY,
     hooks: TestHooks = NO_HOOKS,
 ) -> dict:
-    """Launch this node's ranks, then its share of the isolated counterfactual; returns its node marker."""
+    """Launch this node's ranks, then where the stack traces in a launch of its own that launch, then its
+    share of the isolated counterfactual; returns its node marker."""
     run_dir = run_dir.absolute()  # the workers start in the package's folder, `--out` is the user's
+    cfg = measuring_config(backend, cfg)
     marker = start_node(cfg, run_dir, argv, now_iso())
     display.phase("launching", events=events_path(run_dir, 0))
     result = launch_node(backend, cfg, run_dir, hooks)
@@ -167,6 +198,8 @@ def run_node(
         )
         is not None
     )
+    if measured and result.ok and cfg.role.trace_launch == "untraced":  # before the ranks count as done
+        run_traced(backend, cfg, run_dir, display)  # (a launcher that starts other nodes' ranks runs it)
     marker = ranks_launched(run_dir, marker, result, measured)
     isolated_error = None
     if measured and cfg.measurement.compute_method == "isolated" and cfg.topology.world_size > 1:
