@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -223,7 +224,16 @@ def test_gate_reports_a_regression_with_its_size_and_interval(tmp_path):
     assert len(pairs) == outcome.decision.pairs and len(runs.calls) == 2 * len(pairs)
     verdict = json.loads((tmp_path / gate.VERDICT_FILE).read_text())
     assert verdict["verdict"] == "REGRESSION" and verdict["step_time"]["pairs"] == len(pairs)
+    assert verdict["log_ratio_sd"] == pytest.approx(np.std([p["log_ratio"] for p in pairs], ddof=1))
     assert all((tmp_path / p[side]["record"]).is_file() for p in pairs for side in gate.SIDES)
+    comment = (tmp_path / gate.VERDICT_MARKDOWN).read_text()  # what the workflow posts on the pull request
+    assert comment.startswith("### distbench gate: REGRESSION\n") and outcome.line in comment
+    for shown in (
+        gate.fmt_interval(outcome.decision.interval),
+        f"| pairs | {len(pairs)} of at most",
+        "detect |",
+    ):
+        assert shown in comment, shown
 
 
 def test_gate_passes_the_same_code(tmp_path):
@@ -335,6 +345,53 @@ def test_resuming_another_gates_pairs_is_refused(tmp_path):
         gate.run_gate(settings(order_seed=99), tmp_path, FakeRuns(tmp_path), say=lambda _: None)
 
 
+# ---- duet: both sides at once, each on its half of the node ------------------------------------------
+
+
+def test_duet_splits_the_node_in_halves_and_swaps_them_every_pair(monkeypatch):
+    monkeypatch.setattr(gate.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4}, raising=False)
+    monkeypatch.setattr(gate.shutil, "which", lambda name: f"/usr/bin/{name}")
+    duet = gate.plan_duet("cpu", 2, 1, 1)
+    assert duet.halves == (("0", "1"), ("2", "3"))  # the odd core left out: the halves are the same size
+    assert duet.placement("base", 0).prefix == ["taskset", "--cpu-list", "0,1"]
+    assert duet.placement("head", 0).prefix == ["taskset", "--cpu-list", "2,3"]
+    assert duet.placement("base", 1).half == ("2", "3") and duet.placement("head", 1).half == ("0", "1")
+    with pytest.raises(UsageError, match=r"--duet on a CPU needs 2 x 4 cores \(ranks x threads a side\)"):
+        gate.plan_duet("cpu", 2, 2, 1)
+    monkeypatch.setattr(gate, "visible_mask", lambda: ["4", "5", "6", "7"])
+    duet = gate.plan_duet("cuda", 2, None, 1)
+    assert (
+        duet.placement("head", 0).env == {"CUDA_VISIBLE_DEVICES": "6,7"}
+        and not duet.placement("head", 0).prefix
+    )
+    with pytest.raises(UsageError, match=r"--duet needs 2 x 3 GPUs \(one half a side\); 4 visible"):
+        gate.plan_duet("cuda", 3, None, 1)
+    with pytest.raises(UsageError, match="takes no --nodes"):
+        gate.plan_duet("cuda", 1, None, 2)
+
+
+def test_a_duet_gate_runs_both_sides_of_a_pair_at_once_and_records_their_halves(tmp_path):
+    """Each fake run waits at a barrier for the other side's: run one after the other, it would break."""
+    meet = threading.Barrier(2, timeout=10)
+    runs = FakeRuns(tmp_path, slowdown=0.20)
+
+    def together(side, k):
+        meet.wait()
+        return runs(side, k)
+
+    duet = gate.Duet("cpu", (("0",), ("1",)))
+    outcome = gate.run_gate(settings(duet=duet), tmp_path, together, say=lambda _: None)
+    assert outcome.verdict == "REGRESSION"
+    pairs = [json.loads(line) for line in (tmp_path / gate.PAIRS_FILE).read_text().splitlines()]
+    assert [p["duet"] for p in pairs[:2]] == [{"base": ["0"], "head": ["1"]}, {"base": ["1"], "head": ["0"]}]
+
+
+def test_duet_without_room_for_both_sides_is_one_line_exit_2(capsys, nothing_launches, monkeypatch):
+    monkeypatch.setattr(gate.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    code, err = gate_cli(capsys, "--base", "HEAD", "--head", ".", "--device", "cpu", "--duet")
+    assert code == 2 and err.count("\n") == 1 and "--duet on a CPU needs 2 x 2 cores" in err, err
+
+
 # ---- the command line: bad input, one line, exit 2, nothing launched ----------------------------------
 
 
@@ -435,7 +492,7 @@ def test_the_command_line_passes_run_arguments_to_each_side(capsys, monkeypatch,
         real_probe(tree, args)
         probed.append(tree.path)
 
-    def launch(tree, args, out, log):
+    def launch(tree, args, out, log, place=None):
         seen[tree.side] = args
         return FakeRuns(out.parent, slowdown=0.0)(tree.side, int(log.name.split("-")[1]))
 

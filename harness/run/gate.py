@@ -18,11 +18,11 @@ Besides the step time: communication bytes per step and model-state bytes per ra
 any change between the sides is reported as one, and growth fails the gate, with no statistics; peak memory
 per rank is gated as `harness compare` gates it (`--memory-threshold`).
 
-Everything lands in `--out` (default results/gate-<hash of the configuration>): the runs' records under
-base/ and head/ (so `harness compare OUT/base OUT/head` reads them), one line per finished pair in
-pairs.jsonl (rewritten atomically after each pair), failed pairs in failures.jsonl, the configuration in
-gate.json and the verdict in verdict.json. Run again with the same arguments and `--out`, it resumes from
-the recorded pairs; another configuration there is refused.
+Everything lands in `--out` (default results/gate-<hash of the configuration>): the runs' records under base/
+and head/ (so `harness compare OUT/base OUT/head` reads them), one line per finished pair in pairs.jsonl
+(rewritten atomically after each pair), failed pairs in failures.jsonl, the configuration in gate.json, the
+verdict in verdict.json and, as a pull request's comment shows it, in OUT/verdict.md. Run again with the same
+arguments and `--out`, it resumes from the recorded pairs; another configuration there is refused.
 
 Exit codes: 0 NO REGRESSION; 1 REGRESSION (a slowdown, exact growth, peak memory over its threshold, or a
 head run failing where the base ran); 2 bad input (a ref that does not exist, a tree whose harness cannot
@@ -46,6 +46,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +67,7 @@ from harness.analyze.sequential import (
     decide,
 )
 from harness.analyze.summary import fmt_bytes
+from harness.run.devices import query_gpus, visible_gpus, visible_mask
 from harness.run.launch import stop_on_sigterm, stopped
 from harness.run.options import add_run_arguments
 from harness.usage import (
@@ -98,11 +100,12 @@ STATISTICS: dict[str, Callable] = {
 }
 DEFAULT_STATISTIC = "median"
 SIDES = ("base", "head")
-PAIRS_FILE, FAILURES_FILE, CONFIG_FILE, VERDICT_FILE = (
+PAIRS_FILE, FAILURES_FILE, CONFIG_FILE, VERDICT_FILE, VERDICT_MARKDOWN = (
     "pairs.jsonl",
     "failures.jsonl",
     "gate.json",
     "verdict.json",
+    "verdict.md",
 )
 # Exact metrics: (label, path in a record's summary). Deterministic for one configuration, so a change is
 # a change; growth fails the gate.
@@ -315,8 +318,11 @@ def wait_for(proc: subprocess.Popen) -> int:
         raise
 
 
-def launch_run(tree: Tree, args: list[str], out: Path, log: Path) -> RunOutcome:
-    """`harness run ARGS --out OUT` from the tree's own harness; its output goes to `log`."""
+def launch_run(
+    tree: Tree, args: list[str], out: Path, log: Path, place: Placement | None = None
+) -> RunOutcome:
+    """`harness run ARGS --out OUT` from the tree's own harness; its output goes to `log`. `place`: the
+    devices or cores of a duet run's half."""
     assert tree.path is not None
     out.mkdir(parents=True, exist_ok=True)
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -324,7 +330,8 @@ def launch_run(tree: Tree, args: list[str], out: Path, log: Path) -> RunOutcome:
     start = time.monotonic()
     with open(log, "w") as sink:
         proc = subprocess.Popen(
-            harness_command(tree.path, "run", *args, "--out", str(out)),
+            (place.prefix if place else []) + harness_command(tree.path, "run", *args, "--out", str(out)),
+            env={**os.environ, **place.env} if place else None,
             stdout=sink,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -352,6 +359,59 @@ def launch_run(tree: Tree, args: list[str], out: Path, log: Path) -> RunOutcome:
     return RunOutcome(code, record, new[0], message, took)
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where one duet run goes: its half of the GPUs (CUDA_VISIBLE_DEVICES) or of the cores (taskset)."""
+
+    half: tuple[str, ...]
+    env: dict = field(default_factory=dict)
+    prefix: list = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Duet:
+    """Duet benchmarking (Bulej et al., ICPE 2020): base and head run at the same time, each on its own
+    half of the node, so whatever disturbs the node in that minute disturbs both runs of the pair; the
+    halves swap every pair, so a difference between the halves themselves cancels over pairs."""
+
+    kind: str  # "cuda" | "cpu"
+    halves: tuple[tuple[str, ...], tuple[str, ...]]
+
+    def placement(self, side: str, pair: int) -> Placement:
+        half = self.halves[(pair + SIDES.index(side)) % 2]
+        if self.kind == "cuda":
+            return Placement(half, env={"CUDA_VISIBLE_DEVICES": ",".join(half)})
+        return Placement(half, prefix=["taskset", "--cpu-list", ",".join(half)])
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "halves": [list(h) for h in self.halves]}
+
+
+def plan_duet(device: str, ranks: int, threads: int | None, nodes: int) -> Duet:
+    """The two halves of this node for `ranks` ranks a side: on GPUs, 2 x ranks of the visible ones; on a
+    CPU, 2 x ranks x threads of the cores this process may run on, pinned with taskset. UsageError (one
+    line) where the node has no room for both sides."""
+    if nodes > 1:
+        raise UsageError("--duet runs both sides on one node: it takes no --nodes")
+    if device == "cuda":
+        ids = visible_mask() or [str(i) for i in range(len(query_gpus()))]
+        if len(ids) < 2 * ranks:
+            raise UsageError(
+                f"--duet needs 2 x {ranks} GPUs (one half a side); {len(ids)} visible: "
+                f"use --gpus <= {len(ids) // 2} or leave out --duet"
+            )
+        return Duet("cuda", (tuple(ids[:ranks]), tuple(ids[ranks : 2 * ranks])))
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    per_side = ranks * (threads or 1)
+    if len(cores) < 2 * per_side or not shutil.which("taskset"):
+        raise UsageError(
+            f"--duet on a CPU needs 2 x {per_side} cores (ranks x threads a side) and taskset; "
+            f"{len(cores)} here{'' if shutil.which('taskset') else ', no taskset'}: leave out --duet"
+        )
+    half = len(cores) // 2
+    return Duet("cpu", (tuple(map(str, cores[:half])), tuple(map(str, cores[half : 2 * half]))))
+
+
 def order_of(seed: int, pair: int) -> tuple[str, str]:
     """Which side runs first in pair `pair`: a coin flip of a generator seeded by (seed, pair), so a resumed
     gate draws the orders the uninterrupted one would have."""
@@ -369,6 +429,7 @@ class Settings:
     max_minutes: float | None = DEFAULT_MAX_MINUTES
     inconclusive_exit: int = EXIT_INCONCLUSIVE
     order_seed: int | None = None  # None: drawn for a new gate, the recorded one on resume
+    duet: Duet | None = None  # both sides of a pair at once, each on its half of the node
     match: dict = field(default_factory=dict)  # what identifies the experiment (gate.json), checked on resume
 
 
@@ -587,9 +648,14 @@ def run_gate(settings: Settings, out: Path, runner: Runner, say=print, clock=tim
         order = order_of(seed, k)
         start = clock()
         runs: dict[str, RunOutcome] = {}
-        for side in order:
-            if not stopped():
-                runs[side] = runner(side, k)
+        if settings.duet:  # both at once, each on its half; a SIGTERM reaches both through wait_for
+            with ThreadPoolExecutor(max_workers=2) as both:
+                started = {side: both.submit(runner, side, k) for side in order}
+                runs = {side: started[side].result() for side in order}
+        else:
+            for side in order:
+                if not stopped():
+                    runs[side] = runner(side, k)
         took = clock() - start
         if why := stopped():  # a run it stopped is no evidence either way: the pair is run again on resume
             say(f"gate: stopped by {why}; {len(pairs)} pair(s) recorded in {out}: the same command resumes")
@@ -605,6 +671,11 @@ def run_gate(settings: Settings, out: Path, runner: Runner, say=print, clock=tim
             "order": list(order),
             "seconds": took,
             "finished": now_iso(),
+            **(
+                {"duet": {side: list(settings.duet.placement(side, k).half) for side in SIDES}}
+                if settings.duet
+                else {}
+            ),
             **{side: paired_run(runs[side], out, settings.statistic) for side in SIDES},
         }
         pair["log_ratio"] = math.log(pair["head"]["statistic"] / pair["base"]["statistic"])
@@ -629,6 +700,8 @@ def run_gate(settings: Settings, out: Path, runner: Runner, say=print, clock=tim
         if outcome.decision is None
         else {**outcome.decision.to_dict(), "statistic": settings.statistic, "threshold": design.threshold},
         "pairs_run": len(pairs),
+        # the spread that sets what a gate on this machine costs (docs/ci-gate.md: a budget for a runner)
+        "log_ratio_sd": float(np.std([p["log_ratio"] for p in pairs], ddof=1)) if len(pairs) > 1 else None,
         "minutes": minutes,
         "details": outcome.details,
         "design": design.to_dict(),
@@ -637,7 +710,39 @@ def run_gate(settings: Settings, out: Path, runner: Runner, say=print, clock=tim
         "finished": now_iso(),
     }
     write_json_atomic(out / VERDICT_FILE, outcome_json)
+    write_atomic(out / VERDICT_MARKDOWN, lambda tmp: tmp.write_text(verdict_markdown(outcome_json)))
     return outcome
+
+
+def verdict_markdown(verdict: dict) -> str:
+    """The verdict as a pull-request comment or job summary shows it: the verdict, the step time's change
+    with its repeated interval, the pairs and minutes spent, what those pairs could detect, and the exact
+    and memory metrics."""
+    step = verdict.get("step_time") or {}
+    design = verdict["design"]
+    rows = [
+        (
+            "step time, head against base",
+            f"{fmt_change(step.get('change'))}{fmt_interval(step.get('interval'))}",
+        ),
+        ("interval", f"repeated {step['interval_coverage']:.0%}, valid at every look" if step else "n/a"),
+        (
+            "threshold",
+            f"a slowdown of {design['threshold']:.0%} ({step.get('statistic', 'median')} step a run)",
+        ),
+        ("pairs", f"{verdict['pairs_run']} of at most {design['max_pairs']} ({verdict['minutes']:.1f} min)"),
+        (
+            "smallest slowdown these pairs detect",
+            "n/a"
+            if step.get("detectable") is None
+            else f"{step['detectable']:.1%} (power {1 - design['beta']:.0%})",
+        ),
+        ("order seed", str(verdict["order_seed"])),
+    ]
+    lines = [f"### distbench gate: {verdict['verdict']}", "", verdict["line"], "", "| | |", "|---|---|"]
+    lines += [f"| {name} | {value} |" for name, value in rows]
+    lines += [f"| {d['metric']} | {d['line']} |" for d in verdict["details"]]
+    return "\n".join(lines) + "\n"
 
 
 def failed_pair(out: Path, k: int, order: tuple[str, str], runs: dict[str, RunOutcome]) -> Outcome:
@@ -783,6 +888,12 @@ def add_gate_options(p: argparse.ArgumentParser) -> None:
         help=f"relative growth of peak memory per rank that counts (default {DEFAULT_MEMORY_THRESHOLD:.0%}%)",
     )
     p.add_argument(
+        "--duet",
+        action="store_true",
+        help="run base and head of each pair at the same time, each on its own half of the node's GPUs "
+        "(or of its cores, pinned, on a CPU), the halves swapped every pair; needs room for 2 x --gpus",
+    )
+    p.add_argument(
         "--inconclusive-exit",
         type=exit_code,
         default=EXIT_INCONCLUSIVE,
@@ -835,6 +946,11 @@ def cmd_gate(args, runner: Runner | None = None) -> int:
         "head": split_args(args.head_args, "--head-args"),
     }
     design = Design(threshold=args.threshold, max_pairs=args.max_pairs)
+    duet = None
+    if args.duet:
+        device = args.device if args.device != "auto" else ("cuda" if visible_gpus() else "cpu")
+        ranks = args.gpus_per_node or args.gpus or 1
+        duet = plan_duet(device, ranks, args.threads_per_worker, args.nodes or 1)
     repo = repository()
     trees = {"base": resolve_tree("base", args.base, repo), "head": resolve_tree("head", args.head, repo)}
     match = {
@@ -845,6 +961,7 @@ def cmd_gate(args, runner: Runner | None = None) -> int:
         "head_args": side_args["head"],
         "statistic": args.statistic,
         "design": design.to_dict(),
+        **({"duet": duet.to_dict()} if duet else {}),
     }
     digest = hashlib.sha256(json.dumps(match, sort_keys=True).encode()).hexdigest()[:10]
     out = Path(args.out) if args.out else Path("results") / f"gate-{digest}"
@@ -855,7 +972,8 @@ def cmd_gate(args, runner: Runner | None = None) -> int:
         args.max_minutes,
         args.inconclusive_exit,
         args.order_seed,
-        match,
+        match=match,
+        duet=duet,
     )
     with checked_out(list(trees.values()), repo):
         if runner is None:
@@ -868,6 +986,7 @@ def cmd_gate(args, runner: Runner | None = None) -> int:
                     tokens + side_args[side],
                     out / side,
                     out / "logs" / f"pair-{k:03d}-{side}.log",
+                    duet.placement(side, k) if duet else None,
                 )
 
         p_alpha, _ = design.levels
@@ -878,6 +997,9 @@ def cmd_gate(args, runner: Runner | None = None) -> int:
             f"at most {design.max_pairs} pairs / {args.max_minutes:g} min",
             flush=True,
         )
+        if duet:
+            a, b = (",".join(h) for h in duet.halves)
+            print(f"duet: base and head at once, on {duet.kind} {a} and {b}, swapped every pair", flush=True)
         stop_on_sigterm()
         try:
             outcome = run_gate(settings, out, runner, say=lambda line: print(line, flush=True))
