@@ -58,6 +58,9 @@ def test_plan_exits_0_and_writes_nothing(backend, layout, tmp_path, monkeypatch,
         assert f"harness run --backend {backend}" in out
         if get_backend(backend).starts_remote_ranks:
             assert "which starts no process(es)" in out and "after node 0's launcher has exited" in out
+    # a stack whose trace instrument costs time once enabled traces in a launch of its own, shown as such
+    own = "then the collective trace, in a launch of its own"
+    assert (own in out) == get_backend(backend).traces_in_own_launch, out
 
 
 @pytest.mark.parametrize(

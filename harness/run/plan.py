@@ -13,7 +13,8 @@ from core.config import InvalidConfig
 from core.process import REPO_ROOT
 from harness.run.nodes import DEFAULT_MASTER_PORT, check_run_id, requested_world
 from harness.run.options import add_run_arguments, build_config
-from harness.run.runner import isolated_plans, new_run_id, node_plan
+from harness.run.record import traced_dir
+from harness.run.runner import isolated_plans, measuring_config, new_run_id, node_plan
 from harness.usage import EXIT_OK, UsageError, positive
 
 
@@ -87,7 +88,7 @@ def cmd_plan(args) -> int:
         f"node 0 writes {Path(args.out).resolve() / (run_id + '.json')}"
     )
     for r in range(base.topology.nodes):
-        cfg = base.evolve(node_rank=r)
+        cfg = measuring_config(backend, base.evolve(node_rank=r))
         host = (
             base.topology.hosts[r]
             if base.topology.hosts
@@ -97,6 +98,11 @@ def cmd_plan(args) -> int:
         print("  " + shlex.join(node_command(plan_argv(args.argv), r, run_id)))
         try:
             launch = node_plan(backend, cfg, run_dir, port)
+            traced = (
+                node_plan(backend, cfg.evolve(trace_launch="only"), traced_dir(run_dir), port)
+                if cfg.role.trace_launch == "untraced"
+                else None
+            )
             isolated = (
                 isolated_plans(backend, cfg, run_dir)
                 if cfg.measurement.compute_method == "isolated" and world > 1
@@ -113,6 +119,13 @@ def cmd_plan(args) -> int:
             + (":" if n else " (this backend's launcher on node 0 starts this node's workers)")
         )
         print_launch(launch)
+        if traced is not None:
+            print(
+                f"  then the collective trace, in a launch of its own that measures nothing "
+                f"({backend.name}'s instrument costs time once enabled), which starts "
+                f"{len(traced.processes) or 'no'} process(es)" + (":" if traced.processes else "")
+            )
+            print_launch(traced)
         if isolated:
             print(
                 f"  then the isolated counterfactual, {len(isolated)} single-process worker(s) at once"
