@@ -45,25 +45,24 @@ def gate(out: Path, stack: str, shape: str, pairs: int, mode: str, head: str) ->
     args += ["--head-args=--tuned"] if mode == "tuned" else ["--base-args=--no-trace-comm"]
     where = out / f"{stack}-{shape}-{mode}" / ("head" if head == "." else head.replace("/", "_"))
     cmd = [sys.executable, "-m", "harness", "gate", "--base", ".", "--head", head, *args, "--out", str(where)]
-    subprocess.run(cmd, cwd=REPO, check=False)
+    if not (where / "verdict.json").is_file():  # a finished gate is read back: rerun to redraw the table
+        subprocess.run(cmd, cwd=REPO, check=False)
     verdict = json.loads((where / "verdict.json").read_text())
     rows = [json.loads(line) for line in (where / "pairs.jsonl").read_text().splitlines()]
     sides = {}
     for side in ("base", "head"):
         records = load_all([where / r[side]["record"] for r in rows])
         steps = np.concatenate([r["step_times_s"] for r in records]) if records else np.array([])
-        overlap = [
-            ((r["summary"].get("comm_measured") or {}).get("ops") or {})
-            .get("all_reduce", {})
-            .get("overlap_fraction")
-            for r in records
-        ]
-        known = [o for o in overlap if o is not None]
+        ops: dict[str, list[float]] = {}  # per traced op, each run's overlap share
+        for r in records:
+            for op, m in ((r["summary"].get("comm_measured") or {}).get("ops") or {}).items():
+                if m.get("overlap_fraction") is not None:
+                    ops.setdefault(op, []).append(m["overlap_fraction"])
         sides[side] = {
             "median_s": float(np.median([r[side]["statistic"] for r in rows])) if rows else None,
             "p10_s": float(np.percentile(steps, 10)) if steps.size else None,
             "p90_s": float(np.percentile(steps, 90)) if steps.size else None,
-            "overlap": float(np.median(known)) if known else None,
+            "overlap": {op: float(np.median(v)) for op, v in sorted(ops.items())},
             "runs": len(records),
         }
     what = mode if head == "." else f"{mode}, head {head}"
@@ -74,8 +73,8 @@ def ms(x: float | None) -> str:
     return "n/a" if x is None else f"{x * 1e3:,.0f}"
 
 
-def pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.0%}"
+def overlaps(shares: dict[str, float]) -> str:
+    return ", ".join(f"{op} {share:.0%}" for op, share in shares.items()) or "n/a"
 
 
 def table(results: list[dict]) -> str:
@@ -92,7 +91,7 @@ def table(results: list[dict]) -> str:
             f"| {r['stack']} | {r['shape']} | {r['mode']} "
             f"| {ms(b['median_s'])} [{ms(b['p10_s'])}, {ms(b['p90_s'])}] "
             f"| {ms(h['median_s'])} [{ms(h['p10_s'])}, {ms(h['p90_s'])}] "
-            f"| {pct(b['overlap'])} / {pct(h['overlap'])} "
+            f"| {overlaps(b['overlap'])} / {overlaps(h['overlap'])} "
             f"| {'n/a' if change is None else f'{change:+.1%}'}"
             f"{'' if not interval else f' [{interval[0]:+.1%}, {interval[1]:+.1%}]'} | {b['runs']} |"
         )
