@@ -289,7 +289,12 @@ def training_phases(trainer: Trainer, cfg: RunConfig) -> list[Phase]:
             "measured",
             cfg.measurement.steps,
             measured=True,
-            keeps={"step_time_s": "step_times", "loss": "losses", "data_prep_s": "data_prep"},
+            keeps={
+                "step_time_s": "step_times",
+                "loss": "losses",
+                "data_prep_s": "data_prep",
+                "cpu_time_s": "step_cpu_times",
+            },
         ),
         Phase(
             "optimizer-timed",
@@ -351,18 +356,22 @@ def run_training(
     if hooks.warmup_transient_bytes:  # before the first warm-up step, so only a reset peak excludes it
         measured["warmup_transient"] = trainer.hold_transient(hooks.warmup_transient_bytes)
 
-    def timed_step(step: int, sync_grads: bool) -> tuple[float, float, float]:
-        """(step time, loss, batch preparation time) of one step."""
+    def timed_step(step: int, sync_grads: bool) -> tuple[float, float, float, float]:
+        """(step time, loss, batch preparation time, process CPU time) of one step. The CPU time (every
+        thread of this process, read just outside the clock's two readings) is blind to waiting: a
+        companion of the step time for a regression gate, never a replacement."""
         t_prep = time.perf_counter()
         batches = micro_batches(source, shard, step)
         t_prep = time.perf_counter() - t_prep
         trainer.synchronize()
+        c0 = time.process_time()
         t0 = time.perf_counter()
         loss = trainer.step(batches, sync_grads=sync_grads)
         if hooks.step_delay_s:
             time.sleep(hooks.step_delay_s)
         trainer.synchronize()
-        return time.perf_counter() - t0, loss, t_prep
+        t = time.perf_counter() - t0
+        return t, loss, t_prep, time.process_time() - c0
 
     def run_steps(phase: Phase, count: int, kept: bool) -> list[float]:
         nonlocal next_step
@@ -370,7 +379,7 @@ def run_training(
         for step in range(next_step, next_step + count):
             inject_fault(hooks, trainer.rank, step)
             timed_before = len(trainer.optimizer_times)
-            t, loss, t_prep = timed_step(step, phase.sync_grads)
+            t, loss, t_prep, cpu = timed_step(step, phase.sync_grads)
             next_step = step + 1
             step_event = {
                 "phase": phase.name,
@@ -379,6 +388,7 @@ def run_training(
                 "step_time_s": t,
                 "tokens_per_s": group_tokens / t if t > 0 else None,
                 "data_prep_s": t_prep,
+                "cpu_time_s": cpu,
                 "rss_bytes": rss_bytes(),
                 "kept": kept,
             }

@@ -31,7 +31,8 @@ that does not apply to this rank with steps 0."""
 STEP = "step"
 """phase, step (its index over the whole run), loss, step_time_s, tokens_per_s (the tokens this process's
 group steps over, per second of this rank's step), data_prep_s (preparing its batch, before the clock),
-rss_bytes (the process's resident memory after the step), kept (False: a settle step, run and dropped);
+cpu_time_s (the process's CPU time over the step, all its threads), rss_bytes (the process's resident
+memory after the step), kept (False: a settle step, run and dropped);
 optimizer_step_time_s in a phase that times the optimizer."""
 PHASE_END = "phase_end"
 """phase, steps (run), elapsed_s (wall time of the phase), memory (rss_bytes and the framework allocator's

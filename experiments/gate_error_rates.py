@@ -17,6 +17,10 @@ so the head's step time grows by F. Then, for each case (A/A: no delay; 5%; 10%)
   counts estimate the rates rather than being independent outcomes; with M below --max-pairs a trial's
   budget is M pairs. Minutes per verdict: the pairs' own run times.
 
+With `--pool` it also prints, from the A and B runs, the spread of the A/A log-ratio of each per-run
+statistic (median, min, mean, trimmed mean, and the median step's process CPU time, the companion): the
+data the gate's default statistic is chosen from.
+
 It prints, per case, the REGRESSION / NO REGRESSION / INCONCLUSIVE counts against the targets (A/A:
 REGRESSION at most 1 in 20, NO REGRESSION at least 16 in 20; 5%: REGRESSION at least 18 in 20; 10%: 20 in
 20), the median pairs and minutes per verdict, and what the default budget costs in minutes here. Run it on
@@ -193,6 +197,35 @@ def run_pool(args, run_args: list[str], delays: dict[str, float]) -> dict[str, l
     return results
 
 
+def statistic_spread(workdir: Path) -> dict[str, dict[str, float]]:
+    """Which per-run statistic is least noisy here: from the pool's A and B runs (the same code), the
+    standard deviation of log(stat(B_i) / stat(A_i)) for each of the gate's statistics and for the median
+    of the steps' process CPU time, pairing the runs of one round (launched minutes apart, as a gate's pair
+    is) and, for contrast, runs of different rounds. The smaller the spread, the fewer pairs a gate needs:
+    the pairs to decide grow with its square."""
+    runs = {side: load_all([workdir / "pool" / side]) for side in ("A", "B")}
+    n = min(len(runs["A"]), len(runs["B"]))
+    order = {side: sorted(runs[side], key=lambda r: r["run_id"])[:n] for side in runs}
+    measures = {name: (lambda r, f=f: f(r["step_times_s"])) for name, f in STATISTICS.items()}
+    measures["cpu median (companion)"] = lambda r: float(np.median(r.get("step_cpu_times_s") or [math.nan]))
+    out = {}
+    for name, measure in measures.items():
+        a = np.array([measure(r) for r in order["A"]])
+        b = np.array([measure(r) for r in order["B"]])
+        same = np.log(b / a)
+        other = np.log(np.roll(b, 1) / a)
+        out[name] = {
+            "same_round_sd": float(np.nanstd(same, ddof=1)),
+            "other_round_sd": float(np.nanstd(other, ddof=1)),
+        }
+        print(
+            f"{name:24s} A/A log-ratio sd: {out[name]['same_round_sd']:.4f} same round, "
+            f"{out[name]['other_round_sd']:.4f} rounds apart ({n} pairs)",
+            flush=True,
+        )
+    return out
+
+
 def summarize(results: dict[str, list[dict]], args) -> dict:
     summary = {}
     for case, rows in results.items():
@@ -264,6 +297,7 @@ def main() -> int:
     )
     results = run_pool(args, run_args, delays) if args.pool else run_gates(args, run_args, delays)
     summary = summarize(results, args)
+    spread = statistic_spread(args.workdir) if args.pool else None
     pair_minutes = [
         r["minutes"] / r["pairs"] for rows in results.values() for r in rows if r["pairs"] and r["minutes"]
     ]
@@ -289,6 +323,7 @@ def main() -> int:
                         "statistic": args.statistic,
                     },
                     "budget_minutes": budget,
+                    "statistic_spread": spread,
                     "summary": summary,
                     "results": results,
                 },

@@ -345,6 +345,31 @@ def test_resuming_another_gates_pairs_is_refused(tmp_path):
         gate.run_gate(settings(order_seed=99), tmp_path, FakeRuns(tmp_path), say=lambda _: None)
 
 
+def test_cpu_time_is_a_companion_reported_beside_the_verdict_never_gated(tmp_path):
+    """Where the head's steps take 30% more CPU time and the same wall time, the companion says +30% and
+    the verdict stays NO REGRESSION; pairs without CPU times on both sides are left out of it."""
+    pairs = [
+        {"base": {"cpu_median_s": 0.1 * f}, "head": {"cpu_median_s": 0.13 * f}}
+        for f in (1.0, 1.02, 0.99, 1.01)
+    ]
+    pairs.append({"base": {"cpu_median_s": None}, "head": {"cpu_median_s": 0.2}})
+    cpu = gate.cpu_companion(pairs, DESIGN)
+    assert cpu["pairs"] == 4 and cpu["change"] == pytest.approx(0.30, abs=1e-9)
+    assert gate.cpu_companion(pairs[-2:], DESIGN) is None  # one usable pair: no spread to read
+    runs = FakeRuns(tmp_path)
+    real = runs.__call__
+
+    def with_cpu(side, k):
+        run = real(side, k)
+        run.record["step_cpu_times_s"] = [0.1 * (1.3 if side == "head" else 1.0)] * 5
+        return run
+
+    outcome = gate.run_gate(settings(), tmp_path, with_cpu, say=lambda _: None)
+    assert outcome.verdict == "NO REGRESSION"
+    (line,) = [d["line"] for d in outcome.details if d["metric"] == "CPU time per step"]
+    assert line.startswith("CPU time per step (companion, not gated): +30.0%")
+
+
 # ---- duet: both sides at once, each on its half of the node ------------------------------------------
 
 

@@ -160,6 +160,7 @@ def test_the_loop_runs_its_phases_in_order_and_the_stream_gives_the_rank_record(
         ("traced", False),
     ]
     assert len(record["step_times"]) == len(record["losses"]) == len(record["data_prep"]) == 4
+    assert len(record["step_cpu_times"]) == 4 and all(c >= 0 for c in record["step_cpu_times"])
     assert len(record["warmup_losses"]) == 2 and len(record["compute_only_step_times"]) == 3
     assert record["optimizer_timed_step_times"] == record["optimizer_step_times"] == []
     assert record["step_times"] == [e["step_time_s"] for e in steps if e["phase"] == "measured"]

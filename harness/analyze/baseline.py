@@ -63,6 +63,9 @@ def trim(record: dict) -> dict:
         "summary": record["summary"],
         "kind": record.get("kind", "training"),
         "step_times_s": per_step_max(ok_ranks, "step_times") if record.get("kind") != "commbench" else [],
+        "step_cpu_times_s": per_step_max(ok_ranks, "step_cpu_times")
+        if record.get("kind") != "commbench"
+        else [],
     }
 
 

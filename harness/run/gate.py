@@ -65,6 +65,7 @@ from harness.analyze.sequential import (
     Decision,
     Design,
     decide,
+    estimate,
 )
 from harness.analyze.summary import fmt_bytes
 from harness.run.devices import query_gpus, visible_gpus, visible_mask
@@ -443,11 +444,14 @@ def where(run: RunOutcome, out: Path) -> str | None:
 
 
 def paired_run(run: RunOutcome, out: Path, statistic: str) -> dict:
-    """What pairs.jsonl keeps of one ok run of a pair."""
+    """What pairs.jsonl keeps of one ok run of a pair: the gated statistic, and the median of its steps'
+    process CPU time (None where the run did not measure it), the companion."""
     assert run.record is not None and run.path is not None
+    cpu = run.record.get("step_cpu_times_s") or []
     return {
         "record": where(run, out),
         "statistic": per_run(run.record, statistic),
+        "cpu_median_s": float(np.median(cpu)) if cpu else None,
         "steps": len(run.record["step_times_s"]),
         "seconds": run.seconds,
     }
@@ -691,6 +695,17 @@ def run_gate(settings: Settings, out: Path, runner: Runner, say=print, clock=tim
         details = exact_changes(base, head) + (
             memory_lines(base, head, settings.memory_threshold) if base and head else []
         )
+        cpu = cpu_companion(used, design)
+        if cpu is not None:
+            details.append(
+                {
+                    "metric": "CPU time per step",
+                    "verdict": "companion",
+                    **cpu,
+                    "line": f"CPU time per step (companion, not gated): {fmt_change(cpu['change'])}"
+                    f"{fmt_interval(cpu['interval'])}",
+                }
+            )
         outcome = verdict_of(decision, details, settings, minutes)
     outcome_json = {
         "verdict": outcome.verdict,
@@ -789,6 +804,22 @@ def read_failures(out: Path) -> list[dict]:
         except ValueError:
             continue
     return rows
+
+
+def cpu_companion(pairs: list[dict], design: Design) -> dict | None:
+    """The head's process CPU time per step against the base's, over the pairs that measured it on both
+    sides: its change and repeated interval, as the step time's are read. Reported, never gated: CPU time
+    is blind to waiting (a slower collective or a stall adds step time and no CPU time), but where the
+    step time moves and the CPU time does not, the change is in waiting, not in work."""
+    x = [
+        math.log(p["head"]["cpu_median_s"] / p["base"]["cpu_median_s"])
+        for p in pairs
+        if (p["head"].get("cpu_median_s") or 0) > 0 and (p["base"].get("cpu_median_s") or 0) > 0
+    ]
+    if len(x) < 2:
+        return None
+    change, interval, _ = estimate(np.asarray(x), design)
+    return {"change": change, "interval": list(interval) if interval else None, "pairs": len(x)}
 
 
 def verdict_of(decision: Decision, details: list[dict], settings: Settings, minutes: float) -> Outcome:
