@@ -128,6 +128,26 @@ class Options:
                 values[f.name] = f.metadata["parse"](value) if f.metadata["parse"] else value
         return cls(**values)
 
+    def to_argv(self, against: Options | None = None) -> list[str]:
+        """The command-line flags that set these options over `against` (the defaults where None): what
+        `harness run` is given to run them again (`harness select --confirm`). Each flag takes the text it
+        parses back to the value: on/off for a switch, the bare flag for a boolean, the value otherwise."""
+        against = against if against is not None else type(self)()
+        out: list[str] = []
+        for f in dataclasses.fields(self):
+            value, meta = getattr(self, f.name), f.metadata
+            if value == getattr(against, f.name):
+                continue
+            if meta["parse"] is on_off:
+                out += [meta["flag"], "on" if value else "off"]
+            elif f.type in (bool, "bool") and meta["choices"] is None:
+                if not value:
+                    raise ValueError(f"{meta['flag']}: a store-true flag cannot be turned off")
+                out.append(meta["flag"])
+            else:
+                out += [meta["flag"], str(value)]
+        return out
+
     @classmethod
     def from_dict(cls: type[OptionsT], d: dict | None) -> OptionsT:
         """From RunConfig.backend_options; a key missing (an older record) takes its default."""

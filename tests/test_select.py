@@ -9,12 +9,12 @@ import json
 import pytest
 
 from backends import get_backend
-from core.config import RunConfig
+from core.config import InvalidConfig, RunConfig
 from core.records import validate_record
-from harness.cli import main
+from harness.cli import main, make_parser
 from harness.predict import select
 from harness.predict.hardware import load_profile
-from harness.predict.model import Calibration
+from harness.run.options import build_config
 from workloads.spec import PRESETS
 
 pytestmark = pytest.mark.unit
@@ -100,18 +100,24 @@ def test_a_candidate_that_does_not_fit_names_the_term_that_broke_it():
 
 # ---------------------------------------------------------------------------------------------- search
 def args_for(**kw):
-    base = dict(workload="small", gpus=[8, 16], global_batch=64, deadline=None, budget=None)
+    base = dict(
+        workload="small", gpus=[8, 16], global_batch=64, deadline=None, budget=None, threads_per_worker=1
+    )
     base.update(kw)
     return argparse.Namespace(**base)
 
 
 def test_search_takes_the_largest_micro_batch_that_fits_and_drops_the_rest():
     profile = load_profile("h100-sxm")
-    base = select.base_configs(args_for(), profile, PRESETS["small"], ["bf16"], ["torch-ddp", "deepspeed"])
+    pricing = select.Pricing.of(profile)
+    base, unpriced = select.base_configs(
+        args_for(), pricing, PRESETS["small"], ["bf16"], ["torch-ddp", "deepspeed"]
+    )
+    assert not unpriced
     assert {(c.backend, c.topology.world_size) for c in base} == {
         (b, n) for b in ("torch-ddp", "deepspeed") for n in (8, 16)
     }
-    roomy = select.search(base, profile, Calibration(), 1e9, None)
+    roomy = select.search(base, pricing, 1e9, None)
     for c in roomy:
         assert not c.dropped
         assert c.cfg.batch.micro_batch * c.cfg.batch.grad_accum * c.cfg.topology.world_size == 64
@@ -123,7 +129,7 @@ def test_search_takes_the_largest_micro_batch_that_fits_and_drops_the_rest():
     )
     one = select.peak_memory(zero3.cfg.evolve(micro_batch=1))["total"]
     tight = dataclasses.replace(profile, memory_bytes=(one + 1) / (1 - select.ALLOCATOR_MARGIN))
-    cands = select.search(base, tight, Calibration(), 1e9, None)
+    cands = select.search(base, select.Pricing.of(tight), 1e9, None)
     same = [
         c
         for c in cands
@@ -140,9 +146,9 @@ def test_search_takes_the_largest_micro_batch_that_fits_and_drops_the_rest():
 
 
 def test_pareto_and_constraints():
-    profile = load_profile("h100-sxm")
-    base = select.base_configs(args_for(), profile, PRESETS["small"], ["bf16"], ["torch-ddp"])
-    cands = select.search(base, profile, Calibration(), 1e9, 2.0)
+    pricing = select.Pricing.of(load_profile("h100-sxm"))
+    base, _ = select.base_configs(args_for(), pricing, PRESETS["small"], ["bf16"], ["torch-ddp"])
+    cands = select.search(base, pricing, 1e9, 2.0)
     front = select.pareto(cands)
     assert front
     for c in cands:
@@ -153,25 +159,65 @@ def test_pareto_and_constraints():
     assert [c for c in cands if not c.dropped] and all(c.lacks == ["deadline"] for c in cands if c.dropped)
 
 
+# ------------------------------------------------------------------------------------------ confirming
+@pytest.mark.parametrize(
+    "stacks, n, device, precision",
+    [
+        (["torch-ddp", "deepspeed", "torch-fsdp", "horovod"], 8, "cuda", "bf16"),
+        (["tf-mwms", "paddle-fleet"], 2, "cpu", "fp32"),
+    ],
+)
+def test_each_candidate_s_run_arguments_build_the_configuration_it_was_priced_as(
+    stacks, n, device, precision
+):
+    """--confirm runs a candidate with `harness run RUN_ARGV`: parsed and built as a run builds it, that
+    is the candidate's own configuration (stack, options beyond the variant's, variant, shape, precision,
+    micro-batch and accumulation, checkpointing, ranks), for every sharding setting and variant."""
+    profile = dataclasses.replace(load_profile("h100-sxm"), device=device)
+    args = args_for(gpus=[n], workload="tiny", global_batch=32)
+    base, _ = select.base_configs(args, select.Pricing.of(profile), PRESETS["tiny"], [precision], stacks)
+    assert {c.variant for c in base} == {"default", "tuned"} and {
+        c.model.activation_checkpointing for c in base
+    } == {
+        False,
+        True,
+    }
+    runnable = 0
+    for c in base:
+        try:  # as search() drops what its adapter refuses (Paddle's sharding stages 2 and 3 on a CPU)
+            get_backend(c.backend).validate(c)
+        except InvalidConfig:
+            continue
+        runnable += 1
+        c = c.evolve(micro_batch=2, grad_accum=c.batch.grad_accum // 2)
+        parsed = make_parser().parse_args(["run", *select.run_argv(c)])
+        built = build_config(parsed, c.backend, n, check_devices=False)
+        for part in ("backend", "variant", "backend_options"):
+            assert getattr(built, part) == getattr(c, part), (part, select.run_argv(c))
+        assert built.model.spec == c.model.spec and built.model.precision == c.model.precision
+        assert built.model.activation_checkpointing == c.model.activation_checkpointing
+        assert (built.batch.micro_batch, built.batch.grad_accum) == (c.batch.micro_batch, c.batch.grad_accum)
+        assert (built.topology.world_size, built.topology.device) == (n, device)
+    assert runnable >= len(base) // 2
+
+
 # ------------------------------------------------------------------------------------------------ odds
 def candidate(c: RunConfig) -> select.Candidate:
     return select.Candidate(c, get_backend(c.backend).label(c), {})
 
 
 def test_identical_candidates_are_each_about_half():
-    profile = load_profile("h100-sxm")
     c = cfg("torch-ddp", n=8)
-    p = select.odds([candidate(c), candidate(c)], profile, Calibration(), samples=200)
+    p = select.odds([candidate(c), candidate(c)], select.Pricing.of(load_profile("h100-sxm")), samples=200)
     assert p == pytest.approx([0.5, 0.5], abs=0.05)
 
 
 def test_a_candidate_faster_in_every_draw_wins_and_the_odds_sum_to_one():
-    profile = load_profile("h100-sxm")
+    pricing = select.Pricing.of(load_profile("h100-sxm"))
     slow, fast = cfg("torch-ddp", n=8), cfg("torch-ddp", n=8, micro=8)  # same work a token, more a call
     p = select.odds(
         [candidate(cfg("deepspeed", n=8, options={"zero_stage": 3})), candidate(fast), candidate(slow)],
-        profile,
-        Calibration(),
+        pricing,
         samples=100,
     )
     assert sum(p) == pytest.approx(1.0)

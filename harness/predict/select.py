@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import itertools
 import math
+import subprocess
 import sys
 import time
 import uuid
@@ -25,11 +26,21 @@ from rich.table import Table
 
 from backends import backend_names, get_backend
 from core.config import PRECISIONS, InvalidConfig, RunConfig
-from core.records import SCHEMA_VERSION, git_commit, now_iso, write_record_atomic
+from core.process import available_cpus
+from core.records import (
+    SCHEMA_VERSION,
+    git_commit,
+    load_record,
+    load_records,
+    now_iso,
+    run_config,
+    write_record_atomic,
+)
+from harness.analyze.metrics import summarize
 from harness.analyze.summary import fmt_bytes
 from harness.predict.command import duration, shape_title, tokens_count, usd
-from harness.predict.hardware import CORNERS, ProfileError, catalogue, load_profile
-from harness.predict.model import INPUTS, Calibration, memory, predict_point, step_at
+from harness.predict.hardware import CORNERS, Profile, ProfileError, catalogue, load_profile, local_profile
+from harness.predict.model import INPUTS, Calibration, calibrate, memory, predict_point, step_at
 from harness.run_args import spec_from_args
 from harness.usage import EXIT_OK, UsageError, positive
 from workloads.spec import OVERRIDES, PRESETS
@@ -139,12 +150,74 @@ class Candidate:
         return self.prediction["corners"]["nominal"]["train_time_s"] if self.prediction else math.inf
 
 
-def base_configs(args, profile, spec, precisions, stacks) -> list[RunConfig]:
+class Pricing:
+    """What prices a candidate: the hardware profile and the compute calibration. A catalogue profile is one
+    for every stack; the local profile is one per stack, from that stack's commbench records in
+    --calibrate (each stack's collectives are its own). Compute calibrates from --calibrate's 1-rank
+    training runs of the candidate's stack label and precision (harness.predict.model.calibrate); the local
+    profile knows no peak FLOP/s, so there a stack without such a run cannot be priced."""
+
+    def __init__(self, hardware: str, records: list[dict]):
+        self.hardware = hardware
+        self.training = [r for r in records if r["kind"] == "training"]
+        self.commbench = [r for r in records if r["kind"] == "commbench"]
+        self.local = hardware == "local"
+        self.catalogued = None if self.local else profile_from(hardware)
+        self.profiles: dict[str, Profile] = {}
+        self.calibrations: dict[tuple, Calibration] = {}
+
+    @classmethod
+    def of(cls, profile: Profile, records: list[dict] | None = None) -> Pricing:
+        """Pricing on a profile already loaded (a catalogue one, or one changed by hand)."""
+        pricing = cls.__new__(cls)
+        pricing.hardware, pricing.local, pricing.catalogued = profile.name, False, profile
+        pricing.training = [r for r in records or [] if r["kind"] == "training"]
+        pricing.commbench = []
+        pricing.profiles, pricing.calibrations = {}, {}
+        return pricing
+
+    def profile(self, backend: str) -> Profile:
+        """ProfileError where the local profile has no commbench record of the stack."""
+        if self.catalogued is not None:
+            return self.catalogued
+        if backend not in self.profiles:
+            self.profiles[backend] = local_profile(self.commbench, backend, available_cpus())
+        return self.profiles[backend]
+
+    def calibration(self, cfg: RunConfig) -> Calibration:
+        key = (get_backend(cfg.backend).label(cfg), cfg.model.precision, cfg.topology.threads_per_worker)
+        if key not in self.calibrations:
+            self.calibrations[key] = (
+                calibrate(self.training, cfg, self.profile(cfg.backend)) if self.training else Calibration()
+            )
+        return self.calibrations[key]
+
+    def calibrated(self, cfg: RunConfig) -> bool:
+        return self.calibration(cfg).seconds_per_flop is not None
+
+    @property
+    def device(self) -> str:
+        if self.catalogued is not None:
+            return self.catalogued.device
+        return "cuda" if any(run_config(r).topology.device == "cuda" for r in self.commbench) else "cpu"
+
+
+def base_configs(args, pricing: Pricing, spec, precisions, stacks) -> tuple[list[RunConfig], list[Candidate]]:
     """Every stack x sharding setting x checkpointing x precision x variant x N at micro-batch 1 (the
-    micro-batch is chosen per candidate)."""
-    out = []
+    micro-batch is chosen per candidate); and, dropped with the reason, the stacks the profile cannot price
+    (the local profile without the stack's commbench record)."""
+    out: list[RunConfig] = []
+    unpriced: list[Candidate] = []
     for name in stacks:
         backend = get_backend(name)
+        try:
+            profile = pricing.profile(name)
+        except ProfileError as exc:
+            cfg = RunConfig.build(backend=name, workload="custom", spec=spec, world_size=max(args.gpus))
+            unpriced.append(
+                Candidate(cfg, backend.label(cfg), {}, dropped=f"not priced: {exc}", lacks=["profile"])
+            )
+            continue
         for setting, ckpt, precision, variant, n in itertools.product(
             sharding_settings(backend), (False, True), precisions, VARIANTS, args.gpus
         ):
@@ -165,6 +238,7 @@ def base_configs(args, profile, spec, precisions, stacks) -> list[RunConfig]:
                 nodes=math.ceil(n / per_node),
                 gpus_per_node=per_node,
                 backend_options=backend.Options(**setting).to_dict(),
+                threads_per_worker=args.threads_per_worker,
             )
             if variant == "tuned":
                 tuned = {k: s.value for k, s in backend.tuned(cfg).items()}
@@ -174,16 +248,17 @@ def base_configs(args, profile, spec, precisions, stacks) -> list[RunConfig]:
                     backend_options=backend.Options(**{**tuned, **setting}).to_dict(), variant="tuned"
                 )
             out.append(cfg)
-    return out
+    return out, unpriced
 
 
-def search(base: list[RunConfig], profile, calib: Calibration, tokens: float, price) -> list[Candidate]:
+def search(base: list[RunConfig], pricing: Pricing, tokens: float, price) -> list[Candidate]:
     """Each base configuration at the largest micro-batch that divides its share of the global batch and
-    fits; priced by the predictor. One that fits at no micro-batch, or that its adapter refuses, is dropped
-    with the reason."""
+    fits; priced by the predictor. One that fits at no micro-batch, that its adapter refuses, or whose
+    compute no calibration prices, is dropped with the reason."""
     out = []
     for cfg in base:
         backend = get_backend(cfg.backend)
+        profile = pricing.profile(cfg.backend)
         share = cfg.batch.grad_accum  # sequences per rank per step
         label = backend.label(cfg)
         try:
@@ -210,8 +285,17 @@ def search(base: list[RunConfig], profile, calib: Calibration, tokens: float, pr
                 )
             )
             continue
+        if profile.device == "cpu" and not pricing.calibrated(chosen):
+            unused = len(pricing.calibration(chosen).notes)
+            why = f"no 1-rank {chosen.model.precision} training record of {label} in --calibrate" + (
+                f" ({unused} record(s) of other stacks, precisions, rank counts or threads)" if unused else ""
+            )
+            out.append(
+                Candidate(chosen, label, terms, dropped=f"not calibrated: {why}", lacks=["calibration"])
+            )
+            continue
         try:
-            prediction = predict_point(chosen, profile, calib, tokens, price)
+            prediction = predict_point(chosen, profile, pricing.calibration(chosen), tokens, price)
         except ProfileError as exc:
             raise UsageError(str(exc)) from None
         out.append(Candidate(chosen, label, terms, prediction))
@@ -254,7 +338,7 @@ def pareto(cands: list[Candidate]) -> list[Candidate]:
     ]
 
 
-def odds(cands: list[Candidate], profile, calib: Calibration, samples: int = ODDS_SAMPLES, seed: int = SEED):
+def odds(cands: list[Candidate], pricing: Pricing, samples: int = ODDS_SAMPLES, seed: int = SEED):
     """The probability each candidate is the fastest: the predictor's uncertain inputs (INPUTS: compute,
     bandwidth, latency, overlap, stragglers) each drawn at one of its corners, uniformly, the same draw
     for every candidate (one cluster: what is slow is slow for all); a tie shares the win equally."""
@@ -268,6 +352,7 @@ def odds(cands: list[Candidate], profile, calib: Calibration, samples: int = ODD
         at = {name: CORNERS[k] for name, k in zip(INPUTS, key)}
         for j, c in enumerate(cands):
             if (j, key) not in cache:
+                profile, calib = pricing.profile(c.cfg.backend), pricing.calibration(c.cfg)
                 step = step_at(c.cfg, profile, calib, plans[j], at)["step_s"]
                 cache[(j, key)] = step / c.cfg.tokens_per_step  # seconds a token
             times[s, j] = cache[(j, key)]
@@ -293,6 +378,11 @@ def row(c: Candidate, capacity) -> dict:
         "micro_batch": c.cfg.batch.micro_batch,
         "grad_accum": c.cfg.batch.grad_accum,
         "train_time_s": {"nominal": times[1], "low": min(times), "high": max(times)},
+        "step_time_s": {
+            "nominal": corners["nominal"]["step_time_s"],
+            "low": min(corners[k]["step_time_s"] for k in CORNERS),
+            "high": max(corners[k]["step_time_s"] for k in CORNERS),
+        },
         "cost_usd": nominal["cost_usd"],
         "gpu_hours": nominal["gpu_hours"],
         "mfu": nominal["mfu"],
@@ -345,23 +435,29 @@ def print_answer(rows, front, excluded, header, top, stream=None) -> None:
         console.print(f"  {e['label']} N={e['gpus']}: {e['why']}")
 
 
-def profile_from(args):
+def profile_from(hardware: str) -> Profile:
     try:
-        return load_profile(args.hardware)
+        return load_profile(hardware)
     except ProfileError as exc:
         raise UsageError(str(exc)) from None
 
 
 def cmd_select(args) -> int:
     started = time.perf_counter()
-    profile = profile_from(args)
+    records = load_records(args.calibrate, kind=None) if args.calibrate else []
+    if args.hardware == "local" and not records:
+        raise UsageError(
+            "--hardware local needs --calibrate: each stack's commbench record (its collectives here) and a "
+            "1-rank training run (its compute here)"
+        )
+    pricing = Pricing(args.hardware, records)
     spec = spec_from_args(args)
     stacks = args.stacks.split(",") if args.stacks else backend_names()
     for s in stacks:
         if s not in backend_names():
             raise UsageError(f"--stacks: unknown stack '{s}'; valid: {', '.join(backend_names())}")
     precisions = (
-        args.precision.split(",") if args.precision else ["bf16" if profile.device == "cuda" else "fp32"]
+        args.precision.split(",") if args.precision else ["bf16" if pricing.device == "cuda" else "fp32"]
     )
     for p in precisions:
         if p not in PRECISIONS:
@@ -370,11 +466,10 @@ def cmd_select(args) -> int:
         raise UsageError("--budget needs --gpu-hour-price (the cost is GPU-hours x price)")
     args.global_batch = args.global_batch or DEFAULT_GLOBAL_BATCH
     tokens = args.tokens or 20 * spec.n_params
-    calib = Calibration()
-    base = base_configs(args, profile, spec, precisions, stacks)
-    if not base:
+    base, unpriced = base_configs(args, pricing, spec, precisions, stacks)
+    if not base and not unpriced:
         raise UsageError(f"--global-batch {args.global_batch} divides over none of --gpus with whole nodes")
-    cands = search(base, profile, calib, tokens, args.gpu_hour_price)
+    cands = search(base, pricing, tokens, args.gpu_hour_price) + unpriced
     constrain(cands, args.deadline, args.budget)
     kept = sorted([c for c in cands if not c.dropped], key=lambda c: c.train_s)
     excluded = [
@@ -382,9 +477,10 @@ def cmd_select(args) -> int:
         for c in cands
         if c.dropped
     ]
+    where = pricing.hardware if pricing.catalogued is None else pricing.catalogued.name
     header = (
-        f"SELECTED (predicted, not measured): {shape_title(base[0].model.workload, spec)}, "
-        f"on {profile.name}, "
+        f"SELECTED (predicted, not measured): {shape_title(cands[0].cfg.model.workload, spec)}, "
+        f"on {where}, "
         f"{tokens:.3g} tokens, global batch {args.global_batch}; {len(cands)} candidates, {len(kept)} meet "
         "every constraint"
     )
@@ -399,26 +495,33 @@ def cmd_select(args) -> int:
         return EXIT_NOTHING
     front = pareto(kept)
     top = kept[:ODDS_TOP]
-    p = odds(top, profile, calib)
+    p = odds(top, pricing)
     rows = []
     for i, c in enumerate(kept):
-        r = row(c, profile.memory_bytes)
+        r = row(c, pricing.profile(c.cfg.backend).memory_bytes)
         r["setting"] = {k: c.cfg.backend_options[k] for k in sharding_settings(get_backend(c.cfg.backend))[0]}
         r["pareto"] = c in front
         r["p_fastest"] = float(p[i]) if i < len(top) else None
+        r["calibrated"] = pricing.calibrated(c.cfg)
+        r["run_argv"] = run_argv(c.cfg)
         rows.append(r)
     print_answer(rows, [rows[kept.index(c)] for c in front], excluded, header, args.top)
+    confirmed = None
+    if args.confirm:
+        out = Path(args.out or "results") / "confirm"
+        confirmed = confirm(rows[: args.confirm], out, args.confirm_steps)
+        print_confirmed(confirmed)
     elapsed = time.perf_counter() - started
     print(f"selected among {len(cands)} candidates in {elapsed:.1f} s")
     if args.out:
         record = {
             "schema_version": SCHEMA_VERSION,
             "kind": "selection",
-            "run_id": f"select-{profile.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}",
+            "run_id": f"select-{where}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}",
             "status": "ok",
             "inputs": {
                 "argv": list(args.argv),
-                "workload": base[0].model.workload,
+                "workload": cands[0].cfg.model.workload,
                 "tokens": tokens,
                 "global_batch": args.global_batch,
                 "deadline_h": args.deadline,
@@ -426,11 +529,15 @@ def cmd_select(args) -> int:
                 "gpu_hour_price_usd": args.gpu_hour_price,
                 "allocator_margin": ALLOCATOR_MARGIN,
                 "odds": {"samples": ODDS_SAMPLES, "seed": SEED, "inputs": list(INPUTS)},
-                "hardware": profile.to_dict(),
+                "hardware": {
+                    name: pricing.profile(name).to_dict() for name in sorted({c.cfg.backend for c in kept})
+                },
+                "calibration_records": [r["run_id"] for r in records],
             },
             "ranked": rows,
             "pareto": [kept.index(c) for c in front],
             "excluded": excluded,
+            "confirmed": confirmed,
             "environment": {"start_time": now_iso(), "git": git_commit(), "elapsed_s": elapsed},
         }
         Path(args.out).mkdir(parents=True, exist_ok=True)
@@ -440,6 +547,95 @@ def cmd_select(args) -> int:
     return EXIT_OK
 
 
+def run_argv(cfg: RunConfig) -> list[str]:
+    """The `harness run` arguments that run candidate `cfg` as priced: its stack, ranks, shape, precision,
+    micro-batch and accumulation, checkpointing, variant, and its options beyond what the variant sets."""
+    backend = get_backend(cfg.backend)
+    spec = cfg.model.spec
+    argv = ["--backend", cfg.backend, "--gpus", str(cfg.topology.world_size), "--device", cfg.topology.device]
+    if cfg.topology.nodes > 1:
+        argv += ["--nodes", str(cfg.topology.nodes), "--gpus-per-node", str(cfg.topology.gpus_per_node)]
+    argv += ["--vocab", str(spec.vocab_size), "--seq-len", str(spec.seq_len), "--d-model", str(spec.d_model)]
+    argv += ["--layers", str(spec.n_layers), "--heads", str(spec.n_heads), "--ffn", str(spec.d_ff)]
+    argv += ["--precision", cfg.model.precision, "--micro-batch", str(cfg.batch.micro_batch)]
+    argv += ["--grad-accum", str(cfg.batch.grad_accum)]
+    if cfg.topology.device == "cpu":
+        argv += ["--threads-per-worker", str(cfg.topology.threads_per_worker)]
+    if cfg.model.activation_checkpointing:
+        argv.append("--activation-checkpointing")
+    against = None
+    if cfg.variant == "tuned":
+        argv.append("--tuned")
+        against = backend.Options(**{k: s.value for k, s in backend.tuned(cfg).items()})
+    return argv + backend.Options.from_dict(cfg.backend_options).to_argv(against)
+
+
+def confirm(rows: list[dict], out: Path, steps: int) -> list[dict]:
+    """Each of the top candidates run briefly here (`harness run` with its run_argv), one after the other:
+    the predicted step time and band against the measured one. A run that fails is recorded as a failed
+    candidate, never dropped; then the candidates are ranked again on what was measured."""
+    done = []
+    for r in rows:
+        argv = [*r["run_argv"], "--steps", str(steps), "--warmup", "2", "--compute-method", "none"]
+        argv += ["--no-trace-comm", "--out", str(out), "--quiet"]
+        before = set(out.glob("*.json")) if out.is_dir() else set()
+        proc = subprocess.run([sys.executable, "-m", "harness", "run", *argv], capture_output=True, text=True)
+        new = sorted(set(out.glob("*.json")) - before) if out.is_dir() else []
+        record = load_record(new[0]) if len(new) == 1 else None
+        predicted = r["step_time_s"]
+        measured = None
+        if record is not None and record["status"] == "ok":
+            measured = float(summarize(record)["step_time_s"]["median"])
+        entry = {
+            "label": r["label"],
+            "gpus": r["gpus"],
+            "run_argv": r["run_argv"],
+            "status": record["status"] if record else f"no record (exit {proc.returncode})",
+            "record": str(new[0]) if len(new) == 1 else None,
+            "predicted_step_s": predicted,
+            "measured_step_s": measured,
+            "in_band": None if measured is None else bool(predicted["low"] <= measured <= predicted["high"]),
+            "error": None if measured is None else float(measured / predicted["nominal"] - 1),
+            "why": None if measured is not None else (proc.stderr or proc.stdout).strip().splitlines()[-1:],
+        }
+        done.append(entry)
+    ranked = sorted(
+        range(len(done)), key=lambda i: done[i]["measured_step_s"] if done[i]["measured_step_s"] else math.inf
+    )
+    for rank, i in enumerate(ranked, 1):
+        done[i]["measured_rank"] = rank if done[i]["measured_step_s"] is not None else None
+    return done
+
+
+def print_confirmed(confirmed: list[dict], stream=None) -> None:
+    console = Console(file=stream or sys.stdout, width=220)
+    table = Table(title="CONFIRMED (measured here, briefly)", title_justify="left")
+    for col in (
+        "#",
+        "stack",
+        "N",
+        "predicted step (band)",
+        "measured step",
+        "error",
+        "in band",
+        "measured #",
+    ):
+        table.add_column(col, justify="left" if col == "stack" else "right")
+    for i, c in enumerate(confirmed, 1):
+        p = c["predicted_step_s"]
+        table.add_row(
+            str(i),
+            c["label"],
+            str(c["gpus"]),
+            f"{p['nominal'] * 1e3:,.1f} ms ({p['low'] * 1e3:,.1f}–{p['high'] * 1e3:,.1f})",
+            f"{c['measured_step_s'] * 1e3:,.1f} ms" if c["measured_step_s"] else c["status"],
+            f"{c['error']:+.0%}" if c["error"] is not None else "-",
+            {True: "yes", False: "MISSED", None: "-"}[c["in_band"]],
+            str(c["measured_rank"] or "-"),
+        )
+    console.print(table)
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser("select", help="rank stacks and settings for a model on a cluster, with odds")
     p.add_argument("--workload", default="tiny", help=f"preset: {', '.join(PRESETS)}")
@@ -447,7 +643,11 @@ def register(subparsers) -> None:
         p.add_argument(
             "--" + flag.replace("_", "-"), dest=flag, type=positive, help=f"override {OVERRIDES[flag]}"
         )
-    p.add_argument("--hardware", required=True, help=f"{', '.join(catalogue())} or a profile .yaml")
+    p.add_argument(
+        "--hardware",
+        required=True,
+        help=f"{', '.join(catalogue())}, a profile .yaml, or local (this machine, from --calibrate)",
+    )
     p.add_argument("--gpus", type=gpu_range, required=True, help="rank counts: 8,16,32 or 8-256")
     p.add_argument("--tokens", type=tokens_count, help="tokens to train on (default 20 x parameters)")
     p.add_argument("--deadline", type=hours, help="hours the training may take")
@@ -458,4 +658,27 @@ def register(subparsers) -> None:
     p.add_argument("--stacks", help=f"comma-separated, of {', '.join(backend_names())} (default all)")
     p.add_argument("--top", type=positive, default=15, help="rows of the table shown (default 15)")
     p.add_argument("--out", type=Path, help="write the selection record into this folder")
+    p.add_argument(
+        "--calibrate",
+        nargs="+",
+        metavar="RECORDS",
+        help="record files or folders: 1-rank training runs calibrate each stack's compute; with "
+        "--hardware local, each stack's commbench record gives its collectives here",
+    )
+    p.add_argument(
+        "--threads-per-worker",
+        type=positive,
+        default=1,
+        help="CPU profiles: threads per worker (calibration runs must have used the same; default 1)",
+    )
+    p.add_argument(
+        "--confirm",
+        type=positive,
+        metavar="K",
+        help="run the top K candidates briefly on this machine's devices, then show predicted against "
+        "measured and rank them again (records under OUT/confirm)",
+    )
+    p.add_argument(
+        "--confirm-steps", type=positive, default=6, help="measured steps of each --confirm run (default 6)"
+    )
     p.set_defaults(func=cmd_select)
