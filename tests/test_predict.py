@@ -731,6 +731,42 @@ def test_the_scaling_ratio_s_band_spans_every_combination_of_the_inputs_ends():
 
 
 @unit
+@pytest.mark.subprocess  # the record's git commit
+def test_a_global_batch_takes_the_largest_micro_batch_that_fits_and_accumulates_the_rest(tmp_path, capsys):
+    """Strong scaling as users run it: a 6.6B model at 8 H100s and a global batch of 1,024 is priced at the
+    largest micro-batch that fits 80 GB (not 1,024 / 8 = 128 sequences a micro-step, 2.3 TiB a rank), the
+    accumulation making up the rest; --micro-batch fixes it and derives the accumulation instead."""
+    shape = "--layers 32 --d-model 4096 --heads 32 --seq-len 4096 --vocab 32000".split()
+    common = ["predict", "--backend", "torch-fsdp", *shape, "--hardware", "h100-sxm", "--precision", "bf16"]
+    assert main([*common, "--gpus", "8,64", "--global-batch", "1024", "--out", str(tmp_path / "fit")]) == 0
+    for path in (tmp_path / "fit").glob("*.json"):
+        rec = json.loads(path.read_text())
+        batch, n = rec["config"]["batch"], rec["config"]["topology"]["world_size"]
+        assert batch["micro_batch"] * batch["grad_accum"] * n == 1024 and 1 < batch["micro_batch"] < 1024 // n
+        assert rec["summary"]["fits"]["verdict"] == "yes", rec["summary"]["fits"]
+    assert (
+        main(
+            [
+                *common,
+                "--gpus",
+                "8",
+                "--global-batch",
+                "1024",
+                "--micro-batch",
+                "1",
+                "--out",
+                str(tmp_path / "m"),
+            ]
+        )
+        == 0
+    )
+    (path,) = (tmp_path / "m").glob("*.json")
+    batch = json.loads(path.read_text())["config"]["batch"]
+    assert (batch["micro_batch"], batch["grad_accum"]) == (1, 128)
+    capsys.readouterr()
+
+
+@unit
 @pytest.mark.parametrize(
     "argv, message",
     [

@@ -18,14 +18,15 @@ from rich.console import Console
 from rich.table import Table
 
 from backends import all_backends, backend_names, get_backend
-from core.config import PRECISIONS, InvalidConfig, RunConfig
+from core.config import PRECISIONS, BatchConfig, InvalidConfig, RunConfig
 from core.process import available_cpus
 from core.records import SCHEMA_VERSION, git_commit, load_records, now_iso, write_record_atomic
 from harness.analyze.summary import fmt_bytes
+from harness.predict.fit import largest_fitting
 from harness.predict.hardware import CORNERS, ProfileError, catalogue, load_profile, local_profile
 from harness.predict.model import calibrate, predict_point, scaling_ratio
 from harness.predict.published_check import check as published_check
-from harness.run_args import foreign_flags, micro_batch_for, spec_from_args
+from harness.run_args import foreign_flags, spec_from_args
 from harness.usage import EXIT_OK, UsageError, choice, positive
 from workloads.spec import OVERRIDES, PRESETS
 
@@ -64,6 +65,35 @@ def usd(text: str) -> float:
     return value
 
 
+def batch_at(args, n: int) -> tuple[int, int]:
+    """(micro-batch, accumulation) at n ranks. With --global-batch: --micro-batch fixed and the
+    accumulation derived; or --grad-accum fixed and the micro-batch derived; or neither, micro-batch 1 and
+    the whole share accumulated, for configs() to raise to the largest micro-batch that fits. Without:
+    --micro-batch (default 8) and --grad-accum (default 1), the same at every n (weak scaling)."""
+    if not args.global_batch:
+        return args.micro_batch or BatchConfig.micro_batch, args.grad_accum or 1
+    if args.micro_batch and args.grad_accum:
+        raise UsageError(
+            "with --global-batch give --micro-batch or --grad-accum, not both: the other is derived"
+        )
+    per_micro = n * (args.micro_batch or args.grad_accum or 1)
+    if args.global_batch % per_micro:
+        given = (
+            f"--micro-batch {args.micro_batch}"
+            if args.micro_batch
+            else f"--grad-accum {args.grad_accum or 1}"
+        )
+        raise UsageError(
+            f"--global-batch {args.global_batch} is not divisible by gpus x ({given}) = {per_micro}: "
+            f"valid: a global batch that {n} ranks share in whole micro-batches"
+        )
+    if args.micro_batch:
+        return args.micro_batch, args.global_batch // per_micro
+    if args.grad_accum:
+        return args.global_batch // per_micro, args.grad_accum
+    return 1, args.global_batch // n
+
+
 def configs(args, profile) -> list[RunConfig]:
     """One RunConfig per rank count, validated by the adapter as a run's would be."""
     backend = get_backend(choice(args.backend, backend_names(), "backend"))
@@ -73,7 +103,7 @@ def configs(args, profile) -> list[RunConfig]:
     options = backend.Options.from_args(args).to_dict()
     out = []
     for n in args.gpus:
-        micro = micro_batch_for(args, n)
+        micro, accum = batch_at(args, n)
         per_node = min(n, profile.gpus_per_node)
         if n % per_node:
             raise UsageError(
@@ -89,7 +119,7 @@ def configs(args, profile) -> list[RunConfig]:
             device=profile.device,
             precision=args.precision,
             micro_batch=micro,
-            grad_accum=args.grad_accum,
+            grad_accum=accum,
             activation_checkpointing=args.activation_checkpointing,
             threads_per_worker=args.threads_per_worker,
             scaling="strong" if args.global_batch else "weak",
@@ -101,6 +131,11 @@ def configs(args, profile) -> list[RunConfig]:
             tuned = {name: setting.value for name, setting in backend.tuned(cfg).items()}
             options_tuned = backend.Options.from_args(args, tuned).to_dict()
             cfg = cfg.evolve(backend_options=options_tuned, variant="tuned")
+        if args.global_batch and not args.micro_batch and not args.grad_accum:
+            # strong scaling as users run it: the largest micro-batch that fits, accumulation for the rest
+            # (none fitting: micro-batch 1, which the prediction's memory verdict then reports)
+            fitted, _, _ = largest_fitting(cfg, args.global_batch // n, profile.memory_bytes)
+            cfg = fitted or cfg
         try:  # as a run's would be, less where its nodes are: a launch needs hosts, a prediction none
             backend.validate(cfg.evolve(hosts=[f"node{i}" for i in range(cfg.topology.nodes)]))
         except InvalidConfig as exc:
@@ -342,8 +377,15 @@ def register(subparsers) -> None:
         )
     p.add_argument("--precision", default="bf16", help=f"{', '.join(PRECISIONS)}")
     p.add_argument("--micro-batch", type=positive, help="sequences per rank per micro-step (default 8)")
-    p.add_argument("--global-batch", type=positive, help="global batch (strong scaling)")
-    p.add_argument("--grad-accum", type=positive, default=1)
+    p.add_argument(
+        "--global-batch",
+        type=positive,
+        help="global batch (strong scaling): at each N the largest micro-batch that fits the profile's "
+        "memory, or --micro-batch, and gradient accumulation for the rest",
+    )
+    p.add_argument(
+        "--grad-accum", type=positive, help="micro-steps a step (default 1; with --global-batch: derived)"
+    )
     p.add_argument("--activation-checkpointing", action="store_true")
     p.add_argument(
         "--tuned",

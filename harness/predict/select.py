@@ -39,17 +39,14 @@ from core.records import (
 from harness.analyze.metrics import summarize
 from harness.analyze.summary import fmt_bytes
 from harness.predict.command import duration, shape_title, tokens_count, usd
+from harness.predict.fit import ALLOCATOR_MARGIN, largest_fitting
 from harness.predict.hardware import CORNERS, Profile, ProfileError, catalogue, load_profile, local_profile
-from harness.predict.model import INPUTS, Calibration, calibrate, memory, predict_point, step_at
+from harness.predict.model import INPUTS, Calibration, calibrate, predict_point, step_at
 from harness.run_args import spec_from_args
 from harness.usage import EXIT_OK, UsageError, positive
 from workloads.spec import OVERRIDES, PRESETS
 
 EXIT_NOTHING = 1  # nothing meets the constraints: an answer, not an error
-# What the caching allocator and the framework's runtime take beyond the modelled terms: a fraction of the
-# device kept free (fragmentation, the CUDA context, NCCL's own buffers, cuBLAS workspaces).
-ALLOCATOR_MARGIN = 0.10
-MICRO_BATCHES = (64, 32, 16, 8, 4, 2, 1)  # tried largest first: the largest that fits is taken
 VARIANTS = ("default", "tuned")
 DEFAULT_GLOBAL_BATCH = 512
 ODDS_TOP = 5
@@ -102,38 +99,6 @@ def sharding_settings(backend) -> list[dict]:
         dict(zip([f.name for f in fields], values))
         for values in itertools.product(*[f.metadata["choices"] for f in fields])
     ]
-
-
-def peak_memory(cfg: RunConfig, factor: float = 1.0, plan=None) -> dict:
-    """Bytes per rank: the predictor's terms (model state as the stack holds it, gathered parameters and
-    prefetch, communication buffers, activations) and the attention a stack materialises where its
-    settings say so (backend.settings()["attention"]: TF's (B,H,T,T) logits)."""
-    backend = get_backend(cfg.backend)
-    terms = memory(cfg, factor, plan)
-    terms.pop("total")
-    attention = (backend.settings(cfg) or {}).get("attention") or {}
-    terms["materialised_attention"] = float(attention.get("bytes_held_for_backward", 0))
-    return {**terms, "total": sum(terms.values())}
-
-
-def fit_check(terms: dict, capacity: float | None, margin: float = ALLOCATOR_MARGIN) -> str | None:
-    """None when the terms fit the device less the allocator margin; else why not, naming the term that
-    broke it (the one whose addition, in order, first passes the usable memory)."""
-    if not capacity:
-        return None
-    usable = capacity * (1 - margin)
-    running = 0.0
-    for name, value in terms.items():
-        if name == "total":
-            continue
-        running += value
-        if running > usable:
-            return (
-                f"{name.replace('_', ' ')} ({fmt_bytes(value)}) breaks it: "
-                f"{fmt_bytes(terms['total'])} a rank > {fmt_bytes(usable)} usable "
-                f"({fmt_bytes(capacity)} less {margin:.0%} allocator margin)"
-            )
-    return None
 
 
 @dataclass
@@ -266,18 +231,7 @@ def search(base: list[RunConfig], pricing: Pricing, tokens: float, price) -> lis
         except InvalidConfig as exc:
             out.append(Candidate(cfg, label, {}, dropped=f"not runnable: {exc}", lacks=["runnable"]))
             continue
-        chosen: RunConfig | None = None
-        why: str | None = None
-        terms: dict = {}
-        for micro in MICRO_BATCHES:
-            if share % micro:
-                continue
-            trial = cfg.evolve(micro_batch=micro, grad_accum=share // micro)
-            terms = peak_memory(trial)
-            why = fit_check(terms, profile.memory_bytes)
-            if why is None:
-                chosen = trial
-                break
+        chosen, terms, why = largest_fitting(cfg, share, profile.memory_bytes)
         if chosen is None:
             out.append(
                 Candidate(
