@@ -241,6 +241,10 @@ def test_cli_writes_a_selection_record_that_validates(tmp_path, capsys):
             "2",
             "--out",
             str(tmp_path),
+            "--markdown",
+            str(tmp_path / "select.md"),
+            "--html",
+            str(tmp_path / "select.html"),
         ]
     )
     assert code == 0
@@ -249,9 +253,20 @@ def test_cli_writes_a_selection_record_that_validates(tmp_path, capsys):
     (path,) = tmp_path.glob("*.json")
     record = json.loads(path.read_text())
     assert validate_record(record) == "selection"
-    assert record["ranked"][0]["p_fastest"] is not None
+    first = record["ranked"][0]
+    assert first["p_fastest"] is not None
     times = [r["train_time_s"]["nominal"] for r in record["ranked"]]
     assert times == sorted(times)
+    # the documents answer first: the fastest with its odds, then who it is not told apart from, the cheapest
+    md = (tmp_path / "select.md").read_text().splitlines()
+    assert md[0] == "# distbench select" and md[2].startswith(f"Fastest (predicted): {first['label']}")
+    assert f"P(fastest) {first['p_fastest']:.0%}" in md[2] and "Cheapest: " in "\n".join(md[:8])
+    overlapping = [
+        r for r in record["ranked"][1:] if r["train_time_s"]["low"] <= first["train_time_s"]["high"]
+    ]
+    assert ("Not told apart from it" in "\n".join(md[:8])) == bool(overlapping)
+    html = (tmp_path / "select.html").read_text()
+    assert html.startswith("<!DOCTYPE html>") and "Fastest (predicted)" in html and "<table>" in html
 
 
 def test_cli_impossible_constraints_exit_1_naming_what_each_lacks(capsys):

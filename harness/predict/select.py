@@ -34,8 +34,10 @@ from core.records import (
     load_records,
     now_iso,
     run_config,
+    write_atomic,
     write_record_atomic,
 )
+from harness import document as doc
 from harness.analyze.metrics import summarize
 from harness.analyze.summary import fmt_bytes
 from harness.predict.command import duration, shape_title, tokens_count, usd
@@ -466,7 +468,14 @@ def cmd_select(args) -> int:
         confirmed = confirm(rows[: args.confirm], out, args.confirm_steps)
         print_confirmed(confirmed)
     elapsed = time.perf_counter() - started
+    for line in answer_lines(rows):
+        print(line)
     print(f"selected among {len(cands)} candidates in {elapsed:.1f} s")
+    sections = document(header, rows, excluded, confirmed, args.top)
+    if args.markdown:
+        write_atomic(Path(args.markdown), lambda tmp: tmp.write_text(doc.render_md(sections)))
+    if args.html:
+        write_atomic(Path(args.html), lambda tmp: tmp.write_text(doc.render_html(sections)))
     if args.out:
         record = {
             "schema_version": SCHEMA_VERSION,
@@ -499,6 +508,111 @@ def cmd_select(args) -> int:
         write_record_atomic(path, record)
         print(f"record: {path}")
     return EXIT_OK
+
+
+def answer_lines(rows: list[dict]) -> list[str]:
+    """The first lines of a document: the answer. The fastest candidate with its band and odds; the ones
+    whose bands overlap its, named as not told apart; the cheapest where a price was given."""
+    first = rows[0]
+    t = first["train_time_s"]
+
+    def what(r: dict) -> str:
+        setting = ",".join(f"{k}={v}" for k, v in r["setting"].items())
+        ckpt = ", activation checkpointing" if r["activation_checkpointing"] else ""
+        return (
+            f"{r['label']}{f' ({setting})' if setting else ''} on {r['gpus']} GPU(s), micro-batch "
+            f"{r['micro_batch']} x {r['grad_accum']}{ckpt}, {r['precision']}"
+        )
+
+    odds_text = f", P(fastest) {first['p_fastest']:.0%}" if first.get("p_fastest") is not None else ""
+    lines = [
+        f"Fastest (predicted): {what(first)}: {duration(t['nominal'])} to train "
+        f"({duration(t['low'])}–{duration(t['high'])}){odds_text}."
+    ]
+    close = [r for r in rows[1:] if r["train_time_s"]["low"] <= t["high"]]
+    if close:
+        lines.append(
+            f"Not told apart from it (bands overlap): {len(close)} candidate(s), first "
+            f"{what(close[0])}: {duration(close[0]['train_time_s']['nominal'])}."
+        )
+    priced = [r for r in rows if r["cost_usd"] is not None]
+    if priced:
+        cheapest = min(priced, key=lambda r: r["cost_usd"])
+        lines.append(f"Cheapest: {what(cheapest)}: {cheapest['cost_usd']:,.0f} USD.")
+    return lines
+
+
+def band_ms(band: dict) -> str:
+    return f"{band['nominal'] * 1e3:,.1f} ms ({band['low'] * 1e3:,.1f}–{band['high'] * 1e3:,.1f})"
+
+
+def document(header: str, rows: list[dict], excluded: list[dict], confirmed: list[dict] | None, top: int):
+    """The selection as report's Sections, for Markdown and HTML: the answer first, then the table, the
+    Pareto front, what was excluded and why, and predicted against measured where --confirm ran."""
+    ranked = doc.Table(
+        [
+            "#",
+            "stack",
+            "settings",
+            "N",
+            "micro x accum",
+            "ckpt",
+            "time to train (band)",
+            "cost USD",
+            "MFU",
+            "P(fastest)",
+            "Pareto",
+        ],
+        [
+            [
+                str(i + 1),
+                r["label"],
+                ",".join(f"{k}={v}" for k, v in r["setting"].items()) or "-",
+                str(r["gpus"]),
+                f"{r['micro_batch']} x {r['grad_accum']}",
+                "on" if r["activation_checkpointing"] else "off",
+                f"{duration(r['train_time_s']['nominal'])} ({duration(r['train_time_s']['low'])}–"
+                f"{duration(r['train_time_s']['high'])})",
+                f"{r['cost_usd']:,.0f}" if r["cost_usd"] is not None else "-",
+                f"{100 * r['mfu']:.1f}%" if r["mfu"] else "-",
+                f"{100 * r['p_fastest']:.0f}%" if r.get("p_fastest") is not None else "",
+                "*" if r["pareto"] else "",
+            ]
+            for i, r in enumerate(rows[:top])
+        ],
+    )
+    sections = [
+        doc.Section("distbench select", 1, [*answer_lines(rows), header + "."]),
+        doc.Section("Ranked (predicted, not measured)", 2, [ranked]),
+        doc.Section("Excluded", 2, [f"{e['label']} N={e['gpus']}: {e['why']}" for e in excluded] or ["none"]),
+    ]
+    if confirmed:
+        sections.append(
+            doc.Section(
+                "Confirmed (measured here, briefly)",
+                2,
+                [
+                    doc.Table(
+                        ["#", "stack", "N", "predicted step (band)", "measured step", "error", "in band"],
+                        [
+                            [
+                                str(i),
+                                c["label"],
+                                str(c["gpus"]),
+                                band_ms(c["predicted_step_s"]),
+                                f"{c['measured_step_s'] * 1e3:,.1f} ms"
+                                if c["measured_step_s"]
+                                else c["status"],
+                                f"{c['error']:+.0%}" if c["error"] is not None else "-",
+                                {True: "yes", False: "MISSED", None: "-"}[c["in_band"]],
+                            ]
+                            for i, c in enumerate(confirmed, 1)
+                        ],
+                    )
+                ],
+            )
+        )
+    return sections
 
 
 def run_argv(cfg: RunConfig) -> list[str]:
@@ -632,6 +746,8 @@ def register(subparsers) -> None:
         help="run the top K candidates briefly on this machine's devices, then show predicted against "
         "measured and rank them again (records under OUT/confirm)",
     )
+    p.add_argument("--markdown", type=Path, metavar="FILE", help="also write the answer as Markdown")
+    p.add_argument("--html", type=Path, metavar="FILE", help="also write the answer as one HTML file")
     p.add_argument(
         "--confirm-steps", type=positive, default=6, help="measured steps of each --confirm run (default 6)"
     )

@@ -9,7 +9,7 @@ comes from harness.analyze (analysis, collectives, predictions); these modules o
 """
 
 from harness.analyze.report.command import cmd_report, cmd_results, register
-from harness.analyze.report.render import render_html, render_md
 from harness.analyze.report.training import build
+from harness.document import render_html, render_md
 
 __all__ = ["build", "cmd_report", "cmd_results", "register", "render_html", "render_md"]

@@ -20,8 +20,8 @@ from harness.analyze.export import write_github_benchmark, write_tensorboard
 from harness.analyze.predictions import prediction_rows
 from harness.analyze.report.commbench import commbench_sections
 from harness.analyze.report.prediction import prediction_sections
-from harness.analyze.report.render import Section, render_html, render_md
 from harness.analyze.report.training import build
+from harness.document import Section, render_html, render_md
 from harness.usage import EXIT_OK, UsageError, fraction, positive
 
 FORMATS = ("md", "html")

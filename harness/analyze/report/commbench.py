@@ -13,7 +13,7 @@ import pandas as pd
 
 from core.records import run_config
 from harness.analyze.collectives import commbench_aggregate, commbench_rows
-from harness.analyze.report.render import Figure, Section, Table, nbytes, num, value
+from harness.document import Figure, Section, Table, nbytes, num, value
 
 
 def commbench_sections(records: list[dict], with_figures: bool) -> list[Section]:

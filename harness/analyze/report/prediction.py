@@ -8,7 +8,7 @@ from harness.analyze.predictions alone.
 from __future__ import annotations
 
 from harness.analyze.predictions import measured_beside, prediction_figures, prediction_rows
-from harness.analyze.report.render import Figure, Section, Table, nbytes, num, pct
+from harness.document import Figure, Section, Table, nbytes, num, pct
 
 
 def prediction_sections(predictions: list[dict], training: list[dict], with_figures: bool) -> list[Section]:

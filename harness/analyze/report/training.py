@@ -19,7 +19,7 @@ from core.precision import DEFINITION_TEXT
 from core.records import run_config
 from harness.analyze.analysis import aggregate, contexts, runs_table
 from harness.analyze.metrics import run_numerics
-from harness.analyze.report.render import Figure, Section, Table, nbytes, num, pct, value
+from harness.document import Figure, Section, Table, nbytes, num, pct, value
 
 
 def context_title(ctx: dict) -> str:

@@ -1,8 +1,9 @@
-"""The report as a document: Sections of paragraphs, Tables and Figures, the formatting of a cell ('n/a' for
-a figure not measured), and the rendering of the whole to Markdown (PR comment, terminal) or one
+"""A document as distbench writes one: Sections of paragraphs, Tables and Figures, the formatting of a cell
+('n/a' for a figure not measured), and the rendering of the whole to Markdown (PR comment, terminal) or one
 self-contained HTML file (plots embedded as PNG, opens offline).
 
-Apart from the sections because it is all they share: each section module says what to show, and both
+Its own module because `harness report` and `harness select` both write documents, and the prediction may
+not import the analysis's report (pyproject.toml's import contracts): each says what to show, and both
 formats render every section alike.
 """
 
