@@ -347,41 +347,67 @@ def row(c: Candidate, capacity) -> dict:
     }
 
 
-def print_answer(rows, front, excluded, header, top, stream=None) -> None:
-    console = Console(file=stream or sys.stdout, width=220)
-    table = Table(title=header, title_justify="left")
-    for col in (
-        "#",
-        "stack",
-        "settings",
-        "N",
-        "micro x accum",
-        "ckpt",
-        "time to train (band)",
-        "cost USD",
-        "headroom/rank",
-        "MFU %",
-        "P(fastest)",
-        "Pareto",
-    ):
-        table.add_column(col, justify="right" if col not in ("stack", "settings") else "left")
+def ranked_table(rows: list[dict], top: int) -> doc.Table:
+    """The first `top` ranked candidates, one row each: what the terminal and the documents show."""
+    headers = ["#", "stack", "settings", "N", "micro x accum", "ckpt", "time to train (band)", "cost USD"]
+    headers += ["headroom/rank", "MFU %", "P(fastest)", "Pareto"]
+    cells = []
     for i, r in enumerate(rows[:top]):
         t = r["train_time_s"]
-        table.add_row(
-            str(i + 1),
-            r["label"],
-            ",".join(f"{k}={v}" for k, v in r["setting"].items()) or "-",
-            str(r["gpus"]),
-            f"{r['micro_batch']} x {r['grad_accum']}",
-            "on" if r["activation_checkpointing"] else "off",
-            f"{duration(t['nominal'])} ({duration(t['low'])}–{duration(t['high'])})",
-            f"{r['cost_usd']:,.0f}" if r["cost_usd"] is not None else "-",
-            fmt_bytes(r["headroom_bytes"]) if r["headroom_bytes"] is not None else "-",
-            f"{100 * r['mfu']:.1f}" if r["mfu"] else "-",
-            f"{100 * r['p_fastest']:.0f}%" if r.get("p_fastest") is not None else "",
-            "*" if r["pareto"] else "",
+        cells.append(
+            [
+                str(i + 1),
+                r["label"],
+                ",".join(f"{k}={v}" for k, v in r["setting"].items()) or "-",
+                str(r["gpus"]),
+                f"{r['micro_batch']} x {r['grad_accum']}",
+                "on" if r["activation_checkpointing"] else "off",
+                f"{duration(t['nominal'])} ({duration(t['low'])}–{duration(t['high'])})",
+                f"{r['cost_usd']:,.0f}" if r["cost_usd"] is not None else "-",
+                fmt_bytes(r["headroom_bytes"]) if r["headroom_bytes"] is not None else "-",
+                f"{100 * r['mfu']:.1f}" if r["mfu"] else "-",
+                f"{100 * r['p_fastest']:.0f}%" if r.get("p_fastest") is not None else "",
+                "*" if r["pareto"] else "",
+            ]
         )
-    console.print(table)
+    return doc.Table(headers, cells)
+
+
+def confirmed_table(confirmed: list[dict]) -> doc.Table:
+    """Predicted against measured, one row a confirmed candidate."""
+    headers = ["#", "stack", "N", "predicted step (band)", "measured step", "error", "in band", "measured #"]
+    return doc.Table(
+        headers,
+        [
+            [
+                str(i),
+                c["label"],
+                str(c["gpus"]),
+                band_ms(c["predicted_step_s"]),
+                f"{c['measured_step_s'] * 1e3:,.1f} ms" if c["measured_step_s"] else c["status"],
+                f"{c['error']:+.0%}" if c["error"] is not None else "-",
+                {True: "yes", False: "MISSED", None: "-"}[c["in_band"]],
+                str(c["measured_rank"] or "-"),
+            ]
+            for i, c in enumerate(confirmed, 1)
+        ],
+    )
+
+
+def print_table(title: str, table: doc.Table, stream=None) -> None:
+    """A table on the terminal (rich), text columns left and figures right."""
+    console = Console(file=stream or sys.stdout, width=220)
+    shown = Table(title=title, title_justify="left")
+    for col in table.headers:
+        shown.add_column(col, justify="left" if col in ("stack", "settings") else "right")
+    for row in table.rows:
+        shown.add_row(*row)
+    console.print(shown)
+
+
+def print_answer(rows, front, excluded, header, top, stream=None) -> None:
+    print_table(header, ranked_table(rows, top), stream)
+    console = Console(file=stream or sys.stdout, width=220)
     console.print(
         "Pareto front (time vs cost): "
         + "; ".join(f"{r['label']} N={r['gpus']} {duration(r['train_time_s']['nominal'])}" for r in front)
@@ -547,71 +573,15 @@ def band_ms(band: dict) -> str:
 
 
 def document(header: str, rows: list[dict], excluded: list[dict], confirmed: list[dict] | None, top: int):
-    """The selection as report's Sections, for Markdown and HTML: the answer first, then the table, the
-    Pareto front, what was excluded and why, and predicted against measured where --confirm ran."""
-    ranked = doc.Table(
-        [
-            "#",
-            "stack",
-            "settings",
-            "N",
-            "micro x accum",
-            "ckpt",
-            "time to train (band)",
-            "cost USD",
-            "MFU",
-            "P(fastest)",
-            "Pareto",
-        ],
-        [
-            [
-                str(i + 1),
-                r["label"],
-                ",".join(f"{k}={v}" for k, v in r["setting"].items()) or "-",
-                str(r["gpus"]),
-                f"{r['micro_batch']} x {r['grad_accum']}",
-                "on" if r["activation_checkpointing"] else "off",
-                f"{duration(r['train_time_s']['nominal'])} ({duration(r['train_time_s']['low'])}–"
-                f"{duration(r['train_time_s']['high'])})",
-                f"{r['cost_usd']:,.0f}" if r["cost_usd"] is not None else "-",
-                f"{100 * r['mfu']:.1f}%" if r["mfu"] else "-",
-                f"{100 * r['p_fastest']:.0f}%" if r.get("p_fastest") is not None else "",
-                "*" if r["pareto"] else "",
-            ]
-            for i, r in enumerate(rows[:top])
-        ],
-    )
+    """The selection as report's Sections, for Markdown and HTML: the answer first, then the table, what
+    was excluded and why, and predicted against measured where --confirm ran."""
     sections = [
         doc.Section("distbench select", 1, [*answer_lines(rows), header + "."]),
-        doc.Section("Ranked (predicted, not measured)", 2, [ranked]),
+        doc.Section("Ranked (predicted, not measured)", 2, [ranked_table(rows, top)]),
         doc.Section("Excluded", 2, [f"{e['label']} N={e['gpus']}: {e['why']}" for e in excluded] or ["none"]),
     ]
     if confirmed:
-        sections.append(
-            doc.Section(
-                "Confirmed (measured here, briefly)",
-                2,
-                [
-                    doc.Table(
-                        ["#", "stack", "N", "predicted step (band)", "measured step", "error", "in band"],
-                        [
-                            [
-                                str(i),
-                                c["label"],
-                                str(c["gpus"]),
-                                band_ms(c["predicted_step_s"]),
-                                f"{c['measured_step_s'] * 1e3:,.1f} ms"
-                                if c["measured_step_s"]
-                                else c["status"],
-                                f"{c['error']:+.0%}" if c["error"] is not None else "-",
-                                {True: "yes", False: "MISSED", None: "-"}[c["in_band"]],
-                            ]
-                            for i, c in enumerate(confirmed, 1)
-                        ],
-                    )
-                ],
-            )
-        )
+        sections.append(doc.Section("Confirmed (measured here, briefly)", 2, [confirmed_table(confirmed)]))
     return sections
 
 
@@ -676,32 +646,7 @@ def confirm(rows: list[dict], out: Path, steps: int) -> list[dict]:
 
 
 def print_confirmed(confirmed: list[dict], stream=None) -> None:
-    console = Console(file=stream or sys.stdout, width=220)
-    table = Table(title="CONFIRMED (measured here, briefly)", title_justify="left")
-    for col in (
-        "#",
-        "stack",
-        "N",
-        "predicted step (band)",
-        "measured step",
-        "error",
-        "in band",
-        "measured #",
-    ):
-        table.add_column(col, justify="left" if col == "stack" else "right")
-    for i, c in enumerate(confirmed, 1):
-        p = c["predicted_step_s"]
-        table.add_row(
-            str(i),
-            c["label"],
-            str(c["gpus"]),
-            f"{p['nominal'] * 1e3:,.1f} ms ({p['low'] * 1e3:,.1f}–{p['high'] * 1e3:,.1f})",
-            f"{c['measured_step_s'] * 1e3:,.1f} ms" if c["measured_step_s"] else c["status"],
-            f"{c['error']:+.0%}" if c["error"] is not None else "-",
-            {True: "yes", False: "MISSED", None: "-"}[c["in_band"]],
-            str(c["measured_rank"] or "-"),
-        )
-    console.print(table)
+    print_table("CONFIRMED (measured here, briefly)", confirmed_table(confirmed), stream)
 
 
 def register(subparsers) -> None:
