@@ -57,7 +57,7 @@ TRANSIENT_BYTES = (4 if GPUS else 2) << 30
 SHAPE = {
     "cuda": "--workload tiny --steps 10 --warmup 3 --threads-per-worker 2",
     "cpu": "--workload tiny --layers 1 --d-model 64 --heads 2 --ffn 128 --seq-len 64 --vocab 256 "
-    "--micro-batch 4 --steps 6 --warmup 2 --compute-steps 2",
+    "--micro-batch 4 --steps 6 --warmup 2 --compute-method none",
 }[DEVICE].split()
 MFU_ARGS = "--workload 1b --precision bf16 --micro-batch 2 --steps 5 --warmup 2".split()
 WORLDS = sorted({1, len(GPUS)}) if GPUS else [2]

@@ -56,9 +56,11 @@ def test_a_tuned_run_trains_the_same_model_as_the_default_and_lists_its_set(
     )
     if backend == "torch-ddp":  # a compiled block hands DDP its gradients together: counts and total
         assert_traced_calls_follow_the_schedule(rec)
-    elif backend == "horovod":  # fusion follows timing, no fixed schedule: hooks fire between blocks
+    elif backend == "horovod":  # fusion follows timing, no fixed schedule: hooks fire between blocks, so
+        # a model of two blocks or more has its gradients submitted in two fused all-reduces a step or more
         calls = [c for c in rec["ranks"][0]["comm_trace"]["collectives"] if c["op"] == "all_reduce"]
-        assert len(calls) >= 2 * rec["ranks"][0]["comm_trace"]["steps"], calls
+        per_step = 2 if shape.layers >= 2 else 1
+        assert len(calls) >= per_step * rec["ranks"][0]["comm_trace"]["steps"], calls
     elif traced:
         assert_traced_steps_follow_the_schedule(rec, in_order=backend != "torch-fsdp")
     info, summary = rec["backend_info"], rec["summary"]
