@@ -466,22 +466,29 @@ def test_a_directory_without_a_harness(capsys, nothing_launches, tmp_path):
     assert code == 2 and "a directory without a distbench harness" in err and err.count("\n") == 1
 
 
+def gate_a_fake_tree(capsys, monkeypatch, tmp_path, main_py: str) -> tuple[int, str]:
+    """The gate's command line on a tree whose harness/__main__.py is `main_py`, both sides; no run may
+    launch."""
+    (tmp_path / "harness").mkdir()
+    (tmp_path / "harness" / "__init__.py").write_text("")
+    (tmp_path / "harness" / "__main__.py").write_text(main_py)
+    monkeypatch.setattr(gate, "launch_run", lambda *a, **k: pytest.fail("a run was launched"))
+    return gate_cli(capsys, "--base", str(tmp_path), "--head", str(tmp_path), "--out", str(tmp_path / "o"))
+
+
 @pytest.mark.subprocess
 def test_a_tree_whose_harness_is_too_old(capsys, monkeypatch, tmp_path):
     """A harness without `plan` whose `run` lacks a flag given: one line naming the flag."""
-    (tmp_path / "harness").mkdir()
-    (tmp_path / "harness" / "__init__.py").write_text("")
-    (tmp_path / "harness" / "__main__.py").write_text(
+    code, err = gate_a_fake_tree(
+        capsys,
+        monkeypatch,
+        tmp_path,
         "import sys\n"
         "if sys.argv[1:] == ['run', '--help']:\n"
         "    print('usage: harness run --backend BACKEND [--out OUT]')\n"
         "    sys.exit(0)\n"
         "print(\"harness: error: argument command: invalid choice: 'plan'\", file=sys.stderr)\n"
-        "sys.exit(2)\n"
-    )
-    monkeypatch.setattr(gate, "launch_run", lambda *a, **k: pytest.fail("a run was launched"))
-    code, err = gate_cli(
-        capsys, "--base", str(tmp_path), "--head", str(tmp_path), "--out", str(tmp_path / "o")
+        "sys.exit(2)\n",
     )
     assert code == 2 and err.count("\n") == 1
     assert "its harness is too old: `harness run` does not take --gpus" in err
@@ -490,16 +497,13 @@ def test_a_tree_whose_harness_is_too_old(capsys, monkeypatch, tmp_path):
 @pytest.mark.subprocess
 def test_a_tree_that_refuses_the_run_arguments(capsys, monkeypatch, tmp_path):
     """`harness plan ARGS` (the tree's dry run) refusing: its one line, exit 2, nothing launched."""
-    (tmp_path / "harness").mkdir()
-    (tmp_path / "harness" / "__init__.py").write_text("")
-    (tmp_path / "harness" / "__main__.py").write_text(
+    code, err = gate_a_fake_tree(
+        capsys,
+        monkeypatch,
+        tmp_path,
         "import sys\n"
         "print(\"harness: error: unknown workload 'huge'; valid: tiny\", file=sys.stderr)\n"
-        "sys.exit(2)\n"
-    )
-    monkeypatch.setattr(gate, "launch_run", lambda *a, **k: pytest.fail("a run was launched"))
-    code, err = gate_cli(
-        capsys, "--base", str(tmp_path), "--head", str(tmp_path), "--out", str(tmp_path / "o")
+        "sys.exit(2)\n",
     )
     assert code == 2 and err.count("\n") == 1
     assert f"--base {tmp_path}: its harness refuses the run arguments: unknown workload 'huge'" in err

@@ -106,7 +106,7 @@ def args_for(**kw):
 
 def test_search_takes_the_largest_micro_batch_that_fits_and_drops_the_rest():
     profile = load_profile("h100-sxm")
-    pricing = select.Pricing.of(profile)
+    pricing = select.Pricing(profile)
     base, unpriced = select.base_configs(
         args_for(), pricing, PRESETS["small"], ["bf16"], ["torch-ddp", "deepspeed"]
     )
@@ -126,7 +126,7 @@ def test_search_takes_the_largest_micro_batch_that_fits_and_drops_the_rest():
     )
     one = fit.peak_memory(zero3.cfg.evolve(micro_batch=1))["total"]
     tight = dataclasses.replace(profile, memory_bytes=(one + 1) / (1 - fit.ALLOCATOR_MARGIN))
-    cands = select.search(base, select.Pricing.of(tight), 1e9, None)
+    cands = select.search(base, select.Pricing(tight), 1e9, None)
     same = [
         c
         for c in cands
@@ -143,7 +143,7 @@ def test_search_takes_the_largest_micro_batch_that_fits_and_drops_the_rest():
 
 
 def test_pareto_and_constraints():
-    pricing = select.Pricing.of(load_profile("h100-sxm"))
+    pricing = select.Pricing(load_profile("h100-sxm"))
     base, _ = select.base_configs(args_for(), pricing, PRESETS["small"], ["bf16"], ["torch-ddp"])
     cands = select.search(base, pricing, 1e9, 2.0)
     front = select.pareto(cands)
@@ -172,7 +172,7 @@ def test_each_candidate_s_run_arguments_build_the_configuration_it_was_priced_as
     micro-batch and accumulation, checkpointing, ranks), for every sharding setting and variant."""
     profile = dataclasses.replace(load_profile("h100-sxm"), device=device)
     args = args_for(gpus=[n], workload="tiny", global_batch=32)
-    base, _ = select.base_configs(args, select.Pricing.of(profile), PRESETS["tiny"], [precision], stacks)
+    base, _ = select.base_configs(args, select.Pricing(profile), PRESETS["tiny"], [precision], stacks)
     assert {c.variant for c in base} == {"default", "tuned"} and {
         c.model.activation_checkpointing for c in base
     } == {
@@ -205,12 +205,12 @@ def candidate(c: RunConfig) -> select.Candidate:
 
 def test_identical_candidates_are_each_about_half():
     c = cfg("torch-ddp", n=8)
-    p = select.odds([candidate(c), candidate(c)], select.Pricing.of(load_profile("h100-sxm")), samples=200)
+    p = select.odds([candidate(c), candidate(c)], select.Pricing(load_profile("h100-sxm")), samples=200)
     assert p == pytest.approx([0.5, 0.5], abs=0.05)
 
 
 def test_a_candidate_faster_in_every_draw_wins_and_the_odds_sum_to_one():
-    pricing = select.Pricing.of(load_profile("h100-sxm"))
+    pricing = select.Pricing(load_profile("h100-sxm"))
     slow, fast = cfg("torch-ddp", n=8), cfg("torch-ddp", n=8, micro=8)  # same work a token, more a call
     p = select.odds(
         [candidate(cfg("deepspeed", n=8, options={"zero_stage": 3})), candidate(fast), candidate(slow)],
@@ -222,31 +222,18 @@ def test_a_candidate_faster_in_every_draw_wins_and_the_odds_sum_to_one():
 
 
 # ------------------------------------------------------------------------------------------------- CLI
+TINY_ON_H100 = ["select", "--workload", "tiny", "--hardware", "h100-sxm"]
+
+
 @pytest.mark.subprocess  # the record's git commit
 def test_cli_writes_a_selection_record_that_validates(tmp_path, capsys):
     code = main(
         [
-            "select",
-            "--workload",
-            "tiny",
-            "--hardware",
-            "h100-sxm",
-            "--gpus",
-            "8,16",
-            "--global-batch",
-            "64",
-            "--stacks",
-            "torch-ddp,torch-fsdp",
-            "--gpu-hour-price",
-            "2",
-            "--out",
-            str(tmp_path),
-            "--markdown",
-            str(tmp_path / "select.md"),
-            "--html",
-            str(tmp_path / "select.html"),
+            *TINY_ON_H100, "--gpus", "8,16", "--global-batch", "64", "--stacks", "torch-ddp,torch-fsdp",
+            "--gpu-hour-price", "2", "--out", str(tmp_path),
+            "--markdown", str(tmp_path / "select.md"), "--html", str(tmp_path / "select.html"),
         ]
-    )
+    )  # fmt: skip
     assert code == 0
     out = capsys.readouterr().out
     assert "SELECTED (predicted, not measured)" in out and "Pareto front" in out
@@ -271,21 +258,7 @@ def test_cli_writes_a_selection_record_that_validates(tmp_path, capsys):
 
 def test_cli_impossible_constraints_exit_1_naming_what_each_lacks(capsys):
     code = main(
-        [
-            "select",
-            "--workload",
-            "tiny",
-            "--hardware",
-            "h100-sxm",
-            "--gpus",
-            "8",
-            "--global-batch",
-            "64",
-            "--stacks",
-            "torch-ddp",
-            "--deadline",
-            "1e-9",
-        ]
+        [*TINY_ON_H100, "--gpus", "8", "--global-batch", "64", "--stacks", "torch-ddp", "--deadline", "1e-9"]
     )
     assert code == select.EXIT_NOTHING
     out = capsys.readouterr().out

@@ -124,24 +124,21 @@ class Pricing:
     training runs of the candidate's stack label and precision (harness.predict.model.calibrate); the local
     profile knows no peak FLOP/s, so there a stack without such a run cannot be priced."""
 
-    def __init__(self, hardware: str, records: list[dict]):
-        self.hardware = hardware
+    def __init__(self, hardware: str | Profile, records: list[dict] | None = None):
+        """`hardware`: "local", a catalogue name or profile file, or a profile already loaded."""
+        records = records or []
+        self.hardware = hardware.name if isinstance(hardware, Profile) else hardware
         self.training = [r for r in records if r["kind"] == "training"]
         self.commbench = [r for r in records if r["kind"] == "commbench"]
-        self.local = hardware == "local"
-        self.catalogued = None if self.local else profile_from(hardware)
+        self.catalogued: Profile | None = (
+            hardware
+            if isinstance(hardware, Profile)
+            else None
+            if hardware == "local"
+            else profile_from(hardware)
+        )
         self.profiles: dict[str, Profile] = {}
         self.calibrations: dict[tuple, Calibration] = {}
-
-    @classmethod
-    def of(cls, profile: Profile, records: list[dict] | None = None) -> Pricing:
-        """Pricing on a profile already loaded (a catalogue one, or one changed by hand)."""
-        pricing = cls.__new__(cls)
-        pricing.hardware, pricing.local, pricing.catalogued = profile.name, False, profile
-        pricing.training = [r for r in records or [] if r["kind"] == "training"]
-        pricing.commbench = []
-        pricing.profiles, pricing.calibrations = {}, {}
-        return pricing
 
     def profile(self, backend: str) -> Profile:
         """ProfileError where the local profile has no commbench record of the stack."""
