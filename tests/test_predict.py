@@ -408,7 +408,8 @@ def test_the_timeline_adds_up_to_the_step_and_names_what_dominates():
     assert line["dominant"] == max(exposed, key=exposed.__getitem__)
     assert all(t["nccl"] for t in line["terms"].values())  # each term's calls name NCCL's pair
     band = out["band"]
-    assert set(band["inputs"]) == {"compute", "bandwidth", "latency", "overlap", "stragglers"}
+    modelled = {"compute", "bandwidth", "latency", "overlap", "stragglers"}
+    assert set(band["inputs"]) == modelled | {"empirical scale loss"}
     assert band["dominant"] == max(band["inputs"], key=lambda k: band["inputs"][k]["spread_s"])
     assert all(v["slow_step_s"] >= v["fast_step_s"] for v in band["inputs"].values())
 

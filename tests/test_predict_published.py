@@ -22,12 +22,14 @@ from collections.abc import Callable
 
 import pytest
 
-from harness.predict import nccl
+from harness.predict import margin, nccl
 from harness.predict.published import (
+    check_file,
     load_rows,
+    margins,
     meets_the_target,
+    predict_parser,
     row_configs,
-    row_result,
     variants,
 )
 from harness.predict.published import (
@@ -150,16 +152,24 @@ def test_the_published_rows_fail_with_any_one_modelled_term_removed(term, monkey
 def test_the_stored_check_is_what_the_model_predicts_now():
     """`harness predict` reads each row's outcome from harness/predict/published_check.json, as predicting
     them all takes tens of seconds: after a change to the model, `python -m harness.predict.published`
-    writes it again. Each row's stack, rank counts, ratios and outcome as the model gives them now."""
+    writes it again. Each row's stack, rank counts, ratios and outcome as the model gives them now, and the
+    empirical margin fitted on them."""
     stored = {r["id"]: r for r in load_check()}
     assert list(stored) == [r["id"] for r in ROWS]
-    for row in ROWS:
-        fresh = row_result(row, row_prediction(row["id"]))
-        assert stored[row["id"]].keys() == fresh.keys()
+    fresh_file = check_file(ROWS, {r["id"]: row_prediction(r["id"]) for r in ROWS})
+    for fresh in fresh_file["rows"]:
+        assert stored[fresh["id"]].keys() == fresh.keys()
         for key, value in fresh.items():
-            expected = pytest.approx(value, rel=1e-5) if key == "predicted_ratio" else value
-            assert stored[row["id"]][key] == expected, (row["id"], key)
-    assert {r["id"] for r in stored.values() if not r["meets_the_target"]} == MISSED
+            close = key in ("predicted_ratio", "band", "score", "doublings_beyond_node")
+            expected = pytest.approx(value, rel=1e-5, abs=1e-6) if close else value
+            assert stored[fresh["id"]][key] == expected, (fresh["id"], key)
+    assert {r["id"] for r in stored.values() if not r["meets_the_model_target"]} == MISSED
+    stored_margin, fresh_margin = margin.fitted_margin(), fresh_file["empirical_scale_loss"]
+    assert stored_margin == {
+        **fresh_margin,
+        "per_doubling": pytest.approx(fresh_margin["per_doubling"], abs=1e-6),
+        "left_out": pytest.approx(fresh_margin["left_out"], abs=1e-6),
+    }
 
 
 def synthetic_row(row_id: str, n_large: int, published: float, predicted: tuple, meets: bool) -> dict:
@@ -171,6 +181,7 @@ def synthetic_row(row_id: str, n_large: int, published: float, predicted: tuple,
         "n_large": n_large,
         "published_ratio": published,
         "predicted_ratio": {"nominal": nominal, "low": low, "high": high},
+        "band": [low, high],
         "meets_the_target": meets,
     }
 
@@ -203,6 +214,7 @@ def test_the_check_counts_the_stack_s_rows_and_how_far_below_the_missed_ones_ran
             "low": band[0],
             "high": band[1],
         }
+        rows[1]["band"] = list(band)
         assert "upper bounds" not in check(cfg, [64], rows)["verdict"], band
 
 
@@ -274,3 +286,56 @@ def test_an_unknown_setting_must_be_a_flag_of_one_value():
         (),
         (("--prefetch-bucket", "5e8"),),
     ]
+
+
+# ------------------------------------------------------------------------------- the empirical scale loss
+@unit
+def test_no_row_is_checked_against_a_margin_fitted_on_its_own_publisher():
+    """A publisher whose rows ran below the band gets, out of sample, only the other publishers' margin: here
+    none, so its rows stay out of their out-of-sample band; in sample its own largest score covers them all.
+    Rows of stacks the product does not run never move the margin, however far below they ran."""
+
+    def row(rid, publisher, published, product=True):
+        return {
+            "id": rid,
+            "publisher": publisher,
+            "value_small": 1.0,
+            "value_large": published,
+            "stack_in_product": product,
+        }
+
+    rows = [row("a1", "A", 0.90), row("a2", "A", 0.85), row("b1", "B", 0.97), row("x", "X", 0.10, False)]
+    ratios = {r["id"]: {"low": 0.96, "high": 1.0, "nominal": 0.98, "doublings_beyond_node": 4} for r in rows}
+    everything, by_row = margins(rows, ratios)
+    assert everything == pytest.approx(1 - (0.85 / 0.96) ** (1 / 4))  # a2's, the largest score
+    assert by_row["a1"] == {"in_sample": everything, "out_of_sample": 0.0}  # B's rows need none
+    assert by_row["b1"]["out_of_sample"] == everything and by_row["x"]["out_of_sample"] == everything
+    for rid, published in (("a1", 0.90), ("a2", 0.85)):
+        low = 0.96 * margin.factor(by_row[rid]["in_sample"], 4)
+        assert low <= published * (1 + 1e-9) and 0.96 > published
+    rows[-1]["stack_in_product"] = True  # the same row fitted on: it would set the margin
+    assert margins(rows, ratios)[0] > 0.4
+
+
+@unit
+def test_the_margin_widens_only_the_slow_end_and_only_beyond_a_node(monkeypatch):
+    """At 64 H100s (3 doublings beyond 8 a node) the slow step is the model's over (1 - m)^3, the nominal and
+    fast ones unchanged; within a node nothing moves; the record states it, labelled by its input."""
+    from harness.predict.command import configs
+    from harness.predict.hardware import load_profile
+    from harness.predict.model import Calibration, predict_point
+
+    m = margin.per_doubling()
+    assert 0 < m < 0.05  # the stored margin: a few percent a doubling, not a fudge that swallows the band
+    profile = load_profile("h100-sxm")
+    args = predict_parser().parse_args(
+        ["--backend", "torch-fsdp", "--workload", "1b", "--hardware", "h100-sxm", "--gpus", "8,64"]
+    )
+    for cfg, doublings in zip(configs(args, profile), (0, 3)):
+        plain = predict_point(cfg, profile, Calibration(), 1e9, None)
+        widened = predict_point(cfg, profile, Calibration(empirical_scale_loss=m), 1e9, None)
+        for corner in ("fast", "nominal"):
+            assert widened["corners"][corner]["step_time_s"] == plain["corners"][corner]["step_time_s"]
+        slow = widened["corners"]["slow"]["step_time_s"]
+        assert slow == pytest.approx(plain["corners"]["slow"]["step_time_s"] / (1 - m) ** doublings)
+        assert widened["empirical_scale_loss"] == {"per_doubling": m, "doublings_beyond_node": doublings}

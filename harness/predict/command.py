@@ -22,6 +22,7 @@ from core.config import PRECISIONS, BatchConfig, InvalidConfig, RunConfig
 from core.process import available_cpus
 from core.records import SCHEMA_VERSION, git_commit, load_records, now_iso, write_record_atomic
 from harness.analyze.summary import fmt_bytes
+from harness.predict import margin
 from harness.predict.fit import largest_fitting
 from harness.predict.hardware import CORNERS, ProfileError, catalogue, load_profile, local_profile
 from harness.predict.model import calibrate, predict_point, scaling_ratio
@@ -238,6 +239,12 @@ def print_explanation(point: dict, stream=None) -> None:
         "band: each input alone at its fast and slow ends (the others nominal) moves the step by "
         + "; ".join(f"{k} {v['fast_step_s']:.4g}–{v['slow_step_s']:.4g} s" for k, v in spread)
         + f"; {band['dominant']} dominates the band"
+    )
+    scale = prediction["empirical_scale_loss"]
+    console.print(
+        f"{margin.LABEL} (not modelled: fitted on published runs): the slow end loses "
+        f"{scale['per_doubling']:.2%} of per-device throughput a doubling of N beyond a node "
+        f"({scale['doublings_beyond_node']:.3g} here): " + margin.coverage_line()
     )
 
 

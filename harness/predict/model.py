@@ -21,6 +21,7 @@ from backends.schedule import Message, Schedule, Steps
 from core.config import RunConfig
 from core.records import run_config
 from harness.analyze.metrics import summarize
+from harness.predict import margin
 from harness.predict.hardware import CORNERS, Profile, ProfileError, pick
 
 # Assumed when no calibration run is given (labelled so): model FLOPs utilisation of forward+backward,
@@ -59,6 +60,9 @@ class Calibration:
     optimizer_seconds_per_param: tuple | None = None
     activation_factor: tuple = ASSUMED_ACTIVATION_FACTOR
     step_cv: float | None = None  # a rank's step-to-step variation (σ / median), from the runs' p10-p90
+    # Per-GPU throughput lost per doubling of N beyond a node at the slow end, fitted on published runs
+    # (harness.predict.margin): empirical, not modelled; 0 gives the model's own band.
+    empirical_scale_loss: float = 0.0
     sources: list = field(default_factory=list)
     notes: list = field(default_factory=list)
 
@@ -273,6 +277,9 @@ def compute_durations(cfg: RunConfig, steps: Steps, profile: Profile, calib: Cal
 # The inputs whose ranges make a prediction's band, each taken at its own corner when the band is explained
 # (`sensitivity`): which one moves the step most is what a user should pin down first.
 INPUTS = ("compute", "bandwidth", "latency", "overlap", "stragglers")
+# Beyond the modelled inputs, the empirical margin (harness.predict.margin): nothing at the fast and nominal
+# corners, Calibration.empirical_scale_loss per doubling beyond a node at the slow one.
+BAND_INPUTS = (*INPUTS, margin.LABEL)
 
 
 def step_at(cfg: RunConfig, profile: Profile, calib: Calibration, plan: Schedule, at: dict[str, str]) -> dict:
@@ -296,6 +303,11 @@ def step_at(cfg: RunConfig, profile: Profile, calib: Calibration, plan: Schedule
     cv = calib.step_cv if calib.step_cv is not None else pick(profile.step_cv, at["stragglers"], False)
     straggler = cv * result["compute_s"] * expected_slowest(world)
     step = result["step_s"] + slowdown * result["overlapped_s"] + straggler
+    scale_loss = 0.0
+    if at.get(margin.LABEL) == "slow":
+        beyond = margin.doublings_beyond_node(world, profile.gpus_per_node)
+        scale_loss = step * (1 / margin.factor(calib.empirical_scale_loss, beyond) - 1)
+    step += scale_loss
     return {
         "step_s": step,
         "durations": durations,
@@ -303,6 +315,7 @@ def step_at(cfg: RunConfig, profile: Profile, calib: Calibration, plan: Schedule
         "result": result,
         "slowdown_s": slowdown * result["overlapped_s"],
         "straggler_s": straggler,
+        "scale_loss_s": scale_loss,
         "messages": messages,
         "pairs": pairs,
     }
@@ -351,7 +364,7 @@ def sensitivity(cfg: RunConfig, profile: Profile, calib: Calibration, plan: Sche
     """Each input alone at its fast and slow corners, the others nominal: the step's spread it causes."""
     nominal = dict.fromkeys(INPUTS, "nominal")
     out = {}
-    for name in INPUTS:
+    for name in BAND_INPUTS:
         fast = step_at(cfg, profile, calib, plan, {**nominal, name: "fast"})["step_s"]
         slow = step_at(cfg, profile, calib, plan, {**nominal, name: "slow"})["step_s"]
         out[name] = {"fast_step_s": fast, "slow_step_s": slow, "spread_s": slow - fast}
@@ -383,9 +396,14 @@ def scaling_ratio(small: RunConfig, large: RunConfig, profile: Profile, calib: C
         name: sorted((ratio({**nominal, name: "fast"}), ratio({**nominal, name: "slow"}))) for name in INPUTS
     }
     value = ratio(nominal)
+    # the empirical margin only lowers the slow end, by a factor apart from every modelled input's
+    doublings = margin.doublings_beyond_node(
+        large.topology.world_size, profile.gpus_per_node
+    ) - margin.doublings_beyond_node(small.topology.world_size, profile.gpus_per_node)
     return {
         "nominal": value,
-        "low": min(combos[low], value),
+        "low": min(combos[low], value) * margin.factor(calib.empirical_scale_loss, doublings),
+        "doublings_beyond_node": doublings,
         "high": max(combos[high], value),
         "low_at": dict(zip(INPUTS, low)),
         "high_at": dict(zip(INPUTS, high)),
@@ -411,7 +429,7 @@ def predict_point(
     spec = cfg.model.spec
     out: dict[str, Any] = {"corners": {}, "schedule": how, "messages_per_step": len(messages)}
     for corner in CORNERS:
-        point = step_at(cfg, profile, calib, plan, dict.fromkeys(INPUTS, corner))
+        point = step_at(cfg, profile, calib, plan, dict.fromkeys(BAND_INPUTS, corner))
         result, step, straggler = point["result"], point["step_s"], point["straggler_s"]
         single, _ = compute_durations(one, Steps(one), profile, calib, corner)
         t_one = float(np.sum(single))
@@ -445,6 +463,10 @@ def predict_point(
             out["timeline"] = timeline(cfg, point)
     if band:
         out["band"] = sensitivity(cfg, profile, calib, plan)
+    out["empirical_scale_loss"] = {
+        "per_doubling": calib.empirical_scale_loss,
+        "doublings_beyond_node": margin.doublings_beyond_node(cfg.topology.world_size, profile.gpus_per_node),
+    }
     nominal = out["corners"]["nominal"]["memory"]
     out["fits"] = fits(nominal, out["corners"]["slow"]["memory"], profile)
     out["train_flops"] = 6 * spec.n_params * tokens
@@ -478,8 +500,8 @@ def calibrate(records: list[dict], cfg: RunConfig, profile: Profile) -> Calibrat
     """Compute from the ok training records of the same stack (label) at one rank on the profile's device
     (same device name, or CPU for the local profile) and precision: the step time less the optimizer time,
     per FLOP of forward+backward, and the optimizer time per parameter. Records that do not match are named
-    in the notes, never used."""
-    calib = Calibration()
+    in the notes, never used. The slow end carries the empirical scale-loss margin of the published rows."""
+    calib = Calibration(empirical_scale_loss=margin.per_doubling())
     if profile.device == "cuda":
         fit_activation_factor(records, calib)
     label = get_backend(cfg.backend).label(cfg)

@@ -16,7 +16,8 @@ from core.config import RunConfig
 
 CHECK_FILE = Path(__file__).with_name("published_check.json")
 # The target a row is held to: the predicted ratio within this fraction of the published one, and the
-# published ratio inside the predicted band.
+# published ratio inside the predicted band (its slow end widened by the empirical scale-loss margin fitted
+# without the row's publisher: harness.predict.margin).
 RATIO_TOLERANCE = 0.15
 
 
@@ -43,7 +44,7 @@ def check(cfg: RunConfig, world_sizes: list[int], rows: list[dict] | None = None
         return out | {"verdict": f"no published row checks {stack}"}
     missed = [r for r in mine if not r["meets_the_target"]]
     shares = {r["id"]: r["published_ratio"] / r["predicted_ratio"]["nominal"] for r in missed}
-    below = [r for r in missed if r["published_ratio"] < r["predicted_ratio"]["low"]]
+    below = [r for r in missed if r["published_ratio"] < r["band"][0]]
     largest = max(r["n_large"] for r in mine)
     out |= {
         "met": len(mine) - len(missed),

@@ -43,7 +43,7 @@ from harness.analyze.summary import fmt_bytes
 from harness.predict.command import duration, shape_title, tokens_count, usd
 from harness.predict.fit import ALLOCATOR_MARGIN, largest_fitting
 from harness.predict.hardware import CORNERS, Profile, ProfileError, catalogue, load_profile, local_profile
-from harness.predict.model import INPUTS, Calibration, calibrate, predict_point, step_at
+from harness.predict.model import BAND_INPUTS, Calibration, calibrate, predict_point, step_at
 from harness.run_args import spec_from_args
 from harness.usage import EXIT_OK, UsageError, positive
 from workloads.spec import OVERRIDES, PRESETS
@@ -151,9 +151,7 @@ class Pricing:
     def calibration(self, cfg: RunConfig) -> Calibration:
         key = (get_backend(cfg.backend).label(cfg), cfg.model.precision, cfg.topology.threads_per_worker)
         if key not in self.calibrations:
-            self.calibrations[key] = (
-                calibrate(self.training, cfg, self.profile(cfg.backend)) if self.training else Calibration()
-            )
+            self.calibrations[key] = calibrate(self.training, cfg, self.profile(cfg.backend))
         return self.calibrations[key]
 
     def calibrated(self, cfg: RunConfig) -> bool:
@@ -292,17 +290,18 @@ def pareto(cands: list[Candidate]) -> list[Candidate]:
 
 
 def odds(cands: list[Candidate], pricing: Pricing, samples: int = ODDS_SAMPLES, seed: int = SEED):
-    """The probability each candidate is the fastest: the predictor's uncertain inputs (INPUTS: compute,
-    bandwidth, latency, overlap, stragglers) each drawn at one of its corners, uniformly, the same draw
-    for every candidate (one cluster: what is slow is slow for all); a tie shares the win equally."""
+    """The probability each candidate is the fastest: the predictor's uncertain inputs (BAND_INPUTS: compute,
+    bandwidth, latency, overlap, stragglers and the empirical scale loss) each drawn at one of its corners,
+    uniformly, the same draw for every candidate (one cluster: what is slow is slow for all); a tie shares
+    the win equally."""
     rng = np.random.default_rng(seed)
-    draws = rng.integers(0, len(CORNERS), size=(samples, len(INPUTS)))
+    draws = rng.integers(0, len(CORNERS), size=(samples, len(BAND_INPUTS)))
     plans = [get_backend(c.cfg.backend).schedule(c.cfg) for c in cands]
     cache: dict[tuple[int, tuple], float] = {}
     times = np.empty((samples, len(cands)))
     for s, draw in enumerate(draws):
         key = tuple(int(v) for v in draw)
-        at = {name: CORNERS[k] for name, k in zip(INPUTS, key)}
+        at = {name: CORNERS[k] for name, k in zip(BAND_INPUTS, key)}
         for j, c in enumerate(cands):
             if (j, key) not in cache:
                 profile, calib = pricing.profile(c.cfg.backend), pricing.calibration(c.cfg)
@@ -514,7 +513,7 @@ def cmd_select(args) -> int:
                 "budget_usd": args.budget,
                 "gpu_hour_price_usd": args.gpu_hour_price,
                 "allocator_margin": ALLOCATOR_MARGIN,
-                "odds": {"samples": ODDS_SAMPLES, "seed": SEED, "inputs": list(INPUTS)},
+                "odds": {"samples": ODDS_SAMPLES, "seed": SEED, "inputs": list(BAND_INPUTS)},
                 "hardware": {
                     name: pricing.profile(name).to_dict() for name in sorted({c.cfg.backend for c in kept})
                 },
