@@ -330,6 +330,14 @@ class Backend(ABC, Generic[OptionsT]):
         """What this configuration shards across ranks: none | optimizer | gradients | parameters."""
         return "none"
 
+    def model_state_bytes(self, cfg: RunConfig) -> dict[str, float]:
+        """Bytes of parameters, gradients and optimizer state one rank holds (the predictor's model-state
+        term): the spec's rule for this stack's sharding and precision scheme. A stack that keeps some
+        tensors out of its sharding says so in its own override."""
+        return cfg.model.spec.model_state_bytes(
+            cfg.model.precision, self.precision_scheme(cfg), self.sharding(cfg), cfg.topology.world_size
+        )
+
     def schedule(self, cfg: RunConfig) -> Schedule:
         """The collectives of one step as this stack issues them (backends.schedule): the one declaration
         the analytic volume (comm_pattern) and the prediction's replay both read. An adapter with its own

@@ -22,7 +22,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from conftest import assert_traced_steps_follow_the_schedule, launched_once, run_record
+from conftest import (
+    assert_model_state_as_predicted,
+    assert_traced_steps_follow_the_schedule,
+    launched_once,
+    run_record,
+)
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
@@ -277,6 +282,7 @@ def test_same_losses_as_torch_ddp(label, shape, accum, reference, out):
     assert rec["status"] == "ok" and run_config(rec).batch.grad_accum == accum
     what = f"{label} on {shape}, accum {accum}"
     assert_same_losses(rec["summary"]["losses"], ref, what, loss_atol(CONFIGS[label][1]))
+    assert_model_state_as_predicted(rec)
     if traced:
         assert_traced_steps_follow_the_schedule(rec)
 

@@ -18,7 +18,12 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import assert_cpu_worker_probes, assert_traced_steps_follow_the_schedule, run_record
+from conftest import (
+    assert_cpu_worker_probes,
+    assert_model_state_as_predicted,
+    assert_traced_steps_follow_the_schedule,
+    run_record,
+)
 from test_equivalence import CROSS_FRAMEWORK_LOSS_ATOL, RECORD_SHAPE, STEPS, assert_same_losses, ddp_reference
 
 from backends import get_backend
@@ -51,6 +56,7 @@ def test_trains_like_torch_ddp_with_a_full_record(out, ddp_losses, backend, gpus
     assert rec["status"] == "ok" and rec["error"] is None
     assert [r["rank"] for r in rec["ranks"]] == list(range(gpus))
     assert_cpu_worker_probes(rec)
+    assert_model_state_as_predicted(rec)
     for r in rec["ranks"]:
         assert len(r["step_times"]) == len(r["losses"]) == len(r["data_prep"]) == STEPS
         assert r["memory"]["peak_rss"] > 50e6 and r["device"].startswith("cpu")
@@ -174,6 +180,7 @@ def test_paddle_sharding_stage_1_shards_the_optimizer_state(out, ddp_losses):
     assert_same_losses(rec["summary"]["losses"], ddp_losses, what, CROSS_FRAMEWORK_LOSS_ATOL)
     held = [r["model_state_bytes"]["optimizer"] for r in rec["ranks"]]
     assert sum(held) == 8 * N + OPTIMIZER_EXTRA["paddle-fleet"] and max(held) < 0.9 * sum(held)
+    assert_model_state_as_predicted(rec)
     # On the wire: each gradient reduced to its owner (gloo: a ring reduce-scatter, then the non-owner's
     # half to the owner) and each updated tensor broadcast by it: 1.25 x 4N a rank on average, which the
     # analytic volume now counts (the gather as an all-gather of N/2), plus gloo's framing of one reduce and

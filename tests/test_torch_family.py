@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import assert_traced_steps_follow_the_schedule, run_record
+from conftest import assert_model_state_as_predicted, assert_traced_steps_follow_the_schedule, run_record
 from test_equivalence import ISSUE_SHAPE, STEPS, assert_same_losses, ddp_reference
 
 from backends import get_backend
@@ -276,6 +276,8 @@ def test_two_workers_train_the_same_model_as_ddp_with_a_full_record(label, ddp_r
     if label != "horovod":  # Horovod's fusion depends on timing: it has no fixed schedule to hold to
         assert_traced_steps_follow_the_schedule(rec, in_order=label != "torch-fsdp")
     assert_holds_what_it_shards(label, rec, ddp_run)
+    assert_model_state_as_predicted(rec)
+    assert_model_state_as_predicted(ddp_run)
     if method == "isolated":  # t_compute from two world-1 launches of the same backend, side by side
         assert rec["comm"] == {"t_compute_method": "isolated"} and len(rec["isolated_ranks"]) == 2
         assert all(r["status"] == "ok" and len(r["step_times"]) == STEPS for r in rec["isolated_ranks"])
@@ -334,6 +336,7 @@ def test_zero3_holds_half_of_ddp_model_state_on_two_ranks(out):
     assert rec["summary"]["comm_measured"]["vs_analytic"] == pytest.approx(1, abs=0.02)
     # ZeRO-3 keeps its few parameters under 1e5 elements (biases, LayerNorms, pos_emb) whole: ~1% more
     assert rec["summary"]["model_state_bytes_per_rank"] / DDP_STATE == pytest.approx(0.5, abs=0.02)
+    assert_model_state_as_predicted(rec)  # bf16 native: the persistent tensors in bf16
 
 
 @pytest.mark.slow

@@ -33,10 +33,11 @@ from backends.base import (
     Options,
     Tuned,
     option,
+    parameter_numels,
     switch,
     worker_python,
 )
-from backends.deepspeed_zero.comm import PREFETCH_BUCKET_ELEMENTS, stage3_settings
+from backends.deepspeed_zero.comm import PREFETCH_BUCKET_ELEMENTS, partitioned, stage3_settings
 from backends.deepspeed_zero.schedule import zero_schedule
 from core.config import InvalidConfig
 from core.precision import LOW_PRECISIONS, autocast_numerics, low_precision_module_numerics
@@ -299,6 +300,21 @@ class DeepSpeed(Backend[DeepSpeedOptions]):
 
     def sharding(self, cfg):
         return SHARDING[self.stage(cfg)]
+
+    def model_state_bytes(self, cfg):
+        """The spec's rule plus what ZeRO-3 keeps whole: a tensor of at most
+        stage3_param_persistence_threshold elements persists on every rank beside its partition (ds_tensor;
+        its gradient and optimizer state stay partitioned), which on a small model is most of the
+        parameters and on a large one next to nothing."""
+        state = super().model_state_bytes(cfg)
+        world = cfg.topology.world_size
+        if self.stage(cfg) != 3 or world == 1:
+            return state
+        numels = parameter_numels(cfg)
+        persistent = sum(numels.values()) - sum(partitioned(numels).values())
+        element = 2 if native_low_precision(cfg) else 4  # the module's dtype: bf16/fp16 native, else fp32
+        params = state["params"] + persistent * element
+        return {**state, "params": params, "total": state["total"] - state["params"] + params}
 
     def validate(self, cfg):
         bucket = self.options(cfg).prefetch_bucket

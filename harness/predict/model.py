@@ -202,12 +202,9 @@ def memory(cfg: RunConfig, factor: float, plan: Schedule | None = None) -> dict:
     the caller has it."""
     backend = get_backend(cfg.backend)
     sharding = backend.sharding(cfg)
-    scheme = backend.precision_scheme(cfg)
     plan = plan or backend.schedule(cfg)
     element = 4 if cfg.model.precision == "fp32" else 2
-    state = cfg.model.spec.model_state_bytes(cfg.model.precision, scheme, sharding, cfg.topology.world_size)[
-        "total"
-    ]
+    state = backend.model_state_bytes(cfg)["total"]
     numels = parameter_numels(cfg)
     blocks = [0] * cfg.model.spec.n_layers
     for name, n in numels.items():
