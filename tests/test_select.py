@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from backends import get_backend
+from backends import all_backends, get_backend
 from core.config import InvalidConfig, RunConfig
 from core.records import validate_record
 from harness.cli import main, make_parser
@@ -46,8 +46,14 @@ def test_gpu_range():
 
 def test_sharding_settings_come_from_the_options():
     assert [s["zero_stage"] for s in select.sharding_settings(get_backend("deepspeed"))] == [0, 1, 2, 3]
-    assert [s["sharding_stage"] for s in select.sharding_settings(get_backend("paddle-fleet"))] == [1, 2, 3]
+    # Paddle's stage 0 (plain data parallel) is its default, no choice of --sharding-stage: still searched
+    paddle = select.sharding_settings(get_backend("paddle-fleet"))
+    assert [s["sharding_stage"] for s in paddle] == [0, 1, 2, 3]
     assert select.sharding_settings(get_backend("torch-ddp")) == [{}]
+    for backend in all_backends():  # every stack's default is searched
+        defaults = backend.Options().to_dict()
+        settings = select.sharding_settings(backend)
+        assert any(all(defaults[k] == v for k, v in setting.items()) for setting in settings), backend.name
 
 
 # ----------------------------------------------------------------------------------------- memory terms
