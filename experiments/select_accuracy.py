@@ -75,7 +75,7 @@ def measure(out: Path, picks: dict[str, dict], repeats: int) -> dict[str, list[f
                 harness("run", *picks[stack]["run_argv"], *STEPS, "--out", str(where))
             records = [r for r in load_records([where]) if r["status"] == "ok"]
             if records:
-                steps[stack].append(records[0]["summary"]["step_time_s"])
+                steps[stack].append(records[0]["summary"]["step_time_s"]["median"])
     return steps
 
 
