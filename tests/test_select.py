@@ -215,6 +215,15 @@ def test_identical_candidates_are_each_about_half():
     assert p == pytest.approx([0.5, 0.5], abs=0.05)
 
 
+def test_two_frameworks_whose_bands_overlap_are_not_ranked_as_if_apart():
+    """torch-ddp and tf-mwms at 8 H100s: each framework's unknown MFU is its own, so neither wins every draw
+    (drawn jointly, one would: the same corner for both keeps their order)."""
+    pricing = select.Pricing(load_profile("h100-sxm"))
+    cands = [candidate(cfg("torch-ddp", n=8)), candidate(cfg("tf-mwms", n=8))]
+    p = select.odds(cands, pricing, samples=200)
+    assert 0.05 < p[0] < 0.95 and sum(p) == pytest.approx(1.0), p
+
+
 def test_a_candidate_faster_in_every_draw_wins_and_the_odds_sum_to_one():
     pricing = select.Pricing(load_profile("h100-sxm"))
     slow, fast = cfg("torch-ddp", n=8), cfg("torch-ddp", n=8, micro=8)  # same work a token, more a call

@@ -288,21 +288,34 @@ def pareto(cands: list[Candidate]) -> list[Candidate]:
     ]
 
 
+def compute_source(c: Candidate, pricing: Pricing) -> str:
+    """Whose compute uncertainty a candidate shares: a calibrated stack's is its own runs' (its label), an
+    uncalibrated one's is its framework's kernels at an assumed MFU (torch-ddp and torch-fsdp share it)."""
+    if pricing.calibrated(c.cfg):
+        return f"label:{c.label}"
+    return f"framework:{get_backend(c.cfg.backend).framework}"
+
+
 def odds(cands: list[Candidate], pricing: Pricing, samples: int = ODDS_SAMPLES, seed: int = SEED):
-    """The probability each candidate is the fastest: the predictor's uncertain inputs (BAND_INPUTS: compute,
-    bandwidth, latency, overlap, stragglers and the empirical scale loss) each drawn at one of its corners,
-    uniformly, the same draw for every candidate (one cluster: what is slow is slow for all); a tie shares
+    """The probability each candidate is the fastest: the predictor's uncertain inputs (BAND_INPUTS) each
+    drawn at one of its corners, uniformly. The cluster's (bandwidth, latency, overlap, stragglers, the
+    empirical scale loss) are one draw for every candidate: what is slow on a cluster is slow for all. Compute
+    is drawn once per source (compute_source): two stacks' calibration runs, or two frameworks' kernels, err
+    apart, so two candidates whose compute bands overlap are not ranked as if they were apart. A tie shares
     the win equally."""
     rng = np.random.default_rng(seed)
-    draws = rng.integers(0, len(CORNERS), size=(samples, len(BAND_INPUTS)))
+    cluster = [name for name in BAND_INPUTS if name != "compute"]
+    sources = [compute_source(c, pricing) for c in cands]
+    shared = rng.integers(0, len(CORNERS), size=(samples, len(cluster)))
+    compute = {src: rng.integers(0, len(CORNERS), size=samples) for src in sorted(set(sources))}
     plans = [get_backend(c.cfg.backend).schedule(c.cfg) for c in cands]
     cache: dict[tuple[int, tuple], float] = {}
     times = np.empty((samples, len(cands)))
-    for s, draw in enumerate(draws):
-        key = tuple(int(v) for v in draw)
-        at = {name: CORNERS[k] for name, k in zip(BAND_INPUTS, key)}
+    for s in range(samples):
         for j, c in enumerate(cands):
+            key = (int(compute[sources[j]][s]), *(int(v) for v in shared[s]))
             if (j, key) not in cache:
+                at = {"compute": CORNERS[key[0]], **{name: CORNERS[k] for name, k in zip(cluster, key[1:])}}
                 profile, calib = pricing.profile(c.cfg.backend), pricing.calibration(c.cfg)
                 step = step_at(c.cfg, profile, calib, plans[j], at)["step_s"]
                 cache[(j, key)] = step / c.cfg.tokens_per_step  # seconds a token
@@ -512,7 +525,12 @@ def cmd_select(args) -> int:
                 "budget_usd": args.budget,
                 "gpu_hour_price_usd": args.gpu_hour_price,
                 "allocator_margin": ALLOCATOR_MARGIN,
-                "odds": {"samples": ODDS_SAMPLES, "seed": SEED, "inputs": list(BAND_INPUTS)},
+                "odds": {
+                    "samples": ODDS_SAMPLES,
+                    "seed": SEED,
+                    "inputs": list(BAND_INPUTS),
+                    "compute_drawn_per": "calibrated stack (label), else framework",
+                },
                 "hardware": {
                     name: pricing.profile(name).to_dict() for name in sorted({c.cfg.backend for c in kept})
                 },
