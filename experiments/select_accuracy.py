@@ -19,10 +19,12 @@ it on a quiet machine. Finished launches are read back, so an interrupted run re
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -110,6 +112,14 @@ def main() -> None:
     top = min(stacks, key=predicted.__getitem__)
     best = min(stacks, key=measured.__getitem__)
     print(f"Kendall tau (predicted vs measured order, {len(stacks)} stacks): {tau.statistic:.2f}")
+    # The measurement's own uncertainty: every way of taking one launch of each stack, how often each
+    # stack is the fastest (the measured counterpart of P(fastest)) and the tau each gives.
+    combos = list(itertools.product(*[steps[s] for s in stacks]))
+    won = Counter(stacks[int(np.argmin(c))] for c in combos)
+    taus = [kendalltau([predicted[s] for s in stacks], c).statistic for c in combos]
+    print("fastest over one launch of each: " + ", ".join(f"{s} {won[s] / len(combos):.0%}" for s in stacks))
+    print(f"tau over them: median {np.median(taus):.2f} (p10 {np.percentile(taus, 10):.2f}, p90 "
+          f"{np.percentile(taus, 90):.2f}); >= 0.7 in {np.mean(np.asarray(taus) >= 0.7 - 1e-9):.0%}")  # fmt: skip
     print(f"top pick {top}, measured best {best}: regret {100 * (measured[top] / measured[best] - 1):.1f}%")
     (args.out / "summary.json").write_text(
         json.dumps(
