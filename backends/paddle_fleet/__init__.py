@@ -9,6 +9,7 @@ import socket
 from dataclasses import dataclass
 from typing import Literal
 
+from backends.attention import materialised_attention
 from backends.base import (
     WORKER_SCRIPT,
     Backend,
@@ -121,6 +122,15 @@ class PaddleFleet(Backend[PaddleOptions]):
 
     def sharding(self, cfg):
         return SHARDING[self.options(cfg).sharding_stage]
+
+    def settings(self, cfg):
+        """Off a GPU, Paddle's scaled_dot_product_attention takes its math path (paddle.nn.functional.
+        flash_attention._select_sdp: "math" wherever the place is not a GPU), which materialises every
+        layer's softmax: measured by tests/probes/saved_activations.py as 4 more fp32 elements a token and
+        layer on `tiny` (B·H·T·T against the torch model's fused CPU kernel)."""
+        if cfg.topology.device == "cuda":
+            return {}
+        return {"attention": materialised_attention(cfg, "Paddle's attention takes its math path off a GPU")}
 
     def validate(self, cfg):
         """What Paddle's CPU build cannot train, refused before launch rather than by every worker after

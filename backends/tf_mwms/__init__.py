@@ -11,6 +11,7 @@ attention costs (`attention_memory`).
 import json
 from dataclasses import dataclass
 
+from backends.attention import materialised_attention
 from backends.base import (
     CUDA_MASK,
     WORKER_SCRIPT,
@@ -78,12 +79,8 @@ def variant(cfg) -> str:
     return "" if implementation == "AUTO" else f"-{implementation.lower()}"
 
 
-def size(nbytes: int) -> str:
-    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
-
-
 def attention_memory(cfg) -> dict:
-    """What the model's attention materialises, analytic (from the spec, never measured).
+    """What the model's attention materialises (backends.attention), analytic.
 
     workloads/tf_model.py calls keras.ops.dot_product_attention, whose TensorFlow backend (Keras 3.15,
     keras/src/backend/tensorflow/nn.py) has no flash path: flash_attention=True raises, and it computes
@@ -93,26 +90,8 @@ def attention_memory(cfg) -> dict:
     Paddle models call scaled_dot_product_attention, which on a GPU can run a flash kernel that never holds
     them, so at long sequences this memory is TF's, not the model's.
     Softmax's gradient reads the softmax output (tensorflow/python/ops/nn_grad.py), so every layer's is
-    held from forward to backward: a lower bound on what attention holds, the logits and mask aside."""
-    b, h, t = cfg.batch.micro_batch, cfg.model.spec.n_heads, cfg.model.spec.seq_len
-    per_layer = b * h * t * t * 4
-    held_layers = 1 if cfg.model.activation_checkpointing else cfg.model.spec.n_layers
-    held = held_layers * per_layer
-    return {
-        "implementation": "materialised (B,H,T,T) logits",
-        "flash": False,
-        "shape": [b, h, t, t],
-        "dtype": "float32",
-        "bytes_per_layer": per_layer,
-        "layers_held_for_backward": held_layers,
-        "bytes_held_for_backward": held,
-        "basis": "analytic",
-        "summary": (
-            f"attention: materialised (B,H,T,T) fp32 logits, {b}x{h}x{t}x{t}x4 B = {size(per_layer)} per "
-            f"layer; softmax outputs held for backward: {held_layers} layer(s) = {size(held)} "
-            "(analytic, a lower bound; no flash attention in Keras's TF backend)"
-        ),
-    }
+    held from forward to backward."""
+    return materialised_attention(cfg, "no flash attention in Keras's TF backend")
 
 
 def local_ports(first: int, n: int) -> list[int]:
