@@ -306,7 +306,7 @@ def test_no_row_is_checked_against_a_margin_fitted_on_its_own_publisher():
 
     rows = [row("a1", "A", 0.90), row("a2", "A", 0.85), row("b1", "B", 0.97), row("x", "X", 0.10, False)]
     ratios = {r["id"]: {"low": 0.96, "high": 1.0, "nominal": 0.98, "doublings_beyond_node": 4} for r in rows}
-    everything, by_row = margins(rows, ratios)
+    everything, _, by_row = margins(rows, ratios)
     assert everything == pytest.approx(1 - (0.85 / 0.96) ** (1 / 4))  # a2's, the largest score
     assert by_row["a1"] == {"in_sample": everything, "out_of_sample": 0.0}  # B's rows need none
     assert by_row["b1"]["out_of_sample"] == everything and by_row["x"]["out_of_sample"] == everything
