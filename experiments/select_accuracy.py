@@ -34,7 +34,7 @@ from core.records import load_records
 
 REPO = Path(__file__).resolve().parents[1]
 STACKS = ["torch-ddp", "torch-fsdp", "deepspeed", "horovod", "tf-mwms", "paddle-fleet"]
-# ~29M parameters: 6 blocks of d 512 (18.9M) and a 16,384 x 512 tied embedding (8.4M)
+# 27.4M parameters: 6 blocks of d 512 (18.9M), a 16,384 x 512 tied embedding (8.4M), positions and norms
 SHAPE = ["--layers", "6", "--d-model", "512", "--heads", "8", "--seq-len", "256", "--vocab", "16384"]
 STEPS = ["--steps", "6", "--warmup", "2", "--compute-method", "none", "--no-trace-comm"]
 

@@ -214,13 +214,15 @@ def assert_model_state_as_predicted(rec: dict) -> None:
     from harness.predict.fit import peak_memory
 
     cfg = run_config(rec)
-    predicted = get_backend(cfg.backend).model_state_bytes(cfg)
-    assert peak_memory(cfg)["model_state"] == predicted["total"]
+    backend = get_backend(cfg.backend)
+    predicted = backend.model_state_bytes(cfg)
+    assert peak_memory(cfg)["model_state"] == predicted["total"]  # wiring: select sizes by this term
     held = {k: max(r["model_state_bytes"][k] for r in rec["ranks"]) for k in predicted}
     what = (rec["backend_info"]["label"], held, predicted)
     for part in ("params", "optimizer"):
         assert held[part] == pytest.approx(predicted[part], rel=MODEL_STATE_RTOL), what
-    low = predicted["grads"] / cfg.topology.world_size
+    whole = cfg.model.spec.model_state_bytes(cfg.model.precision, backend.precision_scheme(cfg))["grads"]
+    low = whole / cfg.topology.world_size  # a rank's share of the unsharded gradients
     high = predicted["grads"] * (1 + MODEL_STATE_RTOL) + 4 * max(parameter_numels(cfg).values())
     assert low * (1 - MODEL_STATE_RTOL) <= held["grads"] <= high, what
 

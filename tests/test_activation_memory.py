@@ -69,4 +69,4 @@ def test_the_blocks_hold_what_the_predictor_says_for_backward(backend, framework
         what = (backend, spec.seq_len, cfg.model.activation_checkpointing, measured, blocks, attention)
         assert measured["blocks"] == pytest.approx(blocks + attention, rel=RTOL), what
         if framework == "paddle" and not cfg.model.activation_checkpointing:
-            assert attention > 0.1 * blocks, what  # declared, as its math path holds it
+            assert attention > 0.1 * blocks, what  # declared at all: the approx above is the measurement

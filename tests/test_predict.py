@@ -463,7 +463,8 @@ def test_model_state_per_rank_follows_the_zero_paper(backend, options, bytes_per
     cfg = cfg_for(backend, world=64, workload="1b", **options)
     numels = parameter_numels(cfg)
     persistent = sum(numels.values()) - sum(partitioned(numels).values())
-    whole = persistent * (2 if options.get("mixed_precision") else 4) if options.get("zero_stage") == 3 else 0
+    element = 2 if options.get("mixed_precision") == "native" else 4
+    whole = persistent * element if options.get("zero_stage") == 3 else 0
     assert 0 < persistent < 0.003 * cfg.model.spec.n_params
     expected = cfg.model.spec.n_params * bytes_per_param(64) + whole
     assert memory(cfg, 1.0)["model_state"] == pytest.approx(expected)

@@ -2,12 +2,13 @@
 (harness/predict/published_scaling_rows.yaml: each row's source, quote, setup as `harness predict` flags and
 published per-GPU figures at two N).
 
-Nothing in the model is fitted to any row (no constant is fitted to published data at all: the profiles'
+Nothing in the model is fitted to any row (no modelled constant is fitted to published data: the profiles'
 ranges come from data sheets and published collective benchmarks), so every row is predicted leave-one-out
-by construction. The target, per row: the per-GPU throughput at the larger N over that at the smaller one
-predicted within 15% of the published ratio, and the published ratio inside the predicted band (the ratio
-over every combination of the inputs' fast and slow ends, the same at both N). The rows the model misses
-are marked (strict xfail: the day the model gets one right, its mark must go).
+by construction; only the empirical scale-loss margin is fitted on the rows (harness.predict.margin), and
+checked leave one publisher out. The model's target, per row: the per-GPU throughput at the larger N over
+that at the smaller one predicted within 15% of the published ratio, and the published ratio inside the
+model's band (the ratio over every combination of the inputs' fast and slow ends, the same at both N). The
+rows the model misses are marked (strict xfail: the day the model gets one right, its mark must go).
 
 Every modelled term decides some row: with any one of them taken out, at least one row's outcome changes
 (a row that meets the target misses it, or a marked row meets it and its strict xfail fails), so this test
@@ -208,10 +209,12 @@ def test_the_check_counts_the_stack_s_rows_and_how_far_below_the_missed_ones_ran
     assert "1 of 2 published rows met the target" in out["verdict"] and "0.83–0.83" in out["verdict"]
     assert "upper bounds" in out["verdict"] and "N=1,024 is beyond" in out["verdict"]
     assert check(cfg, [4], rows)["below"] and not check(cfg, [64], rows)["beyond"]
-    for band in ((0.75, 0.98), (0.65, 0.75)):  # missed inside the band (17% off), or above it
+    # missed inside the band (17% off), or above it; the first inside only as the margin widens the model's
+    # band (0.93) to 0.75: the band with the margin is what the check reads
+    for band, model_low in (((0.75, 0.98), 0.93), ((0.65, 0.75), 0.65)):
         rows[1]["predicted_ratio"] = {
             "nominal": 0.96 if band[0] == 0.75 else 0.70,
-            "low": band[0],
+            "low": model_low,
             "high": band[1],
         }
         rows[1]["band"] = list(band)

@@ -126,8 +126,8 @@ class PaddleFleet(Backend[PaddleOptions]):
     def settings(self, cfg):
         """Off a GPU, Paddle's scaled_dot_product_attention takes its math path (paddle.nn.functional.
         flash_attention._select_sdp: "math" wherever the place is not a GPU), which materialises every
-        layer's softmax: measured by tests/probes/saved_activations.py as 4 more fp32 elements a token and
-        layer on `tiny` (B·H·T·T against the torch model's fused CPU kernel)."""
+        layer's softmax: measured by tests/probes/saved_activations.py as H·T more fp32 elements a token and
+        layer (4 x d_model on `tiny` at T = 128) than the torch model, whose CPU kernel is fused."""
         if cfg.topology.device == "cuda":
             return {}
         return {"attention": materialised_attention(cfg, "Paddle's attention takes its math path off a GPU")}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from backends import get_backend
 from core.records import run_config
 
 # Dense peak FLOP/s (no sparsity) from NVIDIA's data sheets, by the exact name the driver reports
@@ -330,9 +331,12 @@ def summarize(record: dict) -> dict:
         values = [v for v in values if v is not None]
         return max(values) if values else None
 
-    analytic_state = spec.model_state_bytes(
-        cfg.model.precision, info.get("precision_scheme"), info.get("sharding", "none"), world
-    )
+    try:  # the predictor's term, so that measured / analytic reads against what `select` sizes
+        analytic_state = get_backend(cfg.backend).model_state_bytes(cfg)
+    except KeyError:  # a stack this install does not register: the spec's rule for what the record says
+        analytic_state = spec.model_state_bytes(
+            cfg.model.precision, info.get("precision_scheme"), info.get("sharding", "none"), world
+        )
     measured_state = rank_max("model_state_bytes", "total")
     data_prep = stats(per_step_max(ranks, "data_prep"))["median"]
     # The first warm-up step, slowest rank: what compiling (torch.compile, XLA, to_static) and first-touch

@@ -255,7 +255,8 @@ def print_scaling_ratio(small: RunConfig, large: RunConfig, ratio: dict) -> None
     print(
         f"per-device tokens/s at N={large.topology.world_size} over N={small.topology.world_size}: "
         f"{ratio['nominal']:.3f} ({ratio['low']:.3f}–{ratio['high']:.3f} over every combination of the "
-        f"inputs' ends; lowest with {worst}); alone, {ratio['dominant']} moves it most"
+        f"inputs' ends, the low end less the {margin.LABEL} over {ratio['doublings_beyond_node']:.3g} "
+        f"doubling(s); lowest with {worst}); alone, {ratio['dominant']} moves it most"
     )
 
 

@@ -20,7 +20,7 @@ MICRO_BATCHES = (64, 32, 16, 8, 4, 2, 1)  # tried largest first: the largest tha
 def peak_memory(cfg: RunConfig, factor: float = 1.0, plan=None) -> dict:
     """Bytes per rank: the predictor's terms (model state as the stack holds it, gathered parameters and
     prefetch, communication buffers, activations) and the attention a stack materialises where its
-    settings say so (backend.settings()["attention"]: TF's (B,H,T,T) logits)."""
+    settings say so (backend.settings()["attention"]: TF's (B,H,T,T) logits, and Paddle's off a GPU)."""
     backend = get_backend(cfg.backend)
     terms = memory(cfg, factor, plan)
     terms.pop("total")

@@ -71,11 +71,11 @@ def per_doubling() -> float:
 
 def coverage_line() -> str:
     """How the margin held on the published rows, in and out of sample, in one line."""
-    fitted = fitted_margin()
-    product, other = fitted["coverage"]["product_rows"], fitted["coverage"]["other_rows"]
+    stored = fitted_margin()
+    product, other = stored["coverage"]["product_rows"], stored["coverage"]["other_rows"]
     return (
-        f"the largest loss below the model's band among {fitted['fitted_on']} published runs of the "
-        f"product's stacks ({', '.join(fitted['publishers'])}); their bands hold {product['model']} of "
+        f"the largest loss below the model's band among {stored['fitted_on']} published runs of the "
+        f"product's stacks ({', '.join(stored['publishers'])}); their bands hold {product['model']} of "
         f"{product['rows']} without it, {product['in_sample']} with it, {product['out_of_sample']} fitted "
         f"without each run's publisher; {other['model']} and {other['out_of_sample']} of {other['rows']} "
         f"runs of stacks the product does not run"

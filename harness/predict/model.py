@@ -372,8 +372,9 @@ def scaling_ratio(small: RunConfig, large: RunConfig, profile: Profile, calib: C
     """Per-device tokens/s at the larger rank count over the smaller, as a published scaling result states
     it: nominal, and its band over every combination of the inputs' ends (each input fast or slow, the
     same at both N: one cluster, its unknowns unknown alike), which is wider than the corners' (where
-    fast compute, which exposes communication, never meets slow communication); the ends' combinations,
-    and each input alone at its ends with the others nominal (which one moves the ratio most)."""
+    fast compute, which exposes communication, never meets slow communication), its low end less the
+    empirical scale loss over the doublings between the two N; the ends' combinations, and each modelled
+    input alone at its ends with the others nominal (which one moves the ratio most)."""
     plans = {id(c): get_backend(c.backend).schedule(c) for c in (small, large)}
 
     def ratio(at: dict[str, str]) -> float:
@@ -444,7 +445,8 @@ def predict_point(
             "comm_busy_s": result["comm_busy_s"],
             "comm_overlapped_s": result["overlapped_s"],
             "straggler_wait_s": straggler,
-            "exposed_comm_ratio": max(0.0, (step - result["compute_s"]) / step),
+            # the empirical scale loss is not communication: it is left out of the exposed share
+            "exposed_comm_ratio": max(0.0, (step - point["scale_loss_s"] - result["compute_s"]) / step),
             "throughput_tokens_per_s": throughput,
             "per_device_tokens_per_s": per_device,
             "speedup": throughput / one_throughput,

@@ -179,8 +179,8 @@ def margins(rows: list[dict], ratios: dict[str, dict]) -> tuple[float, dict[str,
 
 def row_result(row: dict, ratio: dict, row_margins: dict) -> dict:
     """One row's line of published_check.json: the model's ratio and band, the band with the empirical
-    margin in and out of sample, and the outcomes. `meets_the_target` is held to the out-of-sample band,
-    the band a prediction states, fitted without the row's own publisher."""
+    margin in and out of sample, and the outcomes. `meets_the_target` is held to the out-of-sample band:
+    the band a prediction would state for a publisher the margin was not fitted on."""
     small, _, _ = row_configs(row)
     published, d = published_ratio(row), ratio["doublings_beyond_node"]
     low = {k: ratio["low"] * margin.factor(m, d) for k, m in row_margins.items()}
