@@ -36,7 +36,7 @@ class PaddleOptions(Options):
         0,
         "--sharding-stage",
         type=int,
-        choices=(1, 2, 3),
+        choices=(0, 1, 2, 3),
         help="shard optimizer state (1), + gradients (2), + parameters (3); 2 and 3 need "
         "a GPU; 0: plain data parallel",
     )

@@ -18,6 +18,7 @@ checked against the margin of all fitted rows, which never saw them.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 
@@ -57,9 +58,11 @@ def leave_one_publisher_out(rows: list[dict]) -> dict[str, float]:
     }
 
 
+@functools.cache
 def fitted_margin() -> dict:
     """The margin as published_check.json holds it (written by `python -m harness.predict.published`): its
-    value per doubling, the rows and publishers it was fitted on, and the coverage of the rows' bands."""
+    value per doubling, the rows and publishers it was fitted on, and the coverage of the rows' bands. Read
+    once a process: every calibration (one per stack in `harness select`) takes it."""
     return json.loads(CHECK_FILE.read_text())["empirical_scale_loss"]
 
 
@@ -69,9 +72,10 @@ def per_doubling() -> float:
     return float(fitted_margin()["per_doubling"])
 
 
-def coverage_line() -> str:
-    """How the margin held on the published rows, in and out of sample, in one line."""
-    stored = fitted_margin()
+def coverage_line(stored: dict | None = None) -> str:
+    """How the margin held on the published rows, in and out of sample, in one line (`stored`: a margin as
+    fitted_margin gives it; the stored one where None)."""
+    stored = stored or fitted_margin()
     product, other = stored["coverage"]["product_rows"], stored["coverage"]["other_rows"]
     return (
         f"the largest loss below the model's band among {stored['fitted_on']} published runs of the "

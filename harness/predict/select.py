@@ -89,8 +89,7 @@ def hours(text: str) -> float:
 
 def sharding_settings(backend) -> list[dict]:
     """The sharding settings a stack's Options declare: every integer field with choices (ZeRO's stage,
-    Paddle's sharding stage), each value and the field's default (Paddle's stage 0, plain data parallel,
-    is its default and no choice of its flag); a stack with none has one setting, its defaults."""
+    Paddle's sharding stage), each value; a stack with none has one setting, its defaults."""
     fields = [
         f
         for f in dataclasses.fields(backend.Options)
@@ -98,8 +97,10 @@ def sharding_settings(backend) -> list[dict]:
     ]
     if not fields:
         return [{}]
-    values = [sorted({f.default, *f.metadata["choices"]}) for f in fields]
-    return [dict(zip([f.name for f in fields], combo)) for combo in itertools.product(*values)]
+    return [
+        dict(zip([f.name for f in fields], values))
+        for values in itertools.product(*[f.metadata["choices"] for f in fields])
+    ]
 
 
 @dataclass
