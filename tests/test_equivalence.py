@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 from conftest import (
+    CPU_WARMUP_TRANSIENT_BYTES,
     assert_model_state_as_predicted,
     assert_traced_steps_follow_the_schedule,
     launched_once,
@@ -197,7 +198,8 @@ CASES = (
 
 def ddp_reference(shape: Shape, tmp_path_factory) -> dict:
     """torch-ddp's record on `shape` (2 ranks, one micro-batch, final weights dumped), launched once per
-    test run whichever test module asks first."""
+    test run whichever test module asks first. Traced, and with a transient taken before its first step:
+    the GPU tier's CPU rehearsal reads the ISSUE_SHAPE one as its reference stack's run."""
     return launched_once(
         f"ddp-{shape}",
         lambda: run_record(
@@ -207,7 +209,8 @@ def ddp_reference(shape: Shape, tmp_path_factory) -> dict:
             *shape.args(),
             "--compute-method",
             "none",
-            "--no-trace-comm",
+            "--warmup-transient",
+            CPU_WARMUP_TRANSIENT_BYTES,
             "--dump-weights",
         ),
     )

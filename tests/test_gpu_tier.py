@@ -11,7 +11,9 @@ a measurement, one at a time after them.
 
 Where a check means something on a CPU (a sound run, its numerics, the peak reset after warm-up, the traced
 bytes against the analytic volume, sharded state against replicated), the same tests run in the normal suite
-as the tier's CPU rehearsal: the reference stack and the stacks that shard parameters, at 2 CPU workers.
+as the tier's CPU rehearsal, on runs the suite launches anyway: the 2-rank fp32 full-record runs of the
+reference stack and of the stacks that shard parameters (tests/test_torch_family.py), which take the same
+transient before their first step.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from conftest import CPU_WARMUP_TRANSIENT_BYTES
 
 from backends import REFERENCE_BACKEND, backend_names, get_backend
 from core.config import PRECISIONS, RunConfig
@@ -37,7 +40,6 @@ from workloads.spec import PRESETS
 
 REPO = Path(__file__).resolve().parent.parent
 GPUS = visible_gpus()
-DEVICE = "cuda" if GPUS else "cpu"
 NO_GPU = "needs a CUDA GPU: nvidia-smi lists none on this machine"
 pytestmark = [pytest.mark.gpu, pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -52,13 +54,9 @@ MFU_BAND = (0.08, 0.75)
 # Taken and freed by every rank before its first warm-up step (core.hooks): far above a tiny run's whole
 # steady-state peak, so a peak that still holds it was not reset. On a GPU that peak includes the stack's
 # communication buffers: DeepSpeed's fp32 reduce bucket of 5e8 elements alone is 1.9 GiB, so 4 GiB there;
-# on a CPU the process RSS, well under 2 GiB.
-TRANSIENT_BYTES = (4 if GPUS else 2) << 30
-SHAPE = {
-    "cuda": "--workload tiny --steps 10 --warmup 3 --threads-per-worker 2",
-    "cpu": "--workload tiny --layers 1 --d-model 64 --heads 2 --ffn 128 --seq-len 64 --vocab 256 "
-    "--micro-batch 4 --steps 6 --warmup 2 --compute-method none",
-}[DEVICE].split()
+# on a CPU the process RSS (conftest.CPU_WARMUP_TRANSIENT_BYTES, which the rehearsal's runs take).
+TRANSIENT_BYTES = 4 << 30 if GPUS else CPU_WARMUP_TRANSIENT_BYTES
+SHAPE = "--workload tiny --steps 10 --warmup 3 --threads-per-worker 2".split()
 MFU_ARGS = "--workload 1b --precision bf16 --micro-batch 2 --steps 5 --warmup 2".split()
 WORLDS = sorted({1, len(GPUS)}) if GPUS else [2]
 
@@ -114,28 +112,38 @@ def key(stack: str, precision: str, world: int, variant: str = "") -> str:
 
 
 @pytest.fixture(scope="module")
-def runs() -> dict[str, tuple[dict | None, str]]:
+def runs(tmp_path_factory) -> dict[str, tuple[dict | None, str]]:
     """Every tiny run of the tier, launched together: per stack, each precision at each world size, fp32
-    with --tf32, and bf16 --tuned (the last two on a GPU only)."""
+    with --tf32, and bf16 --tuned. On a CPU: the rehearsal's runs (cpu_rehearsal_runs)."""
+    if not GPUS:
+        return cpu_rehearsal_runs(tmp_path_factory)
     plan: dict[str, list[str]] = {}
-    device = ["--device", DEVICE]
     hook = ["--warmup-transient", str(TRANSIENT_BYTES)]
     for stack in [s for s in stacks() if get_backend(s).availability()[0]]:
-        base = ["--backend", stack, *device, *SHAPE]
+        base = ["--backend", stack, "--device", "cuda", *SHAPE]
         for world in WORLDS:
-            for precision in PRECISIONS if GPUS else ("fp32",):
-                plan[key(stack, precision, world)] = [
-                    *base,
-                    "--gpus",
-                    str(world),
-                    "--precision",
-                    precision,
-                    *hook,
-                ]
-        if GPUS:
-            plan[key(stack, "fp32", 1, "tf32")] = [*base, "--gpus", "1", "--precision", "fp32", "--tf32"]
-            plan[key(stack, "bf16", 1, "tuned")] = [*base, "--gpus", "1", "--precision", "bf16", "--tuned"]
-    return launch(plan, jobs=gpu_jobs() if GPUS else 1)
+            for precision in PRECISIONS:
+                argv = [*base, "--gpus", str(world), "--precision", precision, *hook]
+                plan[key(stack, precision, world)] = argv
+        plan[key(stack, "fp32", 1, "tf32")] = [*base, "--gpus", "1", "--precision", "fp32", "--tf32"]
+        plan[key(stack, "bf16", 1, "tuned")] = [*base, "--gpus", "1", "--precision", "bf16", "--tuned"]
+    return launch(plan, jobs=gpu_jobs())
+
+
+def cpu_rehearsal_runs(tmp_path_factory) -> dict[str, tuple[dict | None, str]]:
+    """The 2-rank fp32 runs the suite launches anyway, once per test run whichever module asks first:
+    torch-ddp's ISSUE_SHAPE reference and the full-record run of each stack's default configuration,
+    which tests/test_torch_family.py names by the adapter's label (FSDP2, ZeRO-3)."""
+    from test_equivalence import ISSUE_SHAPE, ddp_reference
+    from test_torch_family import FAMILY, full_record
+
+    runs = {key(REFERENCE_BACKEND, "fp32", 2): (ddp_reference(ISSUE_SHAPE, tmp_path_factory), "")}
+    for stack in [s for s in stacks() if s != REFERENCE_BACKEND and get_backend(s).availability()[0]]:
+        cfg = RunConfig.build(stack, workload="tiny", spec=PRESETS["tiny"], world_size=2, device="cpu")
+        label = get_backend(stack).label(cfg)
+        assert label in FAMILY, f"{stack}'s default ({label}) has no full-record run to rehearse on"
+        runs[key(stack, "fp32", 2)] = (full_record(label, tmp_path_factory), "")
+    return runs
 
 
 def gpu_jobs() -> int:

@@ -9,7 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import assert_model_state_as_predicted, assert_traced_steps_follow_the_schedule, run_record
+from conftest import (
+    CPU_WARMUP_TRANSIENT_BYTES,
+    assert_model_state_as_predicted,
+    assert_traced_steps_follow_the_schedule,
+    launched_once,
+    run_record,
+)
 from test_equivalence import ISSUE_SHAPE, STEPS, assert_same_losses, ddp_reference
 
 from backends import get_backend
@@ -225,16 +231,32 @@ def final_weights(rec):
 ISOLATED = {"torch-fsdp", "deepspeed-zero3", "horovod"}
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("label", FAMILY)
-def test_two_workers_train_the_same_model_as_ddp_with_a_full_record(label, ddp_run, out):
-    """On ISSUE_SHAPE with two accumulated micro-batches a step (so this launch is also the accumulation
-    case of tests/test_equivalence.py) against torch-ddp's one; on another shape: the same file."""
+def full_record(label: str, tmp_path_factory) -> dict:
+    """The full-record run of `label`: ISSUE_SHAPE, two accumulated micro-batches a step, traced, final
+    weights dumped, and a transient taken before the first step. Launched once per test run: the GPU
+    tier's CPU rehearsal (tests/test_gpu_tier.py) reads the runs of the stacks that shard parameters."""
     method = "isolated" if label in ISOLATED else "none"
     # One isolated launch, not the default two: that the repeats are joined is tests/test_ddp.py's to show
     repeats = ["--isolated-repeats", "1"] if method == "isolated" else []
-    layout = ISSUE_SHAPE.args(accum=2)
-    rec = run_record(out, *FAMILY[label], *layout, "--compute-method", method, *repeats, "--dump-weights")
+    return launched_once(
+        f"family-{label}",
+        lambda: run_record(
+            tmp_path_factory.mktemp(label),
+            *FAMILY[label],
+            *ISSUE_SHAPE.args(accum=2),
+            *("--compute-method", method, *repeats),
+            *("--warmup-transient", CPU_WARMUP_TRANSIENT_BYTES, "--dump-weights"),
+        ),
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("label", FAMILY)
+def test_two_workers_train_the_same_model_as_ddp_with_a_full_record(label, ddp_run, tmp_path_factory):
+    """On ISSUE_SHAPE with two accumulated micro-batches a step (so this launch is also the accumulation
+    case of tests/test_equivalence.py) against torch-ddp's one; on another shape: the same file."""
+    rec = full_record(label, tmp_path_factory)
+    method = run_config(rec).measurement.compute_method
     # DeepSpeed's CPU all-reduce leaves ~70 MB of /dev/shm per rank per launch unless the harness removes
     # it: none of this run's (named by its port: another test's run may be using its own meanwhile)
     if label.startswith("deepspeed"):
