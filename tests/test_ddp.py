@@ -1,6 +1,7 @@
 """torch-ddp end to end through `harness run`: the record, learning, DDP correctness, comm ratio, failures."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -18,7 +19,11 @@ pytestmark = pytest.mark.slow
 FAST = ["--steps", "6", "--warmup", "1", "--timeout", "180"]
 
 
-def test_two_worker_record_has_every_field_and_loss_decreases(out):
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> tuple[dict, Path]:
+    """torch-ddp on `tiny` at 2 ranks as a user runs it (compute method and trace by default), with its
+    --out folder: the full-record test's run, and the 2-rank side of the comm-ratio test."""
+    out = tmp_path_factory.mktemp("two") / "results"
     rec = run_record(
         out,
         "--backend",
@@ -34,6 +39,11 @@ def test_two_worker_record_has_every_field_and_loss_decreases(out):
         "--tensorboard",
         out.parent / "tensorboard",  # imported only when asked for: this run is its path's test
     )
+    return rec, out
+
+
+def test_two_worker_record_has_every_field_and_loss_decreases(two_ranks):
+    rec, out = two_ranks
     (curves,) = (out.parent / "tensorboard").iterdir()
     assert rec["run_id"] in curves.name and any(curves.glob("events.out.tfevents.*"))
     assert (
@@ -114,17 +124,14 @@ def test_one_worker_and_two_workers_reach_the_same_weights(one_rank, out):
         np.testing.assert_allclose(w1[name], w2[name], atol=2e-5, rtol=0, err_msg=name)
 
 
-def test_comm_ratio_is_zero_for_one_worker_and_measured_for_two(one_rank, out):
+def test_comm_ratio_is_zero_for_one_worker_and_measured_for_two(one_rank, two_ranks):
     """One rank has no communication to expose. Two ranks measure t_compute with sync off and derive the
     ratio from it; only gross bounds hold on a live run, since on a loaded machine the sync-off steps can
     take as long as the synced ones (the ratio is then 0, the volume per exposed second unknown). That the
     ratio is (t_step - t_compute) / t_step, clamped at 0, is tests/test_metrics.py's, on recorded times."""
     alone = one_rank["summary"]
     assert alone["exposed_comm_ratio"] == 0.0 and alone["compute_method"] == "none"
-    # A communication-heavy shape (4M parameters, one sequence per rank), where the all-reduce is large.
-    shape = ["--workload", "tiny", "--d-model", "256", "--micro-batch", "1", *FAST]
-    two = run_record(out, "--backend", "torch-ddp", "--gpus", "2", *shape)
-    s = two["summary"]
+    s = two_ranks[0]["summary"]
     assert s["compute_method"] == "no_sync" and s["t_compute_s"] > 0, s
     assert 0.0 <= s["exposed_comm_ratio"] < 1.0, s
     assert s["comm_bytes_per_rank_per_step"] > 0 and s["comm_measured"]["bytes_per_rank_per_step"] > 0, s
