@@ -11,8 +11,8 @@ a measurement, one at a time after them.
 
 Where a check means something on a CPU (a sound run, its numerics, the peak reset after warm-up, the traced
 bytes against the analytic volume, sharded state against replicated), the same tests run in the normal suite
-as the tier's CPU rehearsal, on runs the suite launches anyway: the 2-rank fp32 full-record runs of the
-reference stack and of the stacks that shard parameters (tests/test_torch_family.py), which take the same
+as the tier's CPU rehearsal, on 2-rank fp32 runs the suite launches anyway: torch-ddp's reference and the
+full-record runs of the stacks that shard parameters (tests/test_torch_family.py), which take the same
 transient before their first step.
 """
 
