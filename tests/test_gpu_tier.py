@@ -61,10 +61,14 @@ MFU_ARGS = "--workload 1b --precision bf16 --micro-batch 2 --steps 5 --warmup 2"
 WORLDS = sorted({1, len(GPUS)}) if GPUS else [2]
 
 
+def default_config(name: str) -> RunConfig:
+    """A stack's default configuration at 2 ranks, as its adapter reads it for sharding and labels."""
+    return RunConfig.build(name, workload="tiny", spec=PRESETS["tiny"], world_size=2, device="cpu")
+
+
 def sharded(name: str) -> bool:
     """Whether a stack's default configuration shards its parameters (FSDP2, ZeRO-3): the adapter says."""
-    cfg = RunConfig.build(name, workload="tiny", spec=PRESETS["tiny"], world_size=2, device="cpu")
-    return get_backend(name).sharding(cfg) == "parameters"
+    return get_backend(name).sharding(default_config(name)) == "parameters"
 
 
 def stacks() -> list[str]:
@@ -139,8 +143,7 @@ def cpu_rehearsal_runs(tmp_path_factory) -> dict[str, tuple[dict | None, str]]:
 
     runs = {key(REFERENCE_BACKEND, "fp32", 2): (ddp_reference(ISSUE_SHAPE, tmp_path_factory), "")}
     for stack in [s for s in stacks() if s != REFERENCE_BACKEND and get_backend(s).availability()[0]]:
-        cfg = RunConfig.build(stack, workload="tiny", spec=PRESETS["tiny"], world_size=2, device="cpu")
-        label = get_backend(stack).label(cfg)
+        label = get_backend(stack).label(default_config(stack))
         assert label in FAMILY, f"{stack}'s default ({label}) has no full-record run to rehearse on"
         runs[key(stack, "fp32", 2)] = (full_record(label, tmp_path_factory), "")
     return runs

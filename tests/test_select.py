@@ -46,7 +46,7 @@ def test_gpu_range():
 
 def test_sharding_settings_come_from_the_options():
     assert [s["zero_stage"] for s in select.sharding_settings(get_backend("deepspeed"))] == [0, 1, 2, 3]
-    # Paddle's stage 0 (plain data parallel) is its default, no choice of --sharding-stage: still searched
+    # Paddle's stage 0, plain data parallel, is its default and a choice of --sharding-stage: searched
     paddle = select.sharding_settings(get_backend("paddle-fleet"))
     assert [s["sharding_stage"] for s in paddle] == [0, 1, 2, 3]
     assert select.sharding_settings(get_backend("torch-ddp")) == [{}]
