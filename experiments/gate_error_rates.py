@@ -50,15 +50,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from harness.analyze.baseline import load_all  # noqa: E402
+from harness.analyze.paired import STATISTICS  # noqa: E402
 from harness.analyze.sequential import CONTINUE, Design, decide  # noqa: E402
-from harness.run.gate import (  # noqa: E402
-    DEFAULT_MAX_MINUTES,
-    DEFAULT_MAX_PAIRS,
-    DEFAULT_STATISTIC,
-    DEFAULT_THRESHOLD,
-    STATISTICS,
-    VERDICT_FILE,
-)
+from harness.gate.command import DEFAULT_MAX_PAIRS, DEFAULT_THRESHOLD  # noqa: E402
+from harness.gate.pairs import DEFAULT_MAX_MINUTES, DEFAULT_STATISTIC, VERDICT_FILE  # noqa: E402
 
 RUN_ARGS = "--backend torch-ddp --gpus 2 --workload tiny".split()
 CASES = {"aa": 0.0, "5": 0.05, "10": 0.10}

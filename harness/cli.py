@@ -24,7 +24,7 @@ COMMANDS = {
     "report": "harness.analyze.report",
     "results": "harness.analyze.report",
     "compare": "harness.analyze.compare",
-    "gate": "harness.run.gate",
+    "gate": "harness.gate.command",
     "baseline": "harness.analyze.baseline",
     "history": "harness.analyze.history",
     "check": "harness.analyze.check",

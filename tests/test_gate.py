@@ -22,7 +22,7 @@ from scipy.stats import binomtest, ttest_1samp
 from scipy.stats import t as student_t
 
 from core.records import write_json_atomic
-from harness.analyze import sequential
+from harness.analyze import paired, sequential
 from harness.analyze.baseline import load_all
 from harness.analyze.sequential import (
     CODE_CONTINUE,
@@ -35,7 +35,19 @@ from harness.analyze.sequential import (
     decide,
 )
 from harness.cli import main
-from harness.run import gate
+from harness.gate import command, launching, trees
+from harness.gate import pairs as gate_pairs
+from harness.gate import verdict as gate_verdict
+from harness.gate.pairs import (
+    CONFIG_FILE,
+    FAILURES_FILE,
+    PAIRS_FILE,
+    VERDICT_FILE,
+    VERDICT_MARKDOWN,
+    Settings,
+    order_of,
+    run_gate,
+)
 from harness.usage import UsageError
 
 pytestmark = pytest.mark.unit
@@ -181,7 +193,7 @@ class FakeRuns:
         self.stop_at = stop_at
         self.calls: list[tuple[str, int]] = []
 
-    def __call__(self, side: str, k: int) -> gate.RunOutcome:
+    def __call__(self, side: str, k: int) -> launching.RunOutcome:
         if k == self.stop_at:
             raise KeyboardInterrupt
         self.calls.append((side, k))
@@ -200,13 +212,13 @@ class FakeRuns:
         write_json_atomic(path, record)
         (trimmed,) = load_all([path])
         message = "" if status == "ok" else "RuntimeError: injected fault at step 1"
-        return gate.RunOutcome(0 if status == "ok" else 1, trimmed, path, message, 1.0)
+        return launching.RunOutcome(0 if status == "ok" else 1, trimmed, path, message, 1.0)
 
 
-def settings(design=DESIGN, run_args=("--backend", "torch-ddp"), order_seed=1234, **kw) -> gate.Settings:
+def settings(design=DESIGN, run_args=("--backend", "torch-ddp"), order_seed=1234, **kw) -> Settings:
     """The gate's settings, with what identifies the experiment as the command line builds it."""
     match = {"run_args": list(run_args), "design": design.to_dict()}
-    return gate.Settings(design=design, order_seed=order_seed, match=match, **kw)
+    return Settings(design=design, order_seed=order_seed, match=match, **kw)
 
 
 def every_30s():
@@ -215,21 +227,21 @@ def every_30s():
 
 def test_gate_reports_a_regression_with_its_size_and_interval(tmp_path):
     runs = FakeRuns(tmp_path, slowdown=0.20)
-    outcome = gate.run_gate(settings(), tmp_path, runs, say=lambda _: None)
+    outcome = run_gate(settings(), tmp_path, runs, say=lambda _: None)
     assert outcome.verdict == "REGRESSION" and outcome.exit_code == 1
     assert outcome.line.startswith("REGRESSION: step time +2") and "repeated 90% interval" in outcome.line
     low, high = outcome.decision.interval
     assert 0 < low < 0.20 < high
-    pairs = [json.loads(line) for line in (tmp_path / gate.PAIRS_FILE).read_text().splitlines()]
+    pairs = [json.loads(line) for line in (tmp_path / PAIRS_FILE).read_text().splitlines()]
     assert len(pairs) == outcome.decision.pairs and len(runs.calls) == 2 * len(pairs)
-    verdict = json.loads((tmp_path / gate.VERDICT_FILE).read_text())
+    verdict = json.loads((tmp_path / VERDICT_FILE).read_text())
     assert verdict["verdict"] == "REGRESSION" and verdict["step_time"]["pairs"] == len(pairs)
     assert verdict["log_ratio_sd"] == pytest.approx(np.std([p["log_ratio"] for p in pairs], ddof=1))
-    assert all((tmp_path / p[side]["record"]).is_file() for p in pairs for side in gate.SIDES)
-    comment = (tmp_path / gate.VERDICT_MARKDOWN).read_text()  # what the workflow posts on the pull request
+    assert all((tmp_path / p[side]["record"]).is_file() for p in pairs for side in trees.SIDES)
+    comment = (tmp_path / VERDICT_MARKDOWN).read_text()  # what the workflow posts on the pull request
     assert comment.startswith("### distbench gate: REGRESSION\n") and outcome.line in comment
     for shown in (
-        gate.fmt_interval(outcome.decision.interval),
+        gate_verdict.fmt_interval(outcome.decision.interval),
         f"| pairs | {len(pairs)} of at most",
         "detect |",
     ):
@@ -237,7 +249,7 @@ def test_gate_reports_a_regression_with_its_size_and_interval(tmp_path):
 
 
 def test_gate_passes_the_same_code(tmp_path):
-    outcome = gate.run_gate(settings(), tmp_path, FakeRuns(tmp_path), say=lambda _: None)
+    outcome = run_gate(settings(), tmp_path, FakeRuns(tmp_path), say=lambda _: None)
     assert (outcome.verdict, outcome.exit_code) == ("NO REGRESSION", 0)
     assert "rules out a slowdown of 5% or more" in outcome.line
     lines = [d["line"] for d in outcome.details]
@@ -248,7 +260,7 @@ def test_gate_passes_the_same_code(tmp_path):
 def test_gate_runs_out_of_minutes_inconclusive_with_what_it_could_detect(tmp_path):
     runs = FakeRuns(tmp_path, slowdown=0.03, sd=0.1)
     s = settings(max_minutes=2.0, inconclusive_exit=7)
-    outcome = gate.run_gate(s, tmp_path, runs, say=lambda _: None, clock=every_30s())
+    outcome = run_gate(s, tmp_path, runs, say=lambda _: None, clock=every_30s())
     # 30 s a pair: a fifth pair would end past 2 minutes
     assert (outcome.verdict, outcome.exit_code, outcome.decision.pairs) == ("INCONCLUSIVE", 7, 4)
     assert "the budget (--max-minutes) ran out" in outcome.line
@@ -256,25 +268,25 @@ def test_gate_runs_out_of_minutes_inconclusive_with_what_it_could_detect(tmp_pat
 
 
 def test_the_order_within_a_pair_is_seeded_and_varies():
-    orders = [gate.order_of(1234, k) for k in range(40)]
-    assert orders == [gate.order_of(1234, k) for k in range(40)]
+    orders = [order_of(1234, k) for k in range(40)]
+    assert orders == [order_of(1234, k) for k in range(40)]
     assert 10 < orders.count(("base", "head")) < 30
-    assert orders != [gate.order_of(99, k) for k in range(40)]
+    assert orders != [order_of(99, k) for k in range(40)]
 
 
 def test_a_head_run_failing_where_the_base_ran_is_a_regression(tmp_path):
     runs = FakeRuns(tmp_path, status={"head": "failed"})
-    outcome = gate.run_gate(settings(), tmp_path, runs, say=lambda _: None)
+    outcome = run_gate(settings(), tmp_path, runs, say=lambda _: None)
     assert (outcome.verdict, outcome.exit_code) == ("REGRESSION", 1)
     assert "a head run failed where the base ran: RuntimeError" in outcome.line
-    (failure,) = [json.loads(line) for line in (tmp_path / gate.FAILURES_FILE).read_text().splitlines()]
+    (failure,) = [json.loads(line) for line in (tmp_path / FAILURES_FILE).read_text().splitlines()]
     assert failure["base"]["ok"] and not failure["head"]["ok"]
 
 
 @pytest.mark.parametrize("failing", [("base",), ("base", "head")])
 def test_base_runs_failing_is_bad_input(tmp_path, failing):
     runs = FakeRuns(tmp_path, status={side: "failed" for side in failing})
-    outcome = gate.run_gate(settings(), tmp_path, runs, say=lambda _: None)
+    outcome = run_gate(settings(), tmp_path, runs, say=lambda _: None)
     assert outcome.exit_code == 2 and outcome.line.startswith("harness: error:")
     assert "\n" not in outcome.line
 
@@ -283,9 +295,7 @@ def test_exact_metrics_any_change_is_reported_and_growth_fails(tmp_path):
     """Same speed, but the head sends twice the bytes per step and holds less model state: no statistics,
     the change is named, the growth fails the gate."""
     head = {"comm_bytes_per_rank_per_step": 2 * 4287488.0, "model_state_bytes_per_rank": 17_000_000}
-    outcome = gate.run_gate(
-        settings(), tmp_path, FakeRuns(tmp_path, summary={"head": head}), say=lambda _: None
-    )
+    outcome = run_gate(settings(), tmp_path, FakeRuns(tmp_path, summary={"head": head}), say=lambda _: None)
     assert (outcome.verdict, outcome.exit_code) == ("REGRESSION", 1)
     lines = [d["line"] for d in outcome.details]
     assert "comm bytes per step changed: 4,287,488 -> 8,574,976 (+100.0%)" in lines
@@ -295,7 +305,7 @@ def test_exact_metrics_any_change_is_reported_and_growth_fails(tmp_path):
 
 def test_peak_memory_keeps_its_threshold(tmp_path):
     runs = FakeRuns(tmp_path, rss={"head": 480 << 20})
-    outcome = gate.run_gate(settings(), tmp_path, runs, say=lambda _: None)
+    outcome = run_gate(settings(), tmp_path, runs, say=lambda _: None)
     assert outcome.exit_code == 1
     assert any(
         d["line"].startswith("peak RSS / rank") and d["verdict"] == "regression" for d in outcome.details
@@ -305,17 +315,17 @@ def test_peak_memory_keeps_its_threshold(tmp_path):
 def test_an_interrupted_gate_resumes_from_its_recorded_pairs(tmp_path):
     """Interrupted in its fourth pair, the gate keeps the three recorded; run again it runs from the fourth on
     and reaches the verdict, at the pair, of a gate never interrupted."""
-    whole = gate.run_gate(
+    whole = run_gate(
         settings(), tmp_path / "whole", FakeRuns(tmp_path / "whole", 0.1, 0.05, seed=1), say=print
     )
     assert whole.verdict == "REGRESSION" and whole.decision.pairs > 4
     out = tmp_path / "cut"
     with pytest.raises(KeyboardInterrupt):
-        gate.run_gate(settings(), out, FakeRuns(out, 0.1, 0.05, seed=1, stop_at=3), say=print)
-    assert len((out / gate.PAIRS_FILE).read_text().splitlines()) == 3
+        run_gate(settings(), out, FakeRuns(out, 0.1, 0.05, seed=1, stop_at=3), say=print)
+    assert len((out / PAIRS_FILE).read_text().splitlines()) == 3
     said: list[str] = []
     again = FakeRuns(out, 0.1, 0.05, seed=1)
-    resumed = gate.run_gate(settings(), out, again, say=said.append)
+    resumed = run_gate(settings(), out, again, say=said.append)
     assert said[1] == f"resuming from 3 pair(s) recorded in {out}"
     assert min(k for _, k in again.calls) == 3
     assert (resumed.line, resumed.decision.pairs) == (whole.line, whole.decision.pairs)
@@ -325,24 +335,26 @@ def test_a_sigterm_stops_the_gate_between_runs_and_drops_the_pair(tmp_path, monk
     """A SIGTERM (a scheduler's time limit, a cancelled job) in the middle of a pair: the pair's other run is
     not started, the stopped run is no evidence (not a failing head), the pairs before it stay."""
     runs = FakeRuns(tmp_path)
-    monkeypatch.setattr(gate, "stopped", lambda: "SIGTERM from outside" if len(runs.calls) >= 5 else None)
+    monkeypatch.setattr(
+        gate_pairs, "stopped", lambda: "SIGTERM from outside" if len(runs.calls) >= 5 else None
+    )
     with pytest.raises(KeyboardInterrupt):
-        gate.run_gate(settings(), tmp_path, runs, say=lambda _: None)
+        run_gate(settings(), tmp_path, runs, say=lambda _: None)
     assert len(runs.calls) == 5
-    assert len((tmp_path / gate.PAIRS_FILE).read_text().splitlines()) == 2
-    assert not (tmp_path / gate.FAILURES_FILE).exists() and not (tmp_path / gate.VERDICT_FILE).exists()
+    assert len((tmp_path / PAIRS_FILE).read_text().splitlines()) == 2
+    assert not (tmp_path / FAILURES_FILE).exists() and not (tmp_path / VERDICT_FILE).exists()
 
 
 def test_resuming_another_gates_pairs_is_refused(tmp_path):
-    gate.run_gate(settings(), tmp_path, FakeRuns(tmp_path), say=lambda _: None)
+    run_gate(settings(), tmp_path, FakeRuns(tmp_path), say=lambda _: None)
     other = settings(run_args=["--backend", "torch-fsdp"])
     with pytest.raises(UsageError, match=r"holds the pairs of another gate \(run_args: \["):
-        gate.run_gate(other, tmp_path, FakeRuns(tmp_path), say=lambda _: None)
+        run_gate(other, tmp_path, FakeRuns(tmp_path), say=lambda _: None)
     threshold = settings(design=Design(threshold=0.1, max_pairs=DESIGN.max_pairs))
     with pytest.raises(UsageError, match=r"another gate \(design.threshold: 0.05 there, 0.1 here\)"):
-        gate.run_gate(threshold, tmp_path, FakeRuns(tmp_path), say=lambda _: None)
+        run_gate(threshold, tmp_path, FakeRuns(tmp_path), say=lambda _: None)
     with pytest.raises(UsageError, match="ordered with --order-seed 1234, not 99"):
-        gate.run_gate(settings(order_seed=99), tmp_path, FakeRuns(tmp_path), say=lambda _: None)
+        run_gate(settings(order_seed=99), tmp_path, FakeRuns(tmp_path), say=lambda _: None)
 
 
 def test_cpu_time_is_a_companion_reported_beside_the_verdict_never_gated(tmp_path):
@@ -353,9 +365,9 @@ def test_cpu_time_is_a_companion_reported_beside_the_verdict_never_gated(tmp_pat
         for f in (1.0, 1.02, 0.99, 1.01)
     ]
     pairs.append({"base": {"cpu_median_s": None}, "head": {"cpu_median_s": 0.2}})
-    cpu = gate.cpu_companion(pairs, DESIGN)
+    cpu = paired.cpu_companion(pairs, DESIGN)
     assert cpu["pairs"] == 4 and cpu["change"] == pytest.approx(0.30, abs=1e-9)
-    assert gate.cpu_companion(pairs[-2:], DESIGN) is None  # one usable pair: no spread to read
+    assert paired.cpu_companion(pairs[-2:], DESIGN) is None  # one usable pair: no spread to read
     runs = FakeRuns(tmp_path)
     real = runs.__call__
 
@@ -364,7 +376,7 @@ def test_cpu_time_is_a_companion_reported_beside_the_verdict_never_gated(tmp_pat
         run.record["step_cpu_times_s"] = [0.1 * (1.3 if side == "head" else 1.0)] * 5
         return run
 
-    outcome = gate.run_gate(settings(), tmp_path, with_cpu, say=lambda _: None)
+    outcome = run_gate(settings(), tmp_path, with_cpu, say=lambda _: None)
     assert outcome.verdict == "NO REGRESSION"
     (line,) = [d["line"] for d in outcome.details if d["metric"] == "CPU time per step"]
     assert line.startswith("CPU time per step (companion, not gated): +30.0%")
@@ -374,25 +386,25 @@ def test_cpu_time_is_a_companion_reported_beside_the_verdict_never_gated(tmp_pat
 
 
 def test_duet_splits_the_node_in_halves_and_swaps_them_every_pair(monkeypatch):
-    monkeypatch.setattr(gate.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4}, raising=False)
-    monkeypatch.setattr(gate.shutil, "which", lambda name: f"/usr/bin/{name}")
-    duet = gate.plan_duet("cpu", 2, 1, 1)
+    monkeypatch.setattr(launching.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4}, raising=False)
+    monkeypatch.setattr(launching.shutil, "which", lambda name: f"/usr/bin/{name}")
+    duet = launching.plan_duet("cpu", 2, 1, 1)
     assert duet.halves == (("0", "1"), ("2", "3"))  # the odd core left out: the halves are the same size
     assert duet.placement("base", 0).prefix == ["taskset", "--cpu-list", "0,1"]
     assert duet.placement("head", 0).prefix == ["taskset", "--cpu-list", "2,3"]
     assert duet.placement("base", 1).half == ("2", "3") and duet.placement("head", 1).half == ("0", "1")
     with pytest.raises(UsageError, match=r"--duet on a CPU needs 2 x 4 cores \(ranks x threads a side\)"):
-        gate.plan_duet("cpu", 2, 2, 1)
-    monkeypatch.setattr(gate, "visible_mask", lambda: ["4", "5", "6", "7"])
-    duet = gate.plan_duet("cuda", 2, None, 1)
+        launching.plan_duet("cpu", 2, 2, 1)
+    monkeypatch.setattr(launching, "visible_mask", lambda: ["4", "5", "6", "7"])
+    duet = launching.plan_duet("cuda", 2, None, 1)
     assert (
         duet.placement("head", 0).env == {"CUDA_VISIBLE_DEVICES": "6,7"}
         and not duet.placement("head", 0).prefix
     )
     with pytest.raises(UsageError, match=r"--duet needs 2 x 3 GPUs \(one half a side\); 4 visible"):
-        gate.plan_duet("cuda", 3, None, 1)
+        launching.plan_duet("cuda", 3, None, 1)
     with pytest.raises(UsageError, match="takes no --nodes"):
-        gate.plan_duet("cuda", 1, None, 2)
+        launching.plan_duet("cuda", 1, None, 2)
 
 
 def test_a_duet_gate_runs_both_sides_of_a_pair_at_once_and_records_their_halves(tmp_path):
@@ -404,15 +416,15 @@ def test_a_duet_gate_runs_both_sides_of_a_pair_at_once_and_records_their_halves(
         meet.wait()
         return runs(side, k)
 
-    duet = gate.Duet("cpu", (("0",), ("1",)))
-    outcome = gate.run_gate(settings(duet=duet), tmp_path, together, say=lambda _: None)
+    duet = launching.Duet("cpu", (("0",), ("1",)))
+    outcome = run_gate(settings(duet=duet), tmp_path, together, say=lambda _: None)
     assert outcome.verdict == "REGRESSION"
-    pairs = [json.loads(line) for line in (tmp_path / gate.PAIRS_FILE).read_text().splitlines()]
+    pairs = [json.loads(line) for line in (tmp_path / PAIRS_FILE).read_text().splitlines()]
     assert [p["duet"] for p in pairs[:2]] == [{"base": ["0"], "head": ["1"]}, {"base": ["1"], "head": ["0"]}]
 
 
 def test_duet_without_room_for_both_sides_is_one_line_exit_2(capsys, nothing_launches, monkeypatch):
-    monkeypatch.setattr(gate.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(launching.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     code, err = gate_cli(capsys, "--base", "HEAD", "--head", ".", "--device", "cpu", "--duet")
     assert code == 2 and err.count("\n") == 1 and "--duet on a CPU needs 2 x 2 cores" in err, err
 
@@ -425,8 +437,8 @@ def nothing_launches(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a run or probe was started")
 
-    monkeypatch.setattr(gate, "launch_run", refuse)
-    monkeypatch.setattr(gate, "probe_tree", refuse)
+    monkeypatch.setattr(command, "launch_run", refuse)
+    monkeypatch.setattr(command, "probe_tree", refuse)
 
 
 def gate_cli(capsys, *args) -> tuple[int, str]:
@@ -472,7 +484,7 @@ def gate_a_fake_tree(capsys, monkeypatch, tmp_path, main_py: str) -> tuple[int, 
     (tmp_path / "harness").mkdir()
     (tmp_path / "harness" / "__init__.py").write_text("")
     (tmp_path / "harness" / "__main__.py").write_text(main_py)
-    monkeypatch.setattr(gate, "launch_run", lambda *a, **k: pytest.fail("a run was launched"))
+    monkeypatch.setattr(command, "launch_run", lambda *a, **k: pytest.fail("a run was launched"))
     return gate_cli(capsys, "--base", str(tmp_path), "--head", str(tmp_path), "--out", str(tmp_path / "o"))
 
 
@@ -515,7 +527,7 @@ def test_the_command_line_passes_run_arguments_to_each_side(capsys, monkeypatch,
     only; a git ref is checked out as a worktree whose own harness is imported, and removed at the end."""
     seen: dict[str, list[str]] = {}
     probed: list[Path] = []
-    real_probe = gate.probe_tree
+    real_probe = command.probe_tree
 
     def probe(tree, args):  # the real probe: the worktree's harness imported, its `harness plan` run
         real_probe(tree, args)
@@ -525,8 +537,8 @@ def test_the_command_line_passes_run_arguments_to_each_side(capsys, monkeypatch,
         seen[tree.side] = args
         return FakeRuns(out.parent, slowdown=0.0)(tree.side, int(log.name.split("-")[1]))
 
-    monkeypatch.setattr(gate, "probe_tree", probe)
-    monkeypatch.setattr(gate, "launch_run", launch)
+    monkeypatch.setattr(command, "probe_tree", probe)
+    monkeypatch.setattr(command, "launch_run", launch)
     out = tmp_path / "gate"
     code = main(
         ["gate", "--base", "HEAD", "--backend", "torch-ddp", "--head", "HEAD", "--workload", "tiny",
@@ -538,4 +550,4 @@ def test_the_command_line_passes_run_arguments_to_each_side(capsys, monkeypatch,
     assert seen["head"] == seen["base"] + ["--step-delay", "0.01"]
     (worktree,) = set(probed)  # one worktree for both sides of the same commit
     assert not worktree.exists()
-    assert json.loads((out / gate.CONFIG_FILE).read_text())["match"]["head_args"] == ["--step-delay", "0.01"]
+    assert json.loads((out / CONFIG_FILE).read_text())["match"]["head_args"] == ["--step-delay", "0.01"]

@@ -1,0 +1,175 @@
+"""The two sides' code for `harness gate`: a git ref checked out as a temporary worktree, or a directory
+taken as it is, and the probe that checks, before anything launches, that a tree's own harness is the one
+imported and takes the run arguments."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.usage import UsageError
+
+SIDES = ("base", "head")
+# `python -c BOOTSTRAP TREE ARGS...` runs TREE's `harness ARGS...` with TREE first on sys.path, so that its
+# modules, not those of an editable install, are imported; the working directory stays the caller's, so a
+# relative path in the run arguments (--data, --python) means the same file for both sides.
+BOOTSTRAP = (
+    "import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); "
+    "runpy.run_module('harness', run_name='__main__', alter_sys=True)"
+)
+PROBE = "import sys; sys.path.insert(0, sys.argv[1]); import harness; print(harness.__file__)"
+PROBE_TIMEOUT_S = 120
+
+
+def git(*args: str, cwd: Path | str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+@dataclass
+class Tree:
+    """One side's code: a git ref, checked out for the gate, or a directory taken as it is."""
+
+    side: str
+    spec: str  # as given
+    kind: str  # "ref" | "dir"
+    commit: str | None
+    path: Path | None = None  # the folder its runs import from (a ref's once checked out)
+    dirty: bool = False
+
+    def describe(self) -> dict:
+        """What identifies the code of this side (gate.json's, compared on resume)."""
+        out = {"kind": self.kind, "spec": self.spec, "commit": self.commit}
+        if self.kind == "dir":
+            out["path"] = str(self.path)
+        return out
+
+    def text(self) -> str:
+        commit = f"{self.commit[:10]}{', dirty' if self.dirty else ''}" if self.commit else "not a git tree"
+        return f"{self.spec} ({commit})"
+
+
+def repository() -> Path | None:
+    """The git work tree the gate is started in, where refs are looked up."""
+    try:
+        found = git("rev-parse", "--show-toplevel")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return Path(found.stdout.strip()) if found.returncode == 0 and found.stdout.strip() else None
+
+
+def resolve_tree(side: str, spec: str, repo: Path | None) -> Tree:
+    """--base/--head: an existing directory is a tree taken as it is; anything else must be a commit of the
+    repository the gate is started in."""
+    folder = Path(spec).expanduser()
+    if folder.is_dir():
+        if not (folder / "harness" / "__main__.py").is_file():
+            raise UsageError(
+                f"--{side} {spec}: a directory without a distbench harness (no harness/__main__.py)"
+            )
+        head = git("rev-parse", "HEAD", cwd=folder)
+        commit = head.stdout.strip() if head.returncode == 0 else None
+        dirty = bool(commit) and bool(git("status", "--porcelain", "--untracked-files=no", cwd=folder).stdout)
+        return Tree(side, spec, "dir", commit, folder.resolve(), dirty)
+    if repo is None:
+        raise UsageError(
+            f"--{side} {spec}: no such directory, and no git repository here to find it as a ref in; "
+            "valid: a branch, tag or commit of this repository, or a directory holding a distbench tree"
+        )
+    found = git("rev-parse", "--verify", "--quiet", f"{spec}^{{commit}}", cwd=repo)
+    if found.returncode != 0 or not found.stdout.strip():
+        raise UsageError(
+            f"--{side} {spec}: not a directory, nor a commit of the git repository {repo}; "
+            "valid: a branch, tag or commit, or a directory holding a distbench tree"
+        )
+    return Tree(side, spec, "ref", found.stdout.strip())
+
+
+@contextmanager
+def checked_out(trees: list[Tree], repo: Path | None) -> Iterator[None]:
+    """Each ref tree checked out (`git worktree add --detach`) into one temporary folder, both sides sharing
+    one worktree when they are the same commit; removed on the way out, interrupted or not. The
+    repository's `.venvs` (per-stack environments, untracked) is linked into each, so a worktree's runs pick
+    the same worker interpreters as the repository's own would."""
+    refs = [t for t in trees if t.kind == "ref"]
+    if not refs:
+        yield
+        return
+    assert repo is not None
+    root = Path(tempfile.mkdtemp(prefix="distbench-gate-"))
+    made: dict[str, Path] = {}
+    try:
+        for tree in refs:
+            if tree.commit not in made:
+                path = root / tree.side
+                added = git("worktree", "add", "--detach", str(path), str(tree.commit), cwd=repo)
+                if added.returncode != 0:
+                    raise UsageError(
+                        f"--{tree.side} {tree.spec}: git worktree add failed: "
+                        f"{(added.stderr.strip().splitlines() or ['?'])[-1]}"
+                    )
+                if (repo / ".venvs").is_dir() and not (path / ".venvs").exists():
+                    (path / ".venvs").symlink_to(repo / ".venvs")
+                made[str(tree.commit)] = path
+            tree.path = made[str(tree.commit)]
+        yield
+    finally:
+        for path in made.values():
+            git("worktree", "remove", "--force", str(path), cwd=repo)
+        shutil.rmtree(root, ignore_errors=True)
+        git("worktree", "prune", cwd=repo)
+
+
+def harness_command(tree: Path, *args: str) -> list[str]:
+    return [sys.executable, "-c", BOOTSTRAP, str(tree), *args]
+
+
+def last_line(text: str) -> str:
+    """What a harness's output says went wrong: its last error line (without the prefix, which the gate's
+    own line carries), else its last line."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    errors = [
+        line.removeprefix("harness: error:").strip() for line in lines if line.startswith("harness: error:")
+    ]
+    return (errors or lines or ["(no output)"])[-1]
+
+
+def probe_tree(tree: Tree, run_args: list[str]) -> None:
+    """Before anything launches: the tree's own harness is the one imported, and it takes the run
+    arguments (`harness plan ARGS`, its dry run, validates them; a tree without `plan` is asked for
+    `harness run --help` and must list every flag). Raises UsageError, one line."""
+    assert tree.path is not None
+    name = f"--{tree.side} {tree.spec}"
+    found = subprocess.run(
+        [sys.executable, "-c", PROBE, str(tree.path)], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S
+    )
+    imported = Path(found.stdout.strip()).resolve() if found.returncode == 0 else None
+    if imported is None or tree.path.resolve() not in imported.parents:
+        raise UsageError(
+            f"{name}: its harness package is not the one imported "
+            f"({imported or last_line(found.stderr)}); expected one under {tree.path}"
+        )
+    plan = subprocess.run(
+        harness_command(tree.path, "plan", *run_args), capture_output=True, text=True, timeout=PROBE_TIMEOUT_S
+    )
+    if plan.returncode == 0:
+        return
+    if "invalid choice: 'plan'" not in plan.stderr:
+        raise UsageError(f"{name}: its harness refuses the run arguments: {last_line(plan.stderr)}")
+    helped = subprocess.run(
+        harness_command(tree.path, "run", "--help"), capture_output=True, text=True, timeout=PROBE_TIMEOUT_S
+    )
+    if helped.returncode != 0:
+        raise UsageError(
+            f"{name}: its harness is too old to gate (no `harness run`): {last_line(helped.stderr)}"
+        )
+    missing = [
+        a.split("=")[0] for a in run_args if a.startswith("--") and a.split("=")[0] not in helped.stdout
+    ]
+    if missing:
+        raise UsageError(f"{name}: its harness is too old: `harness run` does not take {', '.join(missing)}")

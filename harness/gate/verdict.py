@@ -1,0 +1,111 @@
+"""The verdict of `harness gate`: its line and exit code, the details beside the step time (exact metrics,
+peak memory, the CPU companion), and the markdown a pull request's comment shows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from harness.analyze.compare import compare_memory, memory_field
+from harness.analyze.sequential import INCONCLUSIVE, NO_REGRESSION, REGRESSION, Decision, Design
+from harness.analyze.summary import fmt_bytes
+from harness.usage import EXIT_FAILED, EXIT_OK
+
+
+def fmt_change(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:+.1%}"
+
+
+def fmt_interval(interval) -> str:
+    return "" if not interval else f" [{interval[0]:+.1%}, {interval[1]:+.1%}]"
+
+
+def memory_lines(base: list[dict], head: list[dict], threshold: float) -> list[dict]:
+    """Peak memory per rank, by harness compare's rule (median per side, relative growth over the
+    threshold)."""
+    field_name, label = memory_field(base + head)
+    m = compare_memory(base, head, field_name, label, threshold)
+    if m["change"] is None:
+        return []
+    m["line"] = (
+        f"{label}: {fmt_bytes(m['baseline'])} -> {fmt_bytes(m['candidate'])} ({m['change']:+.1%}; "
+        f"threshold {threshold:.0%}): {m['verdict']}"
+    )
+    return [m]
+
+
+@dataclass
+class Outcome:
+    verdict: str  # REGRESSION | NO REGRESSION | INCONCLUSIVE (capitals), or "ERROR"
+    exit_code: int
+    line: str
+    decision: Decision | None = None
+    details: list[dict] = field(default_factory=list)
+
+
+def verdict_of(
+    decision: Decision, details: list[dict], design: Design, inconclusive_exit: int, minutes: float
+) -> Outcome:
+    spent = f"{decision.pairs} pair(s), {minutes:.1f} min"
+    step = f"step time {fmt_change(decision.change)}{fmt_interval(decision.interval)}"
+    grew = [d for d in details if d["verdict"] == "regression"]
+    if decision.verdict == REGRESSION or grew:
+        reasons = (
+            [f"{step} (repeated {decision.coverage:.0%} interval)"] if decision.verdict == REGRESSION else []
+        )
+        reasons += [d["line"] for d in grew]
+        return Outcome(
+            "REGRESSION", EXIT_FAILED, f"REGRESSION: {'; '.join(reasons)} ({spent})", decision, details
+        )
+    if decision.verdict == NO_REGRESSION:
+        return Outcome(
+            "NO REGRESSION",
+            EXIT_OK,
+            f"NO REGRESSION: {step} rules out a slowdown of {design.threshold:.0%} or more ({spent})",
+            decision,
+            details,
+        )
+    assert decision.verdict == INCONCLUSIVE
+    which = "--max-pairs" if decision.pairs >= design.max_pairs else "--max-minutes"
+    could = (
+        f"these pairs could have detected a slowdown of {decision.detectable:.1%} or more"
+        if decision.detectable is not None
+        else "too few pairs to estimate what they could detect"
+    )
+    return Outcome(
+        "INCONCLUSIVE",
+        inconclusive_exit,
+        f"INCONCLUSIVE: {step} after {spent}: the budget ({which}) ran out; {could}",
+        decision,
+        details,
+    )
+
+
+def verdict_markdown(verdict: dict) -> str:
+    """The verdict as a pull-request comment or job summary shows it: the verdict, the step time's change
+    with its repeated interval, the pairs and minutes spent, what those pairs could detect, and the exact
+    and memory metrics."""
+    step = verdict.get("step_time") or {}
+    design = verdict["design"]
+    rows = [
+        (
+            "step time, head against base",
+            f"{fmt_change(step.get('change'))}{fmt_interval(step.get('interval'))}",
+        ),
+        ("interval", f"repeated {step['interval_coverage']:.0%}, valid at every look" if step else "n/a"),
+        (
+            "threshold",
+            f"a slowdown of {design['threshold']:.0%} ({step.get('statistic', 'median')} step a run)",
+        ),
+        ("pairs", f"{verdict['pairs_run']} of at most {design['max_pairs']} ({verdict['minutes']:.1f} min)"),
+        (
+            "smallest slowdown these pairs detect",
+            "n/a"
+            if step.get("detectable") is None
+            else f"{step['detectable']:.1%} (power {1 - design['beta']:.0%})",
+        ),
+        ("order seed", str(verdict["order_seed"])),
+    ]
+    lines = [f"### distbench gate: {verdict['verdict']}", "", verdict["line"], "", "| | |", "|---|---|"]
+    lines += [f"| {name} | {value} |" for name, value in rows]
+    lines += [f"| {d['metric']} | {d['line']} |" for d in verdict["details"]]
+    return "\n".join(lines) + "\n"
