@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 from scipy.stats import t as student_t
+from scipy.stats import trim_mean
 
 from core.records import ConfigKey, config_key, device_name, run_config, write_json_atomic
 from harness.analyze.baseline import InputError, load_all
@@ -47,7 +48,19 @@ from harness.usage import EXIT_FAILED, EXIT_OK, UsageError, fraction
 DEFAULT_THRESHOLD = 0.03
 DEFAULT_ALPHA = 0.05
 DEFAULT_MEMORY_THRESHOLD = 0.05
-STATISTICS: dict[str, Callable[[Sequence[float]], float]] = {"median": np.median, "min": np.min}
+# The per-run statistics of the step times: compare's samples and the gate's paired log-ratios
+# (harness.analyze.paired) are both taken with per_run. min is steadier under contention (which only adds
+# time) but blind to slowdowns that hit only some steps (stragglers, periodic stalls). Each verb has its own
+# default: compare's is the median, the yardstick's t_step; the gate's is min, the least noisy of the four
+# in the A/A spread measured for it (docs/ci-gate.md, "Which statistic"). compare offers the median and min
+# (COMPARE_STATISTICS), the two its documentation describes.
+STATISTICS: dict[str, Callable[[Sequence[float]], float]] = {
+    "median": np.median,
+    "min": np.min,
+    "mean": np.mean,
+    "trimmed-mean": lambda v: trim_mean(v, 0.1),  # 10% cut at each end
+}
+COMPARE_STATISTICS = ("median", "min")
 # Settings and versions that, when they differ between the sides, are named next to the result: either the
 # environment changed (the comparison may be measuring it) or the work itself did.
 ENV_FIELDS = ("device_kind", "python", "cpu_count", "threads_per_worker")
@@ -163,15 +176,21 @@ def significance(base: list[float], cand: list[float], alpha: float, power: floa
     return Significance("welch-t (log per-run values)", p, p < alpha, change, ci, mdc)
 
 
+def per_run(record: dict, statistic: str) -> float:
+    """One run's `statistic` (a key of STATISTICS) of its step times, the slowest rank's per step (a
+    trimmed record's step_times_s, harness.analyze.baseline.trim)."""
+    return float(STATISTICS[statistic](record["step_times_s"]))
+
+
 def run_samples(
     base_runs: list[dict], cand_runs: list[dict], statistic: str
 ) -> tuple[list[float], list[float]]:
-    """One step-time sample per run: its median (or fastest) step."""
+    """One step-time sample per run that measured steps: its per_run statistic."""
 
-    def per_run(runs):
-        return [float(STATISTICS[statistic](r["step_times_s"])) for r in runs if r["step_times_s"]]
+    def samples(runs):
+        return [per_run(r, statistic) for r in runs if r["step_times_s"]]
 
-    return per_run(base_runs), per_run(cand_runs)
+    return samples(base_runs), samples(cand_runs)
 
 
 def verdict(
@@ -547,7 +566,7 @@ def register(subparsers) -> None:
     )
     p.add_argument(
         "--statistic",
-        choices=list(STATISTICS),
+        choices=COMPARE_STATISTICS,
         default="median",
         help="step time of a run: its median (default) or its fastest step (steadier on a shared machine)",
     )

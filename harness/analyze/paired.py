@@ -1,26 +1,17 @@
-"""The figures of `harness gate`'s pairs, computed from the runs' records: the per-run statistic whose paired
-log-ratio is tested, the exact metrics (any change is one), and the CPU-time companion. The decision on the
-log-ratios is harness.analyze.sequential's."""
+"""The figures of `harness gate`'s pairs, computed from the runs' records: what a pair keeps of each run
+(the per-run statistic, compare's per_run, and the median step's CPU time), the paired log-ratio that is
+tested and its spread, the exact metrics (any change is one), and the CPU-time companion. The decision on
+the log-ratios is harness.analyze.sequential's; peak memory is gated by compare's rule (compare_memory)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import numpy as np
-from scipy.stats import trim_mean
 
+from harness.analyze.compare import per_run
 from harness.analyze.sequential import Design, estimate
 
-# The per-run statistic whose paired log-ratios are tested. The median is the default until the spread of
-# the candidates has been measured on a quiet machine; min is steadier under contention but blind to
-# slowdowns that hit only some steps (harness.analyze.compare says why).
-STATISTICS: dict[str, Callable] = {
-    "median": np.median,
-    "min": np.min,
-    "mean": np.mean,
-    "trimmed-mean": lambda v: trim_mean(v, 0.1),  # 10% cut at each end
-}
 # Exact metrics: (label, path in a record's summary). Deterministic for one configuration, so a change is
 # a change; growth fails the gate.
 EXACT_METRICS = (
@@ -30,8 +21,26 @@ EXACT_METRICS = (
 )
 
 
-def per_run(record: dict, statistic: str) -> float:
-    return float(STATISTICS[statistic](record["step_times_s"]))
+def run_figures(record: dict, statistic: str) -> dict:
+    """What a pair keeps of one ok run (a trimmed record): its `statistic` of the step times, the median of
+    its steps' process CPU time (None where it did not measure it: the companion), and its step count."""
+    cpu = record.get("step_cpu_times_s") or []
+    return {
+        "statistic": per_run(record, statistic),
+        "cpu_median_s": float(np.median(cpu)) if cpu else None,
+        "steps": len(record["step_times_s"]),
+    }
+
+
+def log_ratio(base: dict, head: dict) -> float:
+    """The paired figure the gate tests: log(head / base) of the two runs' statistic (run_figures)."""
+    return math.log(head["statistic"] / base["statistic"])
+
+
+def log_ratio_sd(pairs: list[dict]) -> float | None:
+    """The spread of the pairs' log-ratios (sample sd), which sets how many pairs a gate on this machine
+    needs; None below two pairs."""
+    return float(np.std([p["log_ratio"] for p in pairs], ddof=1)) if len(pairs) > 1 else None
 
 
 def summary_value(record: dict, path: tuple[str, ...]):

@@ -18,7 +18,7 @@ import numpy as np
 from core.records import now_iso, write_atomic, write_json_atomic
 from harness.analyze.baseline import InputError, load_all
 from harness.analyze.compare import DEFAULT_MEMORY_THRESHOLD
-from harness.analyze.paired import cpu_companion, exact_changes, per_run
+from harness.analyze.paired import cpu_companion, exact_changes, log_ratio, log_ratio_sd, run_figures
 from harness.analyze.sequential import CONTINUE, Decision, Design, decide
 from harness.gate.launching import Duet, Runner, RunOutcome
 from harness.gate.trees import SIDES
@@ -28,7 +28,8 @@ from harness.usage import EXIT_FAILED, EXIT_USAGE, UsageError
 
 DEFAULT_MAX_MINUTES = 60.0
 EXIT_INCONCLUSIVE = 3
-# Chosen from the A/A spread of each per-run statistic (docs/ci-gate.md, "Which statistic"): the fastest
+# The gate's per-run statistic by default (one of harness.analyze.compare.STATISTICS; compare's own default
+# is the median): chosen from the A/A spread of each (docs/ci-gate.md, "Which statistic"): the fastest
 # step's was the lowest, and contention, a shared runner's noise, only adds time.
 DEFAULT_STATISTIC = "min"
 PAIRS_FILE, FAILURES_FILE, CONFIG_FILE, VERDICT_FILE, VERDICT_MARKDOWN = (
@@ -64,17 +65,10 @@ def where(run: RunOutcome, out: Path) -> str | None:
 
 
 def paired_run(run: RunOutcome, out: Path, statistic: str) -> dict:
-    """What pairs.jsonl keeps of one ok run of a pair: the gated statistic, and the median of its steps'
-    process CPU time (None where the run did not measure it), the companion."""
+    """What pairs.jsonl keeps of one ok run of a pair: where its record is, its figures
+    (harness.analyze.paired.run_figures) and its seconds."""
     assert run.record is not None and run.path is not None
-    cpu = run.record.get("step_cpu_times_s") or []
-    return {
-        "record": where(run, out),
-        "statistic": per_run(run.record, statistic),
-        "cpu_median_s": float(np.median(cpu)) if cpu else None,
-        "steps": len(run.record["step_times_s"]),
-        "seconds": run.seconds,
-    }
+    return {"record": where(run, out), **run_figures(run.record, statistic), "seconds": run.seconds}
 
 
 def read_pairs(out: Path) -> list[dict]:
@@ -217,7 +211,7 @@ def run_gate(settings: Settings, out: Path, runner: Runner, say=print, clock=tim
             ),
             **{side: paired_run(runs[side], out, settings.statistic) for side in SIDES},
         }
-        pair["log_ratio"] = math.log(pair["head"]["statistic"] / pair["base"]["statistic"])
+        pair["log_ratio"] = log_ratio(pair["base"], pair["head"])
         cache.update({pair[side]["record"]: runs[side].record for side in SIDES if runs[side].record})
         pairs.append(pair)
         write_lines(out / PAIRS_FILE, pairs)
@@ -251,7 +245,7 @@ def run_gate(settings: Settings, out: Path, runner: Runner, say=print, clock=tim
         else {**outcome.decision.to_dict(), "statistic": settings.statistic, "threshold": design.threshold},
         "pairs_run": len(pairs),
         # the spread that sets what a gate on this machine costs (docs/ci-gate.md: a budget for a runner)
-        "log_ratio_sd": float(np.std([p["log_ratio"] for p in pairs], ddof=1)) if len(pairs) > 1 else None,
+        "log_ratio_sd": log_ratio_sd(pairs),
         "minutes": minutes,
         "details": outcome.details,
         "design": design.to_dict(),
