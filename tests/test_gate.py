@@ -478,6 +478,35 @@ def test_a_directory_without_a_harness(capsys, nothing_launches, tmp_path):
     assert code == 2 and "a directory without a distbench harness" in err and err.count("\n") == 1
 
 
+@pytest.mark.subprocess
+def test_a_sides_run_is_its_trees_harness_read_back_trimmed(tmp_path):
+    """launch_run starts the tree's own `harness run ARGS --out OUT` (harness.run.child), its output in the
+    log: an ok record comes back trimmed, as compare reads it; a refusal (exit 2, no record) as its line."""
+    template = tmp_path / "record.template"
+    write_json_atomic(template, factory.make_record(gpus=2, step_time=0.1, run_id="side-run"))
+    folder = tmp_path / "tree"
+    (folder / "harness").mkdir(parents=True)
+    (folder / "harness" / "__init__.py").write_text("")
+    (folder / "harness" / "__main__.py").write_text(
+        "import shutil, sys\n"
+        "args = sys.argv[1:]\n"
+        "if '--refuse' in args:\n"
+        "    print(\"harness: error: unknown workload 'huge'\", file=sys.stderr)\n"
+        "    sys.exit(2)\n"
+        "print('ran', *args)\n"
+        f"shutil.copy({str(template)!r}, args[args.index('--out') + 1] + '/side-run.json')\n"
+    )
+    tree = trees.Tree("base", str(folder), "dir", None, folder)
+    out, log = tmp_path / "out" / "base", tmp_path / "out" / "logs" / "pair-000-base.log"
+    run = launching.launch_run(tree, ["--backend", "torch-ddp"], out, log)
+    assert run.ok and run.path == out / "side-run.json" and run.message == ""
+    assert run.record["step_times_s"] == pytest.approx([0.1] * len(run.record["step_times_s"]))
+    assert "ranks" not in run.record  # trimmed
+    assert log.read_text().startswith(f"ran run --backend torch-ddp --out {out}")
+    refused = launching.launch_run(tree, ["--refuse"], out, log)
+    assert (refused.returncode, refused.record, refused.message) == (2, None, "unknown workload 'huge'")
+
+
 def gate_a_fake_tree(capsys, monkeypatch, tmp_path, main_py: str) -> tuple[int, str]:
     """The gate's command line on a tree whose harness/__main__.py is `main_py`, both sides; no run may
     launch."""

@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import subprocess
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.analyze.baseline import InputError, load_all
-from harness.gate.trees import SIDES, Tree, harness_command, last_line
+from core.records import RecordError
+from harness.analyze.baseline import trim
+from harness.gate.trees import SIDES, Tree
+from harness.run.child import run_child
 from harness.run.devices import query_gpus, visible_mask
-from harness.run.launch import stopped
 from harness.usage import EXIT_FAILED, EXIT_USAGE, UsageError
 
 
@@ -38,65 +36,36 @@ class RunOutcome:
 Runner = Callable[[str, int], RunOutcome]  # (side, pair index) -> outcome
 
 
-def wait_for(proc: subprocess.Popen) -> int:
-    """Wait for a run, passing on a SIGTERM the gate got; on Ctrl-C (which the run got too) give it time
-    to write its record, then stop it."""
-    told = False
-    try:
-        while True:
-            try:
-                return proc.wait(timeout=1)
-            except subprocess.TimeoutExpired:
-                if stopped() and not told:
-                    proc.send_signal(signal.SIGTERM)
-                    told = True
-    except KeyboardInterrupt:
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        raise
-
-
 def launch_run(
     tree: Tree, args: list[str], out: Path, log: Path, place: Placement | None = None
 ) -> RunOutcome:
-    """`harness run ARGS --out OUT` from the tree's own harness; its output goes to `log`. `place`: the
+    """`harness run ARGS --out OUT` from the tree's own harness (harness.run.child: a SIGTERM the gate got
+    is passed on, a Ctrl-C leaves the run time to write its record); its output goes to `log`. `place`: the
     devices or cores of a duet run's half."""
     assert tree.path is not None
-    out.mkdir(parents=True, exist_ok=True)
-    log.parent.mkdir(parents=True, exist_ok=True)
-    before = set(out.glob("*.json"))
-    start = time.monotonic()
-    with open(log, "w") as sink:
-        proc = subprocess.Popen(
-            (place.prefix if place else []) + harness_command(tree.path, "run", *args, "--out", str(out)),
-            env={**os.environ, **place.env} if place else None,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
-        code = wait_for(proc)
-    took = time.monotonic() - start
-    new = sorted(set(out.glob("*.json")) - before)
-    if code == EXIT_USAGE and not new:
-        return RunOutcome(code, None, None, last_line(log.read_text(errors="replace")), took)
-    if len(new) != 1:
-        return RunOutcome(code or EXIT_FAILED, None, None, f"no record ({last_line(log.read_text())})", took)
     try:
-        (record,) = load_all(new)
-    except InputError as exc:
+        done = run_child(
+            ["run", *args],
+            out,
+            tree=tree.path,
+            log=log,
+            env=place.env if place else None,
+            prefix=place.prefix if place else (),
+        )
+    except RecordError as exc:
         raise UsageError(f"--{tree.side}: cannot read its run's record: {exc}") from None
+    if done.record is None:
+        if done.returncode == EXIT_USAGE:  # the harness refused the arguments
+            return RunOutcome(done.returncode, None, None, done.why, done.seconds)
+        return RunOutcome(done.returncode or EXIT_FAILED, None, None, f"no record ({done.why})", done.seconds)
+    record = trim(done.record)
     commit = ((record.get("environment") or {}).get("git") or {}).get("commit")
     if tree.kind == "ref" and commit and commit != tree.commit:  # a directory's commit may move meanwhile
         raise UsageError(
             f"--{tree.side} {tree.spec}: its run reports commit {commit[:10]}, not the tree's "
             f"{str(tree.commit)[:10]}: another harness than the tree's was imported"
         )
-    message = (
-        "" if record["status"] == "ok" else ((record.get("error") or {}).get("message") or record["status"])
-    )
-    return RunOutcome(code, record, new[0], message, took)
+    return RunOutcome(done.returncode, record, done.path, done.why, done.seconds)
 
 
 @dataclass(frozen=True)

@@ -13,16 +13,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.run.child import harness_argv, last_line
 from harness.usage import UsageError
 
 SIDES = ("base", "head")
-# `python -c BOOTSTRAP TREE ARGS...` runs TREE's `harness ARGS...` with TREE first on sys.path, so that its
-# modules, not those of an editable install, are imported; the working directory stays the caller's, so a
-# relative path in the run arguments (--data, --python) means the same file for both sides.
-BOOTSTRAP = (
-    "import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); "
-    "runpy.run_module('harness', run_name='__main__', alter_sys=True)"
-)
 PROBE = "import sys; sys.path.insert(0, sys.argv[1]); import harness; print(harness.__file__)"
 PROBE_TIMEOUT_S = 120
 
@@ -125,20 +119,6 @@ def checked_out(trees: list[Tree], repo: Path | None) -> Iterator[None]:
         git("worktree", "prune", cwd=repo)
 
 
-def harness_command(tree: Path, *args: str) -> list[str]:
-    return [sys.executable, "-c", BOOTSTRAP, str(tree), *args]
-
-
-def last_line(text: str) -> str:
-    """What a harness's output says went wrong: its last error line (without the prefix, which the gate's
-    own line carries), else its last line."""
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    errors = [
-        line.removeprefix("harness: error:").strip() for line in lines if line.startswith("harness: error:")
-    ]
-    return (errors or lines or ["(no output)"])[-1]
-
-
 def probe_tree(tree: Tree, run_args: list[str]) -> None:
     """Before anything launches: the tree's own harness is the one imported, and it takes the run
     arguments (`harness plan ARGS`, its dry run, validates them; a tree without `plan` is asked for
@@ -155,14 +135,17 @@ def probe_tree(tree: Tree, run_args: list[str]) -> None:
             f"({imported or last_line(found.stderr)}); expected one under {tree.path}"
         )
     plan = subprocess.run(
-        harness_command(tree.path, "plan", *run_args), capture_output=True, text=True, timeout=PROBE_TIMEOUT_S
+        harness_argv("plan", *run_args, tree=tree.path),
+        capture_output=True,
+        text=True,
+        timeout=PROBE_TIMEOUT_S,
     )
     if plan.returncode == 0:
         return
     if "invalid choice: 'plan'" not in plan.stderr:
         raise UsageError(f"{name}: its harness refuses the run arguments: {last_line(plan.stderr)}")
     helped = subprocess.run(
-        harness_command(tree.path, "run", "--help"), capture_output=True, text=True, timeout=PROBE_TIMEOUT_S
+        harness_argv("run", "--help", tree=tree.path), capture_output=True, text=True, timeout=PROBE_TIMEOUT_S
     )
     if helped.returncode != 0:
         raise UsageError(
