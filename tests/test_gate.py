@@ -12,6 +12,9 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import subprocess
+import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -51,6 +54,8 @@ from harness.gate.pairs import (
 from harness.usage import UsageError
 
 pytestmark = pytest.mark.unit
+
+REPO = Path(__file__).resolve().parents[1]
 
 DESIGN = Design(threshold=0.05, max_pairs=40)
 SLOWDOWN = math.log(1.05)  # the threshold as a mean log-ratio
@@ -427,6 +432,73 @@ def test_duet_without_room_for_both_sides_is_one_line_exit_2(capsys, nothing_lau
     monkeypatch.setattr(launching.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     code, err = gate_cli(capsys, "--base", "HEAD", "--head", ".", "--device", "cpu", "--duet")
     assert code == 2 and err.count("\n") == 1 and "--duet on a CPU needs 2 x 2 cores" in err, err
+
+
+# ---- the worktrees of ref sides ------------------------------------------------------------------------
+
+# A gate in the middle of its pairs, as far as its worktree goes: TREE's checked_out holds the worktree of
+# commit argv[4] of repository argv[2] (temporary folders under argv[3]) until it is killed.
+CHECKED_OUT_UNTIL_KILLED = """
+import sys, tempfile, time
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+tempfile.tempdir = sys.argv[3]
+from harness.gate.trees import Tree, checked_out
+tree = Tree("base", "HEAD", "ref", sys.argv[4])
+with checked_out([tree], Path(sys.argv[2])):
+    print(tree.path, flush=True)
+    time.sleep(120)
+"""
+
+
+def a_repository(tmp_path: Path) -> tuple[Path, str]:
+    """A git repository of one commit, and that commit."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "README").write_text("a repository to check out\n")
+    for args in (["init", "-q"], ["add", "README"], ["commit", "-q", "-m", "one"]):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True)
+    return repo, trees.git("rev-parse", "HEAD", cwd=repo).stdout.strip()
+
+
+def registered(repo: Path) -> list[Path]:
+    """The worktrees `git worktree list` shows (the repository's own first)."""
+    return [Path(p).resolve() for p in trees.worktrees(repo)]
+
+
+@pytest.mark.subprocess
+def test_the_next_gate_removes_the_worktree_a_killed_gate_left(tmp_path, monkeypatch):
+    """A gate killed with SIGKILL cannot remove its worktree; the next gate (a resumed one, say) removes it,
+    folder and registration, before it checks out its own, and leaves nothing registered when it ends."""
+    repo, commit = a_repository(tmp_path)
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    argv = [sys.executable, "-c", CHECKED_OUT_UNTIL_KILLED, str(REPO), str(repo), str(temp), commit]
+    killed = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    assert killed.stdout is not None
+    left = Path(killed.stdout.readline().strip()).resolve()
+    killed.kill()
+    killed.wait()
+    assert registered(repo) == [repo.resolve(), left] and left.is_dir()  # what the killed gate left
+    tree = trees.Tree("head", "HEAD", "ref", commit)
+    with trees.checked_out([tree], repo):
+        assert registered(repo) == [repo.resolve(), tree.path.resolve()]
+    assert registered(repo) == [repo.resolve()]
+    assert not left.exists() and not any(temp.iterdir())
+
+
+@pytest.mark.subprocess
+def test_a_running_gates_worktree_is_left_alone(tmp_path, monkeypatch):
+    """Two gates side by side on one repository: the second leaves the first's worktree be."""
+    repo, commit = a_repository(tmp_path)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    first, second = trees.Tree("base", "HEAD", "ref", commit), trees.Tree("base", "HEAD", "ref", commit)
+    with trees.checked_out([first], repo):
+        with trees.checked_out([second], repo):
+            assert set(registered(repo)) == {repo.resolve(), first.path.resolve(), second.path.resolve()}
+        assert registered(repo) == [repo.resolve(), first.path.resolve()] and first.path.is_dir()
+    assert registered(repo) == [repo.resolve()]
 
 
 # ---- the command line: bad input, one line, exit 2, nothing launched ----------------------------------

@@ -10,9 +10,10 @@ its error rates holding although it looks after every pair; the gate stops as so
 `--max-pairs` or `--max-minutes` runs out.
 
 Each side is a git ref (checked out with `git worktree add --detach` into a temporary folder, removed at the
-end, interrupted or not) or a directory holding a distbench tree; each side's runs import that tree's own
-harness (its folder first on sys.path; the gate checks it). It only shells out to `harness run`, so it works
-alike on a CPU runner, a GPU node (`--gpus`, `--device` pass through) and inside a Slurm allocation.
+end, interrupted or not, and by the next gate where a SIGKILL left no time to) or a directory holding a
+distbench tree; each side's runs import that tree's own harness (its folder first on sys.path; the gate
+checks it). It only shells out to `harness run`, so it works alike on a CPU runner, a GPU node (`--gpus`,
+`--device` pass through) and inside a Slurm allocation.
 
 Besides the step time: communication bytes per step and model-state bytes per rank are deterministic, so
 any change between the sides is reported as one, and growth fails the gate, with no statistics; peak memory

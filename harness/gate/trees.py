@@ -4,6 +4,8 @@ imported and takes the run arguments."""
 
 from __future__ import annotations
 
+import fcntl
+import os
 import shutil
 import subprocess
 import sys
@@ -17,12 +19,26 @@ from harness.run.child import harness_argv, last_line
 from harness.usage import UsageError
 
 SIDES = ("base", "head")
+# A gate's ref sides are checked out under tempdir/TEMP_PREFIX*/, which holds LOCK_FILE, locked while the
+# gate runs: a later gate removes the worktrees of a folder whose lock nobody holds (remove_left_behind).
+TEMP_PREFIX = "distbench-gate-"
+LOCK_FILE = "gate.lock"
 PROBE = "import sys; sys.path.insert(0, sys.argv[1]); import harness; print(harness.__file__)"
 PROBE_TIMEOUT_S = 120
 
 
 def git(*args: str, cwd: Path | str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def worktrees(repo: Path) -> list[Path]:
+    """The worktrees registered in `repo` (`git worktree list`), the repository's own first."""
+    listed = git("worktree", "list", "--porcelain", cwd=repo)
+    return [
+        Path(line.removeprefix("worktree "))
+        for line in listed.stdout.splitlines()
+        if line.startswith("worktree ")
+    ]
 
 
 @dataclass
@@ -95,7 +111,10 @@ def checked_out(trees: list[Tree], repo: Path | None) -> Iterator[None]:
         yield
         return
     assert repo is not None
-    root = Path(tempfile.mkdtemp(prefix="distbench-gate-"))
+    remove_left_behind(repo)
+    root = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX))
+    lock = open(root / LOCK_FILE, "w")
+    fcntl.flock(lock, fcntl.LOCK_EX)  # held while this gate runs; its process's end, however, releases it
     made: dict[str, Path] = {}
     try:
         for tree in refs:
@@ -117,6 +136,38 @@ def checked_out(trees: list[Tree], repo: Path | None) -> Iterator[None]:
             git("worktree", "remove", "--force", str(path), cwd=repo)
         shutil.rmtree(root, ignore_errors=True)
         git("worktree", "prune", cwd=repo)
+        lock.close()
+
+
+def remove_left_behind(repo: Path) -> None:
+    """The worktrees a killed gate left registered in `repo` (a SIGKILL skips checked_out's clean-up, and
+    `git worktree prune` forgets only a worktree whose folder is gone): those in a gate's temporary folder
+    whose lock no running gate holds are removed with their folder, then the registrations of any folder
+    gone are pruned."""
+    temp = Path(tempfile.gettempdir()).resolve()
+    listed = worktrees(repo)
+    for root in sorted({path.parent for path in listed}):
+        if root.resolve().parent != temp or not root.name.startswith(TEMP_PREFIX) or held(root / LOCK_FILE):
+            continue
+        for path in (p for p in listed if p.parent == root):
+            git("worktree", "remove", "--force", str(path), cwd=repo)
+        shutil.rmtree(root, ignore_errors=True)
+    git("worktree", "prune", cwd=repo)
+
+
+def held(lock: Path) -> bool:
+    """Whether a running gate holds the lock file `lock` (an flock, which ends with its holder's process)."""
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # which releases the lock where it was taken here
+    return False
 
 
 def probe_tree(tree: Tree, run_args: list[str]) -> None:
