@@ -14,7 +14,6 @@ Run it on a quiet machine: the two measurements are minutes apart and both are t
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import subprocess
 import sys
@@ -22,9 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
 
 from harness.analyze.collectives import call_time  # noqa: E402
+from harness.run.child import run_child  # noqa: E402
 
 STACKS = {  # label -> harness flags
     "torch-ddp": ["--backend", "torch-ddp"],
@@ -143,11 +144,6 @@ def matched_comm(run: dict, bench: dict) -> dict | None:
     }
 
 
-def newest_record(out: Path, before: set) -> dict:
-    (path,) = sorted(set(out.glob("*.json")) - before)
-    return json.loads(path.read_text())
-
-
 def sizes_around(run: dict, asked: str) -> str:
     """`asked`, or for "traced" MIN:MAX from the power of two at or below the run's smallest traced message
     to the one at or above its largest: every traced call is priced between measured sizes."""
@@ -162,12 +158,12 @@ def sizes_around(run: dict, asked: str) -> str:
 
 
 def harness(command: str, flags: list[str], out: Path) -> dict:
-    before = set(out.glob("*.json")) if out.exists() else set()
-    argv = [sys.executable, "-m", "harness", command, *flags, "--out", str(out)]
-    subprocess.run(
-        argv, check=True, capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent
-    )
-    return newest_record(out, before)
+    """`harness COMMAND FLAGS --out OUT` of this checkout (harness.run.child), its output captured; its
+    record. CalledProcessError where it exits non-zero or writes no record."""
+    done = run_child([command, *flags], out, cwd=REPO)
+    if done.returncode != 0 or done.record is None:
+        raise subprocess.CalledProcessError(done.returncode, [command, *flags], done.output)
+    return done.record
 
 
 def main() -> int:
@@ -191,6 +187,7 @@ def main() -> int:
     )
     parser.add_argument("--out", type=Path, default=Path("crosscheck"))
     args = parser.parse_args()
+    args.out = args.out.resolve()  # the runs' --out and the records looked for in it, one folder
     print(
         "stack            op              traced ms/step (slowest rank, least waiting)  commbench ms/step  "
         "traced / commbench"
@@ -226,7 +223,7 @@ def main() -> int:
             )
         except subprocess.CalledProcessError as exc:
             print(
-                f"{label:16s} failed: {' '.join(exc.cmd[2:4])} exited {exc.returncode}; see {args.out}",
+                f"{label:16s} failed: harness {exc.cmd[0]} exited {exc.returncode}; see {args.out}",
                 flush=True,
             )
             continue

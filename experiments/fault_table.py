@@ -11,8 +11,6 @@ quiet machine: start-up and step times stretch on a busy one, detection does not
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import re
 import signal
 import subprocess
@@ -22,6 +20,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from harness.run.child import Child, start_child  # noqa: E402
+
 FAULTS = [  # (label, harness options)
     ("rank raises", ["--inject-fault", "1:2:raise", "--timeout", "120"]),
     ("rank killed (SIGKILL)", ["--inject-fault", "1:2:sigkill", "--timeout", "120"]),
@@ -39,17 +41,12 @@ FAULTS = [  # (label, harness options)
 ]
 
 
-def harness_run(args, options: list[str], out: Path, env: dict | None = None) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "harness", "run", "--backend", args.backend, "--gpus", "2", "--steps", "5"]
-    argv += ["--warmup", "1", "--compute-method", "none", "--threads-per-worker", "1", "--device", "cpu"]
-    return subprocess.Popen(
-        [*argv, "--out", str(out), *options],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-    )
+def harness_run(args, options: list[str], out: Path, env: dict | None = None) -> Child:
+    """A 2-rank CPU `harness run` of this checkout into `out`, started (harness.run.child): `options` after
+    the table's own, `env` on top of this process's."""
+    argv = ["run", "--backend", args.backend, "--gpus", "2", "--steps", "5", "--warmup", "1"]
+    argv += ["--compute-method", "none", "--threads-per-worker", "1", "--device", "cpu", *options]
+    return start_child(argv, out, cwd=REPO, env=env)
 
 
 def wait_for_steps(out: Path, proc: subprocess.Popen, old: set, timeout_s: float = 90) -> None:
@@ -66,41 +63,40 @@ def wait_for_steps(out: Path, proc: subprocess.Popen, old: set, timeout_s: float
 
 
 def injected_row(args, label: str, options: list[str]) -> str:
-    before = set(args.out.glob("*.json"))
     start = time.time()
-    harness_run(args, options, args.out).communicate()
-    done = time.time()
-    record = json.loads(sorted(set(args.out.glob("*.json")) - before)[0].read_text())
+    done = harness_run(args, options, args.out).finish()
+    end = time.time()
+    record = done.record
+    if record is None:
+        return f"| {label} | {done.status} | | | {end - start:.1f} |"
     logs = " ".join(
         f.read_text(errors="replace") for f in Path(record["launch"]["log_dir"]).glob("rank*.log")
     )
     injected = re.findall(r"injecting fault '\w+' at step \d+ \(unix time ([0-9.]+)\)", logs)
-    detect = f"{done - float(injected[0]):.1f}" if injected else "fault not reached"
+    detect = f"{end - float(injected[0]):.1f}" if injected else "fault not reached"
     return (
         f"| {label} | {record['status']} | {(record['error'] or {}).get('rank')} | {detect} | "
-        f"{done - start:.1f} |"
+        f"{end - start:.1f} |"
     )
 
 
 def scheduler_stop_row(args) -> str:
     """What a scheduler's time limit does to the harness (Slurm: SIGTERM, SIGKILL after KillWait):
     SIGTERM once the ranks are stepping; time to detect = SIGTERM to the harness's exit, record written."""
-    before = set(args.out.glob("*.json"))
     start = time.time()
     old = set(args.out.glob("logs/*"))
-    proc = harness_run(
-        args, ["--steps", "400", "--step-delay", "0.05"], args.out, {**os.environ, "SLURM_JOB_ID": "4242"}
-    )
-    wait_for_steps(args.out, proc, old)
+    run = harness_run(args, ["--steps", "400", "--step-delay", "0.05"], args.out, {"SLURM_JOB_ID": "4242"})
+    wait_for_steps(args.out, run.proc, old)
     sent = time.time()
-    proc.send_signal(signal.SIGTERM)
-    proc.communicate()
-    done = time.time()
-    record = json.loads(sorted(set(args.out.glob("*.json")) - before)[0].read_text())
+    run.signal(signal.SIGTERM)
+    record = run.finish().record
+    end = time.time()
+    if record is None:
+        return "| harness stopped by SIGTERM (a Slurm time limit, scancel) | no record | | | |"
     return (
         f"| harness stopped by SIGTERM (a Slurm time limit, scancel) | {record['status']} "
         f"({record['error']['message'].split(' by ', 1)[1].split(';')[0]}) | "
-        f"{record['error'].get('rank')} | {done - sent:.1f} | {done - start:.1f} |"
+        f"{record['error'].get('rank')} | {end - sent:.1f} | {end - start:.1f} |"
     )
 
 
@@ -111,17 +107,17 @@ def full_filesystem_row(args) -> str:
         return "| results filesystem fills up | not measured (cannot mount a tmpfs here) | | | |"
     try:
         start = time.time()
-        proc = harness_run(args, ["--steps", "400", "--step-delay", "0.05"], mount)
-        wait_for_steps(mount, proc, set())
+        run = harness_run(args, ["--steps", "400", "--step-delay", "0.05"], mount)
+        wait_for_steps(mount, run.proc, set())
         filled = time.time()
         subprocess.run(["dd", "if=/dev/zero", f"of={mount / 'filler'}", "bs=64k"], capture_output=True)
-        text, _ = proc.communicate()
-        done = time.time()
-        said = text.strip().splitlines()[-1] if text.strip() else ""
+        done = run.finish()
+        end = time.time()
+        said = done.output.strip().splitlines()[-1] if done.output.strip() else ""
         half = [p.name for p in mount.rglob("*.tmp")]
         return (
-            f"| results filesystem fills up | exit {proc.returncode}: `{said}`; half-written files: "
-            f"{len(half)} | | {done - filled:.1f} | {done - start:.1f} |"
+            f"| results filesystem fills up | exit {done.returncode}: `{said}`; half-written files: "
+            f"{len(half)} | | {end - filled:.1f} | {end - start:.1f} |"
         )
     finally:
         subprocess.run(["umount", "-l", str(mount)])
@@ -132,6 +128,7 @@ def main() -> int:
     p.add_argument("--backend", default="torch-ddp")
     p.add_argument("--out", type=Path, default=Path("/tmp/fault-table"))
     args = p.parse_args()
+    args.out = args.out.resolve()  # the runs' --out and the records looked for in it, one folder
     args.out.mkdir(parents=True, exist_ok=True)
     print("| fault | recorded status | culprit rank | time to detect (s) | run wall time (s) |")
     print("|---|---|---|---|---|")

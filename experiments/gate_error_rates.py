@@ -38,9 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import subprocess
 import sys
-import time
 from pathlib import Path
 from statistics import median
 
@@ -49,11 +47,12 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from harness.analyze.baseline import load_all  # noqa: E402
+from harness.analyze.baseline import load_all, trim  # noqa: E402
 from harness.analyze.compare import STATISTICS  # noqa: E402
 from harness.analyze.sequential import CONTINUE, Design, decide  # noqa: E402
 from harness.gate.command import DEFAULT_MAX_PAIRS, DEFAULT_THRESHOLD  # noqa: E402
 from harness.gate.pairs import DEFAULT_MAX_MINUTES, DEFAULT_STATISTIC, VERDICT_FILE  # noqa: E402
+from harness.run.child import run_child  # noqa: E402
 
 RUN_ARGS = "--backend torch-ddp --gpus 2 --workload tiny".split()
 CASES = {"aa": 0.0, "5": 0.05, "10": 0.10}
@@ -67,26 +66,14 @@ TARGETS = {
 }
 
 
-def harness(*args: str, log: Path | None = None) -> tuple[int, float]:
-    """`python -m harness ARGS` of this checkout; its output to `log`. Returns (exit code, seconds)."""
-    start = time.monotonic()
-    with open(log, "w") if log else open("/dev/null", "w") as sink:
-        code = subprocess.run(
-            [sys.executable, "-m", "harness", *args], cwd=REPO, stdout=sink, stderr=subprocess.STDOUT
-        ).returncode
-    return code, time.monotonic() - start
-
-
 def one_run(out: Path, run_args: list[str], delay: float = 0.0) -> tuple[dict, float]:
-    """One `harness run` into `out`; its trimmed record and its wall time."""
-    out.mkdir(parents=True, exist_ok=True)
-    before = set(out.glob("*.json"))
+    """One `harness run` of this checkout into `out`, its output in out/last-run.log; its trimmed record and
+    its wall time."""
     extra = ["--step-delay", f"{delay:.6f}"] if delay else []
-    code, took = harness("run", *run_args, *extra, "--out", str(out), log=out / "last-run.log")
-    new = sorted(set(out.glob("*.json")) - before)
-    if code != 0 or len(new) != 1:
-        raise RuntimeError(f"harness run exited {code}; see {out / 'last-run.log'}")
-    return load_all(new)[0], took
+    done = run_child(["run", *run_args, *extra], out, cwd=REPO, log=out / "last-run.log")
+    if done.returncode != 0 or done.record is None:
+        raise RuntimeError(f"harness run exited {done.returncode}; see {out / 'last-run.log'}")
+    return trim(done.record), done.seconds
 
 
 def step_time(workdir: Path, run_args: list[str], runs: int, statistic: str) -> float:
@@ -117,7 +104,7 @@ def run_gates(args, run_args: list[str], delays: dict[str, float]) -> dict[str, 
             if not (out / VERDICT_FILE).is_file():
                 out.mkdir(parents=True, exist_ok=True)
                 cmd = gate_command(args.ref, run_args, out, g, delays[case], args)
-                harness(*cmd, log=out.parent / f"gate{g:03d}.log")
+                run_child(cmd, None, cwd=REPO, log=out.parent / f"gate{g:03d}.log")
             if not (out / VERDICT_FILE).is_file():
                 raise RuntimeError(f"gate {out} wrote no verdict; see {out.parent / f'gate{g:03d}.log'}")
             verdict = json.loads((out / VERDICT_FILE).read_text())
