@@ -23,7 +23,8 @@ import pytest  # noqa: E402
 sys.path.insert(0, str(REPO / "tests"))
 from test_predict_published import ROWS, TERMS, without  # noqa: E402
 
-from harness.predict.model import Calibration, predict_point  # noqa: E402
+from harness.predict.calibration import Calibration  # noqa: E402
+from harness.predict.model import predict_point  # noqa: E402
 from harness.predict.published import row_configs  # noqa: E402
 
 

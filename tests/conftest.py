@@ -218,7 +218,7 @@ def assert_model_state_as_predicted(rec: dict) -> None:
     partition boundary cuts: 8% over the share on the test shapes)."""
     from backends import get_backend
     from backends.base import parameter_numels
-    from harness.predict.fit import peak_memory
+    from harness.predict.memory import peak_memory
 
     cfg = run_config(rec)
     backend = get_backend(cfg.backend)

@@ -1,4 +1,4 @@
-"""The predictor's activation terms (harness.predict.model.activation_bytes, and the materialised attention
+"""The predictor's activation terms (harness.predict.memory.activation_bytes, and the materialised attention
 a stack's settings() declare) against what autograd saves for backward, measured where the framework can on
 a CPU: PyTorch's model (the torch-ddp, torch-fsdp, DeepSpeed and Horovod stacks run it) and Paddle's, through
 their saved-tensor hooks (tests/probes/saved_activations.py). TensorFlow's GradientTape has no such hook.
@@ -20,8 +20,7 @@ import pytest
 
 from backends import get_backend
 from core.config import RunConfig
-from harness.predict.fit import peak_memory
-from harness.predict.model import ACTIVATION_ELEMENTS_PER_LAYER, activation_bytes
+from harness.predict.memory import ACTIVATION_ELEMENTS_PER_LAYER, activation_bytes, peak_memory
 from workloads.spec import resolve
 
 REPO = Path(__file__).resolve().parents[1]

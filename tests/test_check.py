@@ -30,9 +30,10 @@ from core.records import (
 from harness.analyze import baseline
 from harness.analyze.check import check_file
 from harness.cli import main
+from harness.predict.calibration import calibrate
 from harness.predict.command import prediction_record
 from harness.predict.hardware import load_profile
-from harness.predict.model import calibrate, predict_point
+from harness.predict.model import predict_point
 from harness.run.record import save_record
 
 DATA = Path(__file__).parent / "data"

@@ -27,17 +27,11 @@ from core.records import load_records, run_config
 from harness.analyze.metrics import bus_factor, comm_bytes_per_rank
 from harness.cli import main
 from harness.predict import nccl
+from harness.predict.calibration import Calibration, calibrate
 from harness.predict.hardware import PROFILE_DIR, ProfileError, load_profile, local_profile
-from harness.predict.model import (
-    Calibration,
-    calibrate,
-    compute_durations,
-    expected_slowest,
-    memory,
-    predict_point,
-    replay,
-    scaling_ratio,
-)
+from harness.predict.memory import memory
+from harness.predict.model import compute_durations, expected_slowest, predict_point, scaling_ratio
+from harness.predict.replay import replay
 from harness.predict.validate import predict_repeats
 from workloads.spec import resolve
 

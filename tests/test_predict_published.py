@@ -324,9 +324,10 @@ def test_no_row_is_checked_against_a_margin_fitted_on_its_own_publisher():
 def test_the_margin_widens_only_the_slow_end_and_only_beyond_a_node(monkeypatch):
     """At 64 H100s (3 doublings beyond 8 a node) the slow step is the model's over (1 - m)^3, the nominal and
     fast ones unchanged; within a node nothing moves; the record states it, labelled by its input."""
+    from harness.predict.calibration import Calibration
     from harness.predict.command import configs
     from harness.predict.hardware import load_profile
-    from harness.predict.model import Calibration, predict_point
+    from harness.predict.model import predict_point
 
     m = margin.per_doubling()
     assert 0 < m < 0.05  # the stored margin: a few percent a doubling, not a fudge that swallows the band

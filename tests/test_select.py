@@ -12,7 +12,7 @@ from backends import all_backends, get_backend
 from core.config import InvalidConfig, RunConfig
 from core.records import validate_record
 from harness.cli import main, make_parser
-from harness.predict import fit, select
+from harness.predict import memory, select
 from harness.predict.hardware import load_profile
 from harness.run.options import build_config
 from workloads.spec import PRESETS
@@ -61,7 +61,7 @@ TERMS = ("model_state", "gathered_parameters", "comm_buffers", "activations", "m
 
 
 def test_total_is_every_term():
-    mem = fit.peak_memory(cfg("torch-fsdp"))
+    mem = memory.peak_memory(cfg("torch-fsdp"))
     assert set(mem) == {*TERMS, "total"}
     assert mem["total"] == pytest.approx(sum(mem[t] for t in TERMS))
 
@@ -69,36 +69,39 @@ def test_total_is_every_term():
 def test_model_state_holds_deepspeeds_fp32_copy():
     """ZeRO-0 in bf16: bf16 weights and gradients, fp32 master and two moments: at least 16 B a parameter."""
     c = cfg("deepspeed", options={"zero_stage": 0})
-    assert fit.peak_memory(c)["model_state"] >= 16 * c.model.spec.n_params
+    assert memory.peak_memory(c)["model_state"] >= 16 * c.model.spec.n_params
 
 
 def test_sharded_stacks_gather_and_replicated_ones_bucket():
-    fsdp, ddp = fit.peak_memory(cfg("torch-fsdp")), fit.peak_memory(cfg("torch-ddp"))
+    fsdp, ddp = memory.peak_memory(cfg("torch-fsdp")), memory.peak_memory(cfg("torch-ddp"))
     assert fsdp["gathered_parameters"] > 0 and fsdp["comm_buffers"] == 0
     assert ddp["comm_buffers"] >= 4 * cfg().model.spec.n_params and ddp["gathered_parameters"] == 0
 
 
 def test_activations_grow_with_micro_batch_and_shrink_with_checkpointing():
-    a = [fit.peak_memory(cfg(micro=m, ckpt=k))["activations"] for m, k in ((2, False), (4, False), (4, True))]
+    a = [
+        memory.peak_memory(cfg(micro=m, ckpt=k))["activations"]
+        for m, k in ((2, False), (4, False), (4, True))
+    ]
     assert a[1] == pytest.approx(2 * a[0]) and 0 < a[2] < a[1]
 
 
 def test_tf_materialises_attention_and_the_others_do_not():
     small = PRESETS["small"]
-    tf = fit.peak_memory(cfg("tf-mwms", micro=4))
+    tf = memory.peak_memory(cfg("tf-mwms", micro=4))
     assert tf["materialised_attention"] == 4 * small.n_heads * small.seq_len**2 * 4 * small.n_layers
-    assert fit.peak_memory(cfg("torch-ddp"))["materialised_attention"] == 0
+    assert memory.peak_memory(cfg("torch-ddp"))["materialised_attention"] == 0
 
 
 def test_a_candidate_that_does_not_fit_names_the_term_that_broke_it():
-    mem = fit.peak_memory(cfg("tf-mwms", micro=4))
+    mem = memory.peak_memory(cfg("tf-mwms", micro=4))
     # usable just below the total: the last term (attention) is the one that passes it
-    capacity = (mem["total"] - 1) / (1 - fit.ALLOCATOR_MARGIN)
-    why = fit.fit_check(mem, capacity)
+    capacity = (mem["total"] - 1) / (1 - memory.ALLOCATOR_MARGIN)
+    why = memory.fit_check(mem, capacity)
     assert why.startswith("materialised attention")
-    assert fit.fit_check(mem, (mem["total"] + 1) / (1 - fit.ALLOCATOR_MARGIN)) is None
+    assert memory.fit_check(mem, (mem["total"] + 1) / (1 - memory.ALLOCATOR_MARGIN)) is None
     # the margin is applied: the total alone fits the device, not the device less the margin
-    assert fit.fit_check(mem, mem["total"] * 1.01) is not None
+    assert memory.fit_check(mem, mem["total"] * 1.01) is not None
 
 
 # ---------------------------------------------------------------------------------------------- search
@@ -130,8 +133,8 @@ def test_search_takes_the_largest_micro_batch_that_fits_and_drops_the_rest():
         for c in roomy
         if c.cfg.backend_options.get("zero_stage") == 3 and not c.cfg.model.activation_checkpointing
     )
-    one = fit.peak_memory(zero3.cfg.evolve(micro_batch=1))["total"]
-    tight = dataclasses.replace(profile, memory_bytes=(one + 1) / (1 - fit.ALLOCATOR_MARGIN))
+    one = memory.peak_memory(zero3.cfg.evolve(micro_batch=1))["total"]
+    tight = dataclasses.replace(profile, memory_bytes=(one + 1) / (1 - memory.ALLOCATOR_MARGIN))
     cands = select.search(base, select.Pricing(tight), 1e9, None)
     same = [
         c

@@ -23,9 +23,10 @@ from core.process import available_cpus
 from core.records import SCHEMA_VERSION, git_commit, load_records, now_iso, write_record_atomic
 from harness.analyze.summary import fmt_bytes
 from harness.predict import margin
-from harness.predict.fit import largest_fitting
+from harness.predict.calibration import calibrate
 from harness.predict.hardware import CORNERS, ProfileError, catalogue, load_profile, local_profile
-from harness.predict.model import calibrate, predict_point, scaling_ratio
+from harness.predict.memory import largest_fitting
+from harness.predict.model import predict_point, scaling_ratio
 from harness.predict.published_check import check as published_check
 from harness.run_args import foreign_flags, spec_from_args
 from harness.usage import EXIT_OK, UsageError, choice, positive

@@ -1,5 +1,7 @@
-"""The prediction of one configuration at one rank count: compute, the collectives replayed against it on one
-communication stream, memory per rank, and what training on T tokens takes.
+"""The step model: the prediction of one configuration at one rank count. Compute segments priced by
+calibration or an assumed MFU, the stack's collectives priced by the hardware profile and replayed against
+them (replay.py), stragglers and the empirical margin, memory per rank (memory.py), and what training on T
+tokens takes; the band's inputs one at a time, and a published scaling ratio.
 
 Every figure is evaluated at three corners of its inputs (hardware.CORNERS: the fast ends of every range,
 the nominal values, the slow ends); a figure's band is its value at the fast and slow corners.
@@ -7,22 +9,20 @@ the nominal values, the slow ends); a figure's band is its value at the fast and
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from scipy.stats import norm
 
 from backends import get_backend
-from backends.base import parameter_numels
 from backends.schedule import Message, Schedule, Steps
 from core.config import RunConfig
-from core.records import run_config
-from harness.analyze.metrics import summarize
 from harness.predict import margin
+from harness.predict.calibration import Calibration, segment_flops
 from harness.predict.hardware import CORNERS, Profile, ProfileError, pick
+from harness.predict.memory import fits, memory
+from harness.predict.replay import replay
 
 # Assumed when no calibration run is given (labelled so): model FLOPs utilisation of forward+backward,
 # [low, nominal, high]; dense transformer training at 1-10B parameters reports 30-55% (torchtitan, Megatron).
@@ -35,12 +35,6 @@ OPTIMIZER_BYTES_PER_PARAM = {"fp32": 28, "autocast": 28, "master": 30, "fp32-mas
 # (12), exp_avg_sq *= beta2 (8), addcmul_ (12), sqrt into a new tensor (8), its div_ (8) and add_ (8),
 # params.addcdiv_ (16): 80 B a parameter, 52 more than fused.
 FOREACH_EXTRA_BYTES_PER_PARAM = 52
-# Activations per layer per sequence position, in units of d_model x element bytes (Korthikanti et al.
-# 2022, "Reducing Activation Recomputation in Large Transformer Models", 34·s·b·h bytes at 2-byte
-# elements = 17 elements; attention scores are not stored, as SDPA's fused kernels recompute them).
-ACTIVATION_ELEMENTS_PER_LAYER = 17
-ASSUMED_ACTIVATION_FACTOR = (0.8, 1.0, 1.25)
-NORMAL_P10_P90 = 2 * 1.2816  # p90 - p10 of a normal distribution, in σ
 
 
 def expected_slowest(world: int) -> float:
@@ -51,190 +45,9 @@ def expected_slowest(world: int) -> float:
     return float(norm.ppf((world - 0.375) / (world + 0.25))) if world > 1 else 0.0
 
 
-@dataclass
-class Calibration:
-    """What measured records tell the model: forward+backward seconds per FLOP and optimizer seconds per
-    parameter at the fast/nominal/slow corners (None: assumed), the activation factor, and provenance."""
-
-    seconds_per_flop: tuple | None = None
-    optimizer_seconds_per_param: tuple | None = None
-    activation_factor: tuple = ASSUMED_ACTIVATION_FACTOR
-    step_cv: float | None = None  # a rank's step-to-step variation (σ / median), from the runs' p10-p90
-    # Per-GPU throughput lost per doubling of N beyond a node at the slow end, fitted on published runs
-    # (harness.predict.margin): empirical, not modelled; 0 gives the model's own band.
-    empirical_scale_loss: float = 0.0
-    sources: list = field(default_factory=list)
-    notes: list = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
-def segment_flops(cfg: RunConfig, steps: Steps) -> np.ndarray:
-    """FLOPs of each segment per rank: a block's matmuls and attention, the head's vocabulary projection,
-    backward twice forward (plus a forward again under activation checkpointing); the embedding is a
-    lookup."""
-    spec, tokens = cfg.model.spec, cfg.batch.micro_batch * cfg.model.spec.seq_len
-    head = 2 * spec.d_model * spec.vocab_size
-    block = (spec.flops_per_token / 3 - head) / spec.n_layers
-    out = []
-    for s in steps.list:
-        per_token = {"embed": 0.0, "head": head}.get(s.unit, block)
-        if s.phase == "backward":
-            per_token *= 2 + (1 if cfg.model.activation_checkpointing and s.unit.startswith("block") else 0)
-        if s.phase == "optimizer":
-            per_token = 0.0
-        out.append(per_token * tokens)
-    return np.array(out)
-
-
 def local_parameters(cfg: RunConfig, sharding: str) -> float:
     """Parameters whose optimizer step one rank runs: 1/N of them once the optimizer state is sharded."""
     return cfg.model.spec.n_params / (cfg.topology.world_size if sharding != "none" else 1)
-
-
-def replay(durations, messages: list[Message], comm_time) -> dict:
-    """Compute segments in order on one stream, collectives in the order they become ready on another (one
-    at a time, as NCCL serialises a communicator's calls). A segment waits for the messages it needs."""
-    n = len(durations)
-    start, end = np.zeros(n), np.zeros(n)
-    done: dict[int, float] = {}  # message index -> when its collective ends, once issued
-    intervals, comm_free, clock, scheduled = [], 0.0, 0.0, 0
-
-    def ready(m):
-        return (end[m.after] if m.after >= 0 else 0.0) + m.delay_s
-
-    order = sorted(range(len(messages)), key=lambda i: (messages[i].after, i))
-
-    spans: dict[int, tuple[float, float]] = {}  # message index -> (start, end) on the comm stream
-
-    def issue(upto):  # every message ready at the end of segment `upto` or earlier
-        nonlocal comm_free, scheduled
-        batch = []
-        while scheduled < len(order) and messages[order[scheduled]].after <= upto:
-            batch.append(order[scheduled])
-            scheduled += 1
-        for i in sorted(batch, key=lambda i: (ready(messages[i]), i)):
-            t0 = max(comm_free, ready(messages[i]))
-            comm_free = t0 + comm_time(messages[i])
-            done[i] = comm_free
-            intervals.append((t0, comm_free))
-            spans[i] = (t0, comm_free)
-
-    needed: dict[int, list[int]] = {}
-    for i, m in enumerate(messages):
-        if m.before is not None:
-            needed.setdefault(m.before, []).append(i)
-    for k in range(n):
-        issue(k - 1)
-        wait = max((done[i] for i in needed.get(k, [])), default=0.0)
-        start[k] = max(clock, wait)
-        end[k] = clock = start[k] + durations[k]
-    issue(n)
-    step = max(clock, comm_free)
-    overlapped = overlap(intervals, list(zip(start, end)))
-    # Where compute stands idle (waiting for a collective, or the step's tail after the last segment), the
-    # collectives then on the wire are the exposed time, each charged for its own share of it.
-    before = [float(end[k - 1]) if k else 0.0 for k in range(n)]
-    idle = [(before[k], float(start[k])) for k in range(n) if start[k] > before[k]]
-    if step > clock:
-        idle.append((float(clock), float(step)))
-    exposed = shares(spans, idle)
-    return {
-        "step_s": step,
-        "compute_s": float(np.sum(durations)),
-        "comm_busy_s": sum(b - a for a, b in intervals),
-        "overlapped_s": overlapped,
-        "exposed_by_message": exposed,
-        "busy_by_message": {i: b - a for i, (a, b) in spans.items()},
-    }
-
-
-def shares(spans: dict[int, tuple[float, float]], idle: list[tuple[float, float]]) -> dict[int, float]:
-    """Each span's time inside the sorted, disjoint `idle` intervals, in one pass over both: the spans are
-    one stream's calls, disjoint and in time order (a pair per span would be quadratic in the calls, and a
-    large model issues thousands a step)."""
-    out, j = {}, 0
-    for i, (a, b) in sorted(spans.items(), key=lambda kv: kv[1][0]):
-        while j < len(idle) and idle[j][1] <= a:
-            j += 1
-        total, k = 0.0, j
-        while k < len(idle) and idle[k][0] < b:
-            total += max(0.0, min(b, idle[k][1]) - max(a, idle[k][0]))
-            k += 1
-        out[i] = total
-    return out
-
-
-def overlap(first: list[tuple[float, float]], second: list[tuple[float, float]]) -> float:
-    """Total time two sorted lists of disjoint intervals share, in one pass over both (the collectives of
-    one communication stream against the compute segments of one stream)."""
-    total, i, j = 0.0, 0, 0
-    while i < len(first) and j < len(second):
-        (a, b), (c, d) = first[i], second[j]
-        total += max(0.0, min(b, d) - max(a, c))
-        if b < d:
-            i += 1
-        else:
-            j += 1
-    return total
-
-
-def activation_bytes(cfg: RunConfig, element_bytes: int) -> dict:
-    """Activations of one micro-batch kept for backward, and the logits' fp32 copies for the loss."""
-    spec = cfg.model.spec
-    tokens = cfg.batch.micro_batch * spec.seq_len
-    layer = ACTIVATION_ELEMENTS_PER_LAYER * tokens * spec.d_model * element_bytes
-    if (
-        cfg.model.activation_checkpointing
-    ):  # each block's input kept, one block's activations during recompute
-        blocks = spec.n_layers * tokens * spec.d_model * element_bytes + layer
-    else:
-        blocks = spec.n_layers * layer
-    logits = tokens * spec.vocab_size * (element_bytes + 8)  # logits, fp32 softmax and its gradient
-    return {"blocks": blocks, "logits": logits}
-
-
-def memory(cfg: RunConfig, factor: float, plan: Schedule | None = None) -> dict:
-    """Bytes per rank: model state by sharding (the spec's rule, as the summary's analytic value), the
-    parameters a sharded stack gathers for the block it computes and the one it prefetches, the buffers
-    communication keeps, and activations (scaled by the activation factor). `plan`: cfg's schedule, where
-    the caller has it."""
-    backend = get_backend(cfg.backend)
-    sharding = backend.sharding(cfg)
-    plan = plan or backend.schedule(cfg)
-    element = 4 if cfg.model.precision == "fp32" else 2
-    state = backend.model_state_bytes(cfg)["total"]
-    numels = parameter_numels(cfg)
-    blocks = [0] * cfg.model.spec.n_layers
-    for name, n in numels.items():
-        if name.startswith("blocks."):
-            blocks[int(name.split(".")[1])] += n
-    largest_block = max(blocks)
-    gathered = 0.0
-    if sharding == "parameters" and cfg.topology.world_size > 1:
-        root = cfg.model.spec.n_params - sum(n for name, n in numels.items() if name.startswith("blocks."))
-        # the blocks the stack's schedule keeps whole from forward to backward (FSDP2 without
-        # reshard_after_forward; ZeRO-3's within stage3_max_reuse_distance), at its start all at once;
-        # else two blocks in flight (the one computed and the one prefetched); the root; one block's full
-        # gradient
-        kept = sum(blocks[i] for i in plan.kept_blocks)
-        in_flight = 0 if len(plan.kept_blocks) == cfg.model.spec.n_layers else 2 * largest_block
-        # gathered in the dtype the stack gathers in (FSDP2's param_dtype; fp32 under DeepSpeed's autocast)
-        gather = next(t.dtype_bytes for t in plan.terms if t.op == "all_gather")
-        gathered = (kept + in_flight + root) * gather + largest_block * 4
-    buffers = 0.0
-    if sharding == "none" and cfg.topology.world_size > 1:
-        buffers = cfg.model.spec.n_params * 4  # DDP/Paddle buckets and TF's pack are a copy of the gradients
-    act = activation_bytes(cfg, element)
-    activations = factor * (act["blocks"] + act["logits"])
-    terms = {
-        "model_state": state,
-        "gathered_parameters": gathered,
-        "comm_buffers": buffers,
-        "activations": activations,
-    }
-    return {**terms, "total": sum(terms.values())}
 
 
 def compute_durations(cfg: RunConfig, steps: Steps, profile: Profile, calib: Calibration, corner: str):
@@ -470,140 +283,3 @@ def predict_point(
     out["fits"] = fits(nominal, out["corners"]["slow"]["memory"], profile)
     out["train_flops"] = 6 * spec.n_params * tokens
     return out
-
-
-def fits(nominal: dict, slow: dict, profile: Profile) -> dict:
-    """Whether a rank's memory fits the device, and which term dominates when it does not."""
-    if not profile.memory_bytes:
-        return {"verdict": "unknown", "why": f"profile {profile.name} states no device memory"}
-    terms = {k: v for k, v in nominal.items() if k != "total"}
-    dominant = max(terms, key=terms.__getitem__)
-    capacity = profile.memory_bytes
-    if nominal["total"] > capacity:
-        verdict = "no"
-    elif slow["total"] > capacity:
-        verdict = "tight"
-    else:
-        verdict = "yes"
-    return {
-        "verdict": verdict,
-        "capacity_bytes": capacity,
-        "dominant": dominant,
-        "dominant_bytes": terms[dominant],
-        "why": f"{dominant.replace('_', ' ')} dominates ({terms[dominant] / 2**30:.1f} GiB of "
-        f"{nominal['total'] / 2**30:.1f} GiB; device {capacity / 2**30:.1f} GiB)",
-    }
-
-
-def calibrate(records: list[dict], cfg: RunConfig, profile: Profile) -> Calibration:
-    """Compute from the ok training records of the same stack (label) at one rank on the profile's device
-    (same device name, or CPU for the local profile) and precision: the step time less the optimizer time,
-    per FLOP of forward+backward, and the optimizer time per parameter. Records that do not match are named
-    in the notes, never used. The slow end carries the empirical scale-loss margin of the published rows."""
-    calib = Calibration(empirical_scale_loss=margin.per_doubling())
-    if profile.device == "cuda":
-        fit_activation_factor(records, calib)
-    label = get_backend(cfg.backend).label(cfg)
-    candidates = []
-    for r in records:
-        rc = run_config(r)
-        why = None
-        if r["status"] != "ok":
-            why = f"status {r['status']}"
-        elif (r.get("backend_info") or {}).get("label") != label:
-            why = f"{(r.get('backend_info') or {}).get('label')}, not {label}"
-        elif rc.topology.world_size != 1:
-            why = f"{rc.topology.world_size} ranks (compute calibrates from a 1-rank run)"
-        elif rc.model.precision != cfg.model.precision:
-            why = f"precision {rc.model.precision}"
-        elif profile.device == "cpu" and rc.topology.device != "cpu":
-            why = "not a CPU run"
-        elif profile.device == "cpu" and rc.topology.threads_per_worker != cfg.topology.threads_per_worker:
-            why = (
-                f"{rc.topology.threads_per_worker} threads per worker, not {cfg.topology.threads_per_worker}"
-            )
-        elif profile.device == "cuda" and (r["ranks"][0].get("device") != profile.device_name):
-            why = f"device {r['ranks'][0].get('device')} is not {profile.device_name}"
-        if why:
-            calib.notes.append(f"{r['run_id']}: not used ({why})")
-        else:
-            candidates.append(r)
-    if not candidates:
-        return calib
-    # One shape: seconds per FLOP differ between model sizes, so runs of other shapes are not mixed in (the
-    # newest run's shape is taken; the prediction scales it by FLOPs to the shape asked for).
-    newest = max(candidates, key=lambda r: (r.get("environment") or {}).get("start_time") or "")
-
-    def shape(record: dict) -> tuple:
-        model = run_config(record).model
-        return model.spec, model.activation_checkpointing
-
-    for r in candidates:
-        if shape(r) != shape(newest):
-            calib.notes.append(f"{r['run_id']}: not used (another shape than {newest['run_id']})")
-    candidates = [r for r in candidates if shape(r) == shape(newest)]
-    # Repeats (separate launches) of the same run: the median of their median steps, the band from the
-    # lowest p10 to the highest p90, as launches on a shared machine differ by more than steps within one.
-    flops, nominal, fast, slow, optimizer, cvs = 0.0, [], [], [], [], []
-    for record in candidates:
-        rc = run_config(record)
-        summary = summarize(record)
-        opt = [
-            t for r in record["ranks"] if r.get("status") == "ok" for t in r.get("optimizer_step_times") or []
-        ]
-        t_opt = float(np.median(opt)) if opt else 0.0
-        flops = float(np.sum(segment_flops(rc, Steps(rc))))
-        step = summary["step_time_s"]
-        nominal.append((step["median"] - t_opt) / flops)
-        cvs.append((step["p90"] - step["p10"]) / NORMAL_P10_P90 / step["median"])
-        fast.append((step["p10"] - t_opt) / flops)
-        slow.append((step["p90"] - t_opt) / flops)
-        if opt:
-            optimizer.append(t_opt / rc.model.spec.n_params)
-        else:
-            calib.notes.append(
-                f"{record['run_id']}: no optimizer times recorded; the optimizer scales with FLOPs"
-            )
-        calib.sources.append(
-            {
-                "run_id": record["run_id"],
-                "backend": get_backend(rc.backend).label(rc),
-                "step_time_s": step["median"],
-                "optimizer_s": t_opt,
-                "threads_per_worker": rc.topology.threads_per_worker,
-            }
-        )
-    calib.seconds_per_flop = (min(fast), float(np.median(nominal)), max(slow))
-    calib.step_cv = float(np.median(cvs))
-    if len(optimizer) == len(candidates):
-        calib.optimizer_seconds_per_param = (float(np.median(optimizer)),) * 3
-    elif optimizer:  # some runs timed it, some did not: count it within the FLOP rate for all of them
-        calib.notes.append("optimizer times in some calibration runs only: counted within the FLOP rate")
-        return calibrate([r for r in records if not has_optimizer_times(r)], cfg, profile)
-    return calib
-
-
-def fit_activation_factor(records: list[dict], calib: Calibration) -> None:
-    """The one activation factor, fitted to measured GPU peaks: for each ok GPU training record with an
-    allocator peak (any stack, any N), (peak - every modelled term but activations) / modelled
-    activations; their median, with the smallest and largest as the band. The allocator's peak is the
-    only fair measure (a CPU's RSS holds the framework runtime)."""
-    ratios = []
-    for r in records:
-        if r.get("status") != "ok" or run_config(r).topology.device != "cuda":
-            continue
-        peak = summarize(r)["peak_allocated_bytes"]
-        if not peak:
-            continue
-        rc = run_config(r)
-        modelled = memory(rc, 1.0)
-        if modelled["activations"] > 0:
-            ratios.append((peak - (modelled["total"] - modelled["activations"])) / modelled["activations"])
-            calib.sources.append({"run_id": r["run_id"], "activation_factor": ratios[-1]})
-    if ratios:
-        calib.activation_factor = (min(ratios), float(np.median(ratios)), max(ratios))
-        calib.notes.append(f"activation factor fitted to {len(ratios)} measured allocator peak(s)")
-
-
-def has_optimizer_times(record: dict) -> bool:
-    return any(r.get("optimizer_step_times") for r in record.get("ranks", []) if r.get("status") == "ok")

@@ -21,8 +21,9 @@ from pathlib import Path
 from backends import get_backend
 from core.config import RunConfig
 from harness.predict import margin
+from harness.predict.calibration import Calibration
 from harness.predict.hardware import Profile, load_profile
-from harness.predict.model import Calibration, scaling_ratio
+from harness.predict.model import scaling_ratio
 from harness.predict.published_check import CHECK_FILE, RATIO_TOLERANCE, stack_of
 
 # Package data, as published_check.json is: an installed wheel has both without a source tree.

@@ -40,10 +40,11 @@ from core.records import (
 from harness import document as doc
 from harness.analyze.metrics import summarize
 from harness.analyze.summary import fmt_bytes
+from harness.predict.calibration import Calibration, calibrate
 from harness.predict.command import duration, shape_title, tokens_count, usd
-from harness.predict.fit import ALLOCATOR_MARGIN, largest_fitting
 from harness.predict.hardware import CORNERS, Profile, ProfileError, catalogue, load_profile, local_profile
-from harness.predict.model import BAND_INPUTS, Calibration, calibrate, predict_point, step_at
+from harness.predict.memory import ALLOCATOR_MARGIN, largest_fitting
+from harness.predict.model import BAND_INPUTS, predict_point, step_at
 from harness.run_args import spec_from_args
 from harness.usage import EXIT_OK, UsageError, positive
 from workloads.spec import OVERRIDES, PRESETS
@@ -121,8 +122,8 @@ class Pricing:
     """What prices a candidate: the hardware profile and the compute calibration. A catalogue profile is one
     for every stack; the local profile is one per stack, from that stack's commbench records in
     --calibrate (each stack's collectives are its own). Compute calibrates from --calibrate's 1-rank
-    training runs of the candidate's stack label and precision (harness.predict.model.calibrate); the local
-    profile knows no peak FLOP/s, so there a stack without such a run cannot be priced."""
+    training runs of the candidate's stack label and precision (harness.predict.calibration.calibrate);
+    the local profile knows no peak FLOP/s, so there a stack without such a run cannot be priced."""
 
     def __init__(self, hardware: str | Profile, records: list[dict] | None = None):
         """`hardware`: "local", a catalogue name or profile file, or a profile already loaded."""

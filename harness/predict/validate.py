@@ -9,8 +9,9 @@ from core.config import RunConfig
 from core.process import available_cpus
 from core.records import run_config
 from harness.analyze.metrics import summarize
+from harness.predict.calibration import calibrate
 from harness.predict.hardware import local_profile
-from harness.predict.model import calibrate, predict_point
+from harness.predict.model import predict_point
 
 
 def predicted(cfg: RunConfig, others: list[dict]) -> dict:
