@@ -180,6 +180,73 @@ def test_nominal_level_is_below_alpha_and_deterministic():
     assert Design(max_pairs=3).levels[0] == pytest.approx(DESIGN.alpha, abs=0.005)
 
 
+# Designs with alpha != beta: with the two levels swapped anywhere in the code (calibration, decision,
+# interval), the rate or bound of the smaller one fails below.
+RARE_FALSE_ALARMS = Design(threshold=0.05, max_pairs=40, alpha=0.01, beta=0.10)
+RARE_MISSES = Design(threshold=0.05, max_pairs=40, alpha=0.10, beta=0.01)
+
+
+def rate(design: Design, shift: float, sd: float, seed: int, code: int) -> tuple[int, int]:
+    x = np.random.default_rng(seed).normal(shift, sd, (SEQUENCES, design.max_pairs))
+    verdicts, _ = sequential.decide_all(x, design)
+    return int(np.sum(verdicts == code)), len(verdicts)
+
+
+@pytest.mark.parametrize("design", [RARE_FALSE_ALARMS, RARE_MISSES], ids=["alpha<beta", "alpha>beta"])
+def test_each_error_rate_holds_at_its_own_level(design):
+    """REGRESSION without a slowdown at most alpha of the time, NO REGRESSION at a slowdown of the threshold
+    at most beta, each at its own level: at a spread the budget cannot resolve, each rate comes near its
+    level, so a swap of the levels puts the smaller one's rate well above it."""
+    k, n = rate(design, 0.0, 0.15, seed=21, code=CODE_REGRESSION)
+    p = binomtest(k, n, design.alpha, alternative="greater").pvalue
+    assert p > TOLERANCE, f"false alarms {k}/{n} above alpha {design.alpha} (binomial p={p:.2g})"
+    k, n = rate(design, SLOWDOWN, 0.15, seed=22, code=CODE_NO_REGRESSION)
+    p = binomtest(k, n, design.beta, alternative="greater").pvalue
+    assert p > TOLERANCE, f"misses {k}/{n} above beta {design.beta} (binomial p={p:.2g})"
+
+
+def test_with_one_look_the_levels_are_alpha_and_beta_themselves():
+    """One look pays nothing for peeking: the REGRESSION test's level is alpha, the NO REGRESSION test's
+    beta (up to the calibration's Monte Carlo error)."""
+    p_alpha, p_beta = Design(max_pairs=3, alpha=0.01, beta=0.10).levels
+    assert p_alpha == pytest.approx(0.01, abs=0.002) and p_beta == pytest.approx(0.10, abs=0.005)
+
+
+def test_the_interval_and_the_detectable_slowdown_take_each_level_where_it_belongs():
+    """The repeated interval's lower end is the REGRESSION test's (alpha's level), its upper end the NO
+    REGRESSION test's (beta's): with alpha < beta the lower side is the wider. The detectable slowdown adds
+    t.isf(beta) to alpha's critical value: the power 1 - beta of the REGRESSION test."""
+    design = RARE_FALSE_ALARMS
+    x = 0.025 + 0.2 * (-1.0) ** np.arange(design.max_pairs)  # mean 2.5%, spread 0.2: never decides
+    d = decide(x, design)
+    assert d.verdict == INCONCLUSIVE and d.coverage == pytest.approx(1 - 0.01 - 0.10)
+    n, mean, se = len(x), x.mean(), np.std(x, ddof=1) / math.sqrt(len(x))
+    p_alpha, p_beta = design.levels
+    low, high = d.interval
+    assert low == pytest.approx(math.expm1(mean - student_t.isf(p_alpha, n - 1) * se))
+    assert high == pytest.approx(math.expm1(mean + student_t.isf(p_beta, n - 1) * se))
+    assert mean - math.log1p(low) > 1.2 * (math.log1p(high) - mean)
+    power = student_t.isf(p_alpha, n - 1) + student_t.isf(design.beta, n - 1)
+    assert d.detectable == pytest.approx(math.expm1(power * se))
+
+
+def test_when_both_tests_decide_at_one_look_no_regression_wins():
+    """Pairs tightly around +2.4%, between no slowdown and the 5% threshold: at the first look the test of
+    "no slowdown" rejects (there is a slowdown) and so does the test of "5% or more" (it is smaller). The
+    design gives NO REGRESSION precedence (a real slowdown ruled out to reach the threshold passes, as
+    compare's threshold does), at that look, with an interval between 0 and the threshold."""
+    x = np.log([1.0240, 1.0245, 1.0236])
+    slower, under = sequential.look_pvalues(x[None, :], DESIGN.delta)
+    p_alpha, p_beta = DESIGN.levels
+    assert slower[0] < p_alpha and under[0] < p_beta  # both tests decide at this look
+    codes, stops = sequential.decide_all(x[None, :], DESIGN)
+    assert (int(codes[0]), int(stops[0])) == (CODE_NO_REGRESSION, 3)
+    d = decide(x, DESIGN)
+    assert (d.verdict, d.pairs) == (NO_REGRESSION, 3)
+    low, high = d.interval
+    assert 0 < low < d.change < high < DESIGN.threshold
+
+
 # ---- the gate, its runs faked ------------------------------------------------------------------------
 
 
@@ -260,6 +327,16 @@ def test_gate_passes_the_same_code(tmp_path):
     lines = [d["line"] for d in outcome.details]
     assert "comm bytes per step: unchanged (4,287,488)" in lines
     assert any(line.startswith("peak RSS / rank:") and line.endswith(": ok") for line in lines)
+
+
+def test_gate_passes_a_slowdown_below_the_threshold_that_both_tests_see(tmp_path):
+    """A head 2.4% slower, every pair alike: at the first look both tests decide (a slowdown is there, and
+    it is smaller than 5%); the gate passes it, exit 0, and says how large it is."""
+    runs = FakeRuns(tmp_path, slowdown=0.024, sd=0.0002)
+    outcome = run_gate(settings(), tmp_path, runs, say=lambda _: None)
+    assert (outcome.verdict, outcome.exit_code, outcome.decision.pairs) == ("NO REGRESSION", 0, 3)
+    assert outcome.line.startswith("NO REGRESSION: step time +2.4% [+2.")
+    assert "rules out a slowdown of 5% or more (3 pair(s)" in outcome.line
 
 
 def test_gate_runs_out_of_minutes_inconclusive_with_what_it_could_detect(tmp_path):
