@@ -51,7 +51,8 @@ from harness.analyze.baseline import load_all, trim  # noqa: E402
 from harness.analyze.compare import STATISTICS  # noqa: E402
 from harness.analyze.sequential import CONTINUE, Design, decide  # noqa: E402
 from harness.gate.command import DEFAULT_MAX_PAIRS, DEFAULT_THRESHOLD  # noqa: E402
-from harness.gate.pairs import DEFAULT_MAX_MINUTES, DEFAULT_STATISTIC, VERDICT_FILE  # noqa: E402
+from harness.gate.pairs import DEFAULT_MAX_MINUTES, DEFAULT_STATISTIC  # noqa: E402
+from harness.gate.verdict import VERDICT_FILE  # noqa: E402
 from harness.run.child import run_child  # noqa: E402
 
 RUN_ARGS = "--backend torch-ddp --gpus 2 --workload tiny".split()

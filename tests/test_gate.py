@@ -41,16 +41,8 @@ from harness.cli import main
 from harness.gate import command, launching, trees
 from harness.gate import pairs as gate_pairs
 from harness.gate import verdict as gate_verdict
-from harness.gate.pairs import (
-    CONFIG_FILE,
-    FAILURES_FILE,
-    PAIRS_FILE,
-    VERDICT_FILE,
-    VERDICT_MARKDOWN,
-    Settings,
-    order_of,
-    run_gate,
-)
+from harness.gate.pairs import CONFIG_FILE, FAILURES_FILE, PAIRS_FILE, Settings, order_of, run_gate
+from harness.gate.verdict import VERDICT_FILE, VERDICT_MARKDOWN
 from harness.usage import UsageError
 
 pytestmark = pytest.mark.unit

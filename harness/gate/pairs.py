@@ -18,13 +18,21 @@ import numpy as np
 from core.records import now_iso, write_atomic, write_json_atomic
 from harness.analyze.baseline import InputError, load_all
 from harness.analyze.compare import DEFAULT_MEMORY_THRESHOLD
-from harness.analyze.paired import cpu_companion, exact_changes, log_ratio, log_ratio_sd, run_figures
+from harness.analyze.paired import log_ratio, run_figures
 from harness.analyze.sequential import CONTINUE, Decision, Design, decide
 from harness.gate.launching import Duet, Runner, RunOutcome
 from harness.gate.trees import SIDES
-from harness.gate.verdict import Outcome, fmt_change, fmt_interval, memory_lines, verdict_markdown, verdict_of
+from harness.gate.verdict import (
+    Outcome,
+    details,
+    failure_outcome,
+    fmt_change,
+    fmt_interval,
+    verdict_of,
+    write_verdict,
+)
 from harness.run.launch import stopped
-from harness.usage import EXIT_FAILED, EXIT_USAGE, UsageError
+from harness.usage import EXIT_USAGE, UsageError
 
 DEFAULT_MAX_MINUTES = 60.0
 EXIT_INCONCLUSIVE = 3
@@ -32,13 +40,7 @@ EXIT_INCONCLUSIVE = 3
 # is the median): chosen from the A/A spread of each (docs/ci-gate.md, "Which statistic"): the fastest
 # step's was the lowest, and contention, a shared runner's noise, only adds time.
 DEFAULT_STATISTIC = "min"
-PAIRS_FILE, FAILURES_FILE, CONFIG_FILE, VERDICT_FILE, VERDICT_MARKDOWN = (
-    "pairs.jsonl",
-    "failures.jsonl",
-    "gate.json",
-    "verdict.json",
-    "verdict.md",
-)
+PAIRS_FILE, FAILURES_FILE, CONFIG_FILE = "pairs.jsonl", "failures.jsonl", "gate.json"
 
 
 def order_of(seed: int, pair: int) -> tuple[str, str]:
@@ -181,7 +183,7 @@ def run_gate(settings: Settings, out: Path, runner: Runner, say=print, clock=tim
         order = order_of(seed, k)
         start = clock()
         runs: dict[str, RunOutcome] = {}
-        if settings.duet:  # both at once, each on its half; a SIGTERM reaches both through wait_for
+        if settings.duet:  # both at once, each on its half; a SIGTERM reaches both (harness.run.child)
             with ThreadPoolExecutor(max_workers=2) as both:
                 started = {side: both.submit(runner, side, k) for side in order}
                 runs = {side: started[side].result() for side in order}
@@ -221,46 +223,22 @@ def run_gate(settings: Settings, out: Path, runner: Runner, say=print, clock=tim
         used = pairs[: decision.pairs]
         base = load_recorded(out, used, "base", cache)
         head = load_recorded(out, used, "head", cache)
-        details = exact_changes(base, head) + (
-            memory_lines(base, head, settings.memory_threshold) if base and head else []
-        )
-        cpu = cpu_companion(used, design)
-        if cpu is not None:
-            details.append(
-                {
-                    "metric": "CPU time per step",
-                    "verdict": "companion",
-                    **cpu,
-                    "line": f"CPU time per step (companion, not gated): {fmt_change(cpu['change'])}"
-                    f"{fmt_interval(cpu['interval'])}",
-                }
-            )
-        outcome = verdict_of(decision, details, design, settings.inconclusive_exit, minutes)
-    outcome_json = {
-        "verdict": outcome.verdict,
-        "exit_code": outcome.exit_code,
-        "line": outcome.line,
-        "step_time": None
-        if outcome.decision is None
-        else {**outcome.decision.to_dict(), "statistic": settings.statistic, "threshold": design.threshold},
-        "pairs_run": len(pairs),
-        # the spread that sets what a gate on this machine costs (docs/ci-gate.md: a budget for a runner)
-        "log_ratio_sd": log_ratio_sd(pairs),
-        "minutes": minutes,
-        "details": outcome.details,
-        "design": design.to_dict(),
-        "order_seed": seed,
-        "match": settings.match,
-        "finished": now_iso(),
-    }
-    write_json_atomic(out / VERDICT_FILE, outcome_json)
-    write_atomic(out / VERDICT_MARKDOWN, lambda tmp: tmp.write_text(verdict_markdown(outcome_json)))
+        found = details(base, head, used, design, settings.memory_threshold)
+        outcome = verdict_of(decision, found, design, settings.inconclusive_exit, minutes)
+    write_verdict(
+        out,
+        outcome,
+        pairs,
+        minutes,
+        step_time={"statistic": settings.statistic, "threshold": design.threshold},
+        settings={"design": design.to_dict(), "order_seed": seed, "match": settings.match},
+    )
     return outcome
 
 
 def failed_pair(out: Path, k: int, order: tuple[str, str], runs: dict[str, RunOutcome]) -> Outcome:
-    """A pair with a failed run ends the gate: a head failing where the base ran is a regression (as in
-    compare); a base failing (alone or with the head) leaves nothing to gate against."""
+    """A pair with a failed run ends the gate (verdict.failure_outcome says how); it goes to
+    failures.jsonl."""
     rows = read_failures(out)
     rows.append(
         {
@@ -279,16 +257,7 @@ def failed_pair(out: Path, k: int, order: tuple[str, str], runs: dict[str, RunOu
         }
     )
     write_lines(out / FAILURES_FILE, rows)
-    b, h = runs["base"], runs["head"]
-    if b.ok:
-        return Outcome(
-            "REGRESSION", EXIT_FAILED, f"REGRESSION: a head run failed where the base ran: {h.message}"
-        )
-    if h.ok:
-        line = f"harness: error: a base run failed where the head ran ({b.message}): nothing to gate against"
-    else:
-        line = f"harness: error: runs failed on both sides (base: {b.message}; head: {h.message})"
-    return Outcome("ERROR", EXIT_USAGE, line)
+    return failure_outcome(runs["base"], runs["head"])
 
 
 def read_failures(out: Path) -> list[dict]:

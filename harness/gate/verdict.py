@@ -1,14 +1,21 @@
 """The verdict of `harness gate`: its line and exit code, the details beside the step time (exact metrics,
-peak memory, the CPU companion), and the markdown a pull request's comment shows."""
+peak memory, the CPU companion), and its files: verdict.json and the markdown a pull request's comment
+shows (verdict.md)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from core.records import now_iso, write_atomic, write_json_atomic
 from harness.analyze.compare import compare_memory, memory_field
+from harness.analyze.paired import cpu_companion, exact_changes, log_ratio_sd
 from harness.analyze.sequential import INCONCLUSIVE, NO_REGRESSION, REGRESSION, Decision, Design
 from harness.analyze.summary import fmt_bytes
-from harness.usage import EXIT_FAILED, EXIT_OK
+from harness.gate.launching import RunOutcome
+from harness.usage import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+
+VERDICT_FILE, VERDICT_MARKDOWN = "verdict.json", "verdict.md"
 
 
 def fmt_change(value: float | None) -> str:
@@ -31,6 +38,26 @@ def memory_lines(base: list[dict], head: list[dict], threshold: float) -> list[d
         f"threshold {threshold:.0%}): {m['verdict']}"
     )
     return [m]
+
+
+def details(
+    base: list[dict], head: list[dict], pairs: list[dict], design: Design, threshold: float
+) -> list[dict]:
+    """What the verdict reports beside the step time, from the runs of the pairs it rests on: each exact
+    metric's change, peak memory by compare's rule (`threshold`) and the CPU-time companion."""
+    found = exact_changes(base, head) + (memory_lines(base, head, threshold) if base and head else [])
+    cpu = cpu_companion(pairs, design)
+    if cpu is not None:
+        found.append(
+            {
+                "metric": "CPU time per step",
+                "verdict": "companion",
+                **cpu,
+                "line": f"CPU time per step (companion, not gated): {fmt_change(cpu['change'])}"
+                f"{fmt_interval(cpu['interval'])}",
+            }
+        )
+    return found
 
 
 @dataclass
@@ -78,6 +105,46 @@ def verdict_of(
         decision,
         details,
     )
+
+
+def failure_outcome(base: RunOutcome, head: RunOutcome) -> Outcome:
+    """A pair with a failed run: a head failing where the base ran is a regression (as in compare); a base
+    failing (alone or with the head) leaves nothing to gate against."""
+    if base.ok:
+        return Outcome(
+            "REGRESSION", EXIT_FAILED, f"REGRESSION: a head run failed where the base ran: {head.message}"
+        )
+    if head.ok:
+        line = (
+            f"harness: error: a base run failed where the head ran ({base.message}): nothing to gate against"
+        )
+    else:
+        line = f"harness: error: runs failed on both sides (base: {base.message}; head: {head.message})"
+    return Outcome("ERROR", EXIT_USAGE, line)
+
+
+def write_verdict(
+    out: Path, outcome: Outcome, pairs: list[dict], minutes: float, step_time: dict, settings: dict
+) -> dict:
+    """verdict.json and verdict.md in `out`: the outcome, the pairs run and what they cost, and `settings`
+    (the design, order seed and match, as gate.json has them); `step_time` is added to the decision's
+    figures (the statistic and threshold). Returns what verdict.json holds."""
+    verdict = {
+        "verdict": outcome.verdict,
+        "exit_code": outcome.exit_code,
+        "line": outcome.line,
+        "step_time": None if outcome.decision is None else {**outcome.decision.to_dict(), **step_time},
+        "pairs_run": len(pairs),
+        # the spread that sets what a gate on this machine costs (docs/ci-gate.md: a budget for a runner)
+        "log_ratio_sd": log_ratio_sd(pairs),
+        "minutes": minutes,
+        "details": outcome.details,
+        **settings,
+        "finished": now_iso(),
+    }
+    write_json_atomic(out / VERDICT_FILE, verdict)
+    write_atomic(out / VERDICT_MARKDOWN, lambda tmp: tmp.write_text(verdict_markdown(verdict)))
+    return verdict
 
 
 def verdict_markdown(verdict: dict) -> str:
