@@ -35,7 +35,7 @@ COMMANDS = {
     "doctor": "harness.run.doctor",
     "env": "harness.run.environment",
     "predict": "harness.predict.command",
-    "select": "harness.predict.select",
+    "select": "harness.select.command",
 }
 
 

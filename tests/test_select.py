@@ -12,9 +12,21 @@ from backends import all_backends, get_backend
 from core.config import InvalidConfig, RunConfig
 from core.records import validate_record
 from harness.cli import main, make_parser
-from harness.predict import memory, select
+from harness.predict import memory
 from harness.predict.hardware import load_profile
 from harness.run.options import build_config
+from harness.select.command import EXIT_NOTHING, gpu_range
+from harness.select.confirmation import run_argv
+from harness.select.search import (
+    Candidate,
+    Pricing,
+    base_configs,
+    constrain,
+    odds,
+    pareto,
+    search,
+    sharding_settings,
+)
 from workloads.spec import PRESETS
 
 pytestmark = pytest.mark.unit
@@ -37,22 +49,22 @@ def cfg(backend="torch-ddp", n=2, micro=4, ckpt=False, options=None, workload="s
 
 
 def test_gpu_range():
-    assert select.gpu_range("8-256") == [8, 16, 32, 64, 128, 256]
-    assert select.gpu_range("32,8,16") == [8, 16, 32]
+    assert gpu_range("8-256") == [8, 16, 32, 64, 128, 256]
+    assert gpu_range("32,8,16") == [8, 16, 32]
     for bad in ("x", "0", "16-8", ""):
         with pytest.raises(argparse.ArgumentTypeError):
-            select.gpu_range(bad)
+            gpu_range(bad)
 
 
 def test_sharding_settings_come_from_the_options():
-    assert [s["zero_stage"] for s in select.sharding_settings(get_backend("deepspeed"))] == [0, 1, 2, 3]
+    assert [s["zero_stage"] for s in sharding_settings(get_backend("deepspeed"))] == [0, 1, 2, 3]
     # Paddle's stage 0, plain data parallel, is its default and a choice of --sharding-stage: searched
-    paddle = select.sharding_settings(get_backend("paddle-fleet"))
+    paddle = sharding_settings(get_backend("paddle-fleet"))
     assert [s["sharding_stage"] for s in paddle] == [0, 1, 2, 3]
-    assert select.sharding_settings(get_backend("torch-ddp")) == [{}]
+    assert sharding_settings(get_backend("torch-ddp")) == [{}]
     for backend in all_backends():  # every stack's default is searched
         defaults = backend.Options().to_dict()
-        settings = select.sharding_settings(backend)
+        settings = sharding_settings(backend)
         assert any(all(defaults[k] == v for k, v in setting.items()) for setting in settings), backend.name
 
 
@@ -115,15 +127,13 @@ def args_for(**kw):
 
 def test_search_takes_the_largest_micro_batch_that_fits_and_drops_the_rest():
     profile = load_profile("h100-sxm")
-    pricing = select.Pricing(profile)
-    base, unpriced = select.base_configs(
-        args_for(), pricing, PRESETS["small"], ["bf16"], ["torch-ddp", "deepspeed"]
-    )
+    pricing = Pricing(profile)
+    base, unpriced = base_configs(args_for(), pricing, PRESETS["small"], ["bf16"], ["torch-ddp", "deepspeed"])
     assert not unpriced
     assert {(c.backend, c.topology.world_size) for c in base} == {
         (b, n) for b in ("torch-ddp", "deepspeed") for n in (8, 16)
     }
-    roomy = select.search(base, pricing, 1e9, None)
+    roomy = search(base, pricing, 1e9, None)
     for c in roomy:
         assert not c.dropped
         assert c.cfg.batch.micro_batch * c.cfg.batch.grad_accum * c.cfg.topology.world_size == 64
@@ -135,7 +145,7 @@ def test_search_takes_the_largest_micro_batch_that_fits_and_drops_the_rest():
     )
     one = memory.peak_memory(zero3.cfg.evolve(micro_batch=1))["total"]
     tight = dataclasses.replace(profile, memory_bytes=(one + 1) / (1 - memory.ALLOCATOR_MARGIN))
-    cands = select.search(base, select.Pricing(tight), 1e9, None)
+    cands = search(base, Pricing(tight), 1e9, None)
     same = [
         c
         for c in cands
@@ -152,16 +162,16 @@ def test_search_takes_the_largest_micro_batch_that_fits_and_drops_the_rest():
 
 
 def test_pareto_and_constraints():
-    pricing = select.Pricing(load_profile("h100-sxm"))
-    base, _ = select.base_configs(args_for(), pricing, PRESETS["small"], ["bf16"], ["torch-ddp"])
-    cands = select.search(base, pricing, 1e9, 2.0)
-    front = select.pareto(cands)
+    pricing = Pricing(load_profile("h100-sxm"))
+    base, _ = base_configs(args_for(), pricing, PRESETS["small"], ["bf16"], ["torch-ddp"])
+    cands = search(base, pricing, 1e9, 2.0)
+    front = pareto(cands)
     assert front
     for c in cands:
         if c not in front:  # dominated: something on the front is at least as fast and as cheap
             assert any(f.train_s <= c.train_s for f in front)
     fastest = min(c.train_s for c in cands)
-    select.constrain(cands, deadline_h=fastest * 1.0001 / 3600, budget=None)
+    constrain(cands, deadline_h=fastest * 1.0001 / 3600, budget=None)
     assert [c for c in cands if not c.dropped] and all(c.lacks == ["deadline"] for c in cands if c.dropped)
 
 
@@ -181,7 +191,7 @@ def test_each_candidate_s_run_arguments_build_the_configuration_it_was_priced_as
     micro-batch and accumulation, checkpointing, ranks), for every sharding setting and variant."""
     profile = dataclasses.replace(load_profile("h100-sxm"), device=device)
     args = args_for(gpus=[n], workload="tiny", global_batch=32)
-    base, _ = select.base_configs(args, select.Pricing(profile), PRESETS["tiny"], [precision], stacks)
+    base, _ = base_configs(args, Pricing(profile), PRESETS["tiny"], [precision], stacks)
     assert {c.variant for c in base} == {"default", "tuned"} and {
         c.model.activation_checkpointing for c in base
     } == {
@@ -196,10 +206,10 @@ def test_each_candidate_s_run_arguments_build_the_configuration_it_was_priced_as
             continue
         runnable += 1
         c = c.evolve(micro_batch=2, grad_accum=c.batch.grad_accum // 2)
-        parsed = make_parser().parse_args(["run", *select.run_argv(c)])
+        parsed = make_parser().parse_args(["run", *run_argv(c)])
         built = build_config(parsed, c.backend, n, check_devices=False)
         for part in ("backend", "variant", "backend_options"):
-            assert getattr(built, part) == getattr(c, part), (part, select.run_argv(c))
+            assert getattr(built, part) == getattr(c, part), (part, run_argv(c))
         assert built.model.spec == c.model.spec and built.model.precision == c.model.precision
         assert built.model.activation_checkpointing == c.model.activation_checkpointing
         assert (built.batch.micro_batch, built.batch.grad_accum) == (c.batch.micro_batch, c.batch.grad_accum)
@@ -208,29 +218,29 @@ def test_each_candidate_s_run_arguments_build_the_configuration_it_was_priced_as
 
 
 # ------------------------------------------------------------------------------------------------ odds
-def candidate(c: RunConfig) -> select.Candidate:
-    return select.Candidate(c, get_backend(c.backend).label(c), {})
+def candidate(c: RunConfig) -> Candidate:
+    return Candidate(c, get_backend(c.backend).label(c), {})
 
 
 def test_identical_candidates_are_each_about_half():
     c = cfg("torch-ddp", n=8)
-    p = select.odds([candidate(c), candidate(c)], select.Pricing(load_profile("h100-sxm")), samples=200)
+    p = odds([candidate(c), candidate(c)], Pricing(load_profile("h100-sxm")), samples=200)
     assert p == pytest.approx([0.5, 0.5], abs=0.05)
 
 
 def test_two_frameworks_whose_bands_overlap_are_not_ranked_as_if_apart():
     """torch-ddp and tf-mwms at 8 H100s: each framework's unknown MFU is its own, so neither wins every draw
     (drawn jointly, one would: the same corner for both keeps their order)."""
-    pricing = select.Pricing(load_profile("h100-sxm"))
+    pricing = Pricing(load_profile("h100-sxm"))
     cands = [candidate(cfg("torch-ddp", n=8)), candidate(cfg("tf-mwms", n=8))]
-    p = select.odds(cands, pricing, samples=200)
+    p = odds(cands, pricing, samples=200)
     assert 0.05 < p[0] < 0.95 and sum(p) == pytest.approx(1.0), p
 
 
 def test_a_candidate_faster_in_every_draw_wins_and_the_odds_sum_to_one():
-    pricing = select.Pricing(load_profile("h100-sxm"))
+    pricing = Pricing(load_profile("h100-sxm"))
     slow, fast = cfg("torch-ddp", n=8), cfg("torch-ddp", n=8, micro=8)  # same work a token, more a call
-    p = select.odds(
+    p = odds(
         [candidate(cfg("deepspeed", n=8, options={"zero_stage": 3})), candidate(fast), candidate(slow)],
         pricing,
         samples=100,
@@ -278,7 +288,7 @@ def test_cli_impossible_constraints_exit_1_naming_what_each_lacks(capsys):
     code = main(
         [*TINY_ON_H100, "--gpus", "8", "--global-batch", "64", "--stacks", "torch-ddp", "--deadline", "1e-9"]
     )
-    assert code == select.EXIT_NOTHING
+    assert code == EXIT_NOTHING
     out = capsys.readouterr().out
     assert "nothing meets the constraints" in out and "lacks deadline" in out
 

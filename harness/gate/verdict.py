@@ -1,6 +1,6 @@
 """The verdict of `harness gate`: its line and exit code, the details beside the step time (exact metrics,
-peak memory, the CPU companion), and its files: verdict.json and the markdown a pull request's comment
-shows (verdict.md)."""
+peak memory, the CPU companion), and its files: OUT/verdict.json, and OUT/verdict.md, the markdown a pull
+request's comment shows."""
 
 from __future__ import annotations
 
@@ -126,9 +126,9 @@ def failure_outcome(base: RunOutcome, head: RunOutcome) -> Outcome:
 def write_verdict(
     out: Path, outcome: Outcome, pairs: list[dict], minutes: float, step_time: dict, settings: dict
 ) -> dict:
-    """verdict.json and verdict.md in `out`: the outcome, the pairs run and what they cost, and `settings`
-    (the design, order seed and match, as gate.json has them); `step_time` is added to the decision's
-    figures (the statistic and threshold). Returns what verdict.json holds."""
+    """OUT/verdict.json and OUT/verdict.md (`out` is OUT): the outcome, the pairs run and what they cost,
+    and `settings` (the design, order seed and match, as gate.json has them); `step_time` is added to the
+    decision's figures (the statistic and threshold). Returns what verdict.json holds."""
     verdict = {
         "verdict": outcome.verdict,
         "exit_code": outcome.exit_code,

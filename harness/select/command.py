@@ -1,0 +1,239 @@
+"""`harness select`: which stack and settings for this model on that cluster, ranked, with the odds that each
+of the first few is really the fastest; and, with --confirm, the first few run here briefly. The flags, and
+the record of a selection.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+import uuid
+from pathlib import Path
+
+from backends import backend_names, get_backend
+from core.config import PRECISIONS
+from core.records import SCHEMA_VERSION, git_commit, load_records, now_iso, write_atomic, write_record_atomic
+from harness import document as doc
+from harness.predict.command import shape_title, tokens_count, usd
+from harness.predict.hardware import catalogue
+from harness.predict.memory import ALLOCATOR_MARGIN
+from harness.predict.model import BAND_INPUTS
+from harness.run_args import spec_from_args
+from harness.select.confirmation import confirm, run_argv
+from harness.select.presentation import answer_lines, document, print_answer, print_confirmed, row
+from harness.select.search import (
+    ODDS_SAMPLES,
+    ODDS_TOP,
+    SEED,
+    Pricing,
+    base_configs,
+    constrain,
+    odds,
+    pareto,
+    search,
+    sharding_settings,
+)
+from harness.usage import EXIT_OK, UsageError, positive
+from workloads.spec import OVERRIDES, PRESETS
+
+EXIT_NOTHING = 1  # nothing meets the constraints: an answer, not an error
+DEFAULT_GLOBAL_BATCH = 512
+
+
+def gpu_range(text: str) -> list[int]:
+    """8,16,32 or 8-256 (the powers of two from 8 to 256)."""
+    try:
+        if "-" in text:
+            low, high = (int(v) for v in text.split("-", 1))
+            if low < 1 or high < low:
+                raise ValueError
+            values = [low]
+            while values[-1] * 2 <= high:
+                values.append(values[-1] * 2)
+        else:
+            values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected rank counts such as 8,16,32 or 8-256, got '{text}'"
+        ) from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive rank counts, got '{text}'")
+    return sorted(set(values))
+
+
+def hours(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected hours such as 48, got '{text}'") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected positive hours, got '{text}'")
+    return value
+
+
+def cmd_select(args) -> int:
+    started = time.perf_counter()
+    records = load_records(args.calibrate, kind=None) if args.calibrate else []
+    if args.hardware == "local" and not records:
+        raise UsageError(
+            "--hardware local needs --calibrate: each stack's commbench record (its collectives here) and a "
+            "1-rank training run (its compute here)"
+        )
+    pricing = Pricing(args.hardware, records)
+    spec = spec_from_args(args)
+    stacks = args.stacks.split(",") if args.stacks else backend_names()
+    for s in stacks:
+        if s not in backend_names():
+            raise UsageError(f"--stacks: unknown stack '{s}'; valid: {', '.join(backend_names())}")
+    precisions = (
+        args.precision.split(",") if args.precision else ["bf16" if pricing.device == "cuda" else "fp32"]
+    )
+    for p in precisions:
+        if p not in PRECISIONS:
+            raise UsageError(f"--precision: unknown precision '{p}'; valid: {', '.join(PRECISIONS)}")
+    if args.budget is not None and args.gpu_hour_price is None:
+        raise UsageError("--budget needs --gpu-hour-price (the cost is GPU-hours x price)")
+    args.global_batch = args.global_batch or DEFAULT_GLOBAL_BATCH
+    tokens = args.tokens or 20 * spec.n_params
+    base, unpriced = base_configs(args, pricing, spec, precisions, stacks)
+    if not base and not unpriced:
+        raise UsageError(f"--global-batch {args.global_batch} divides over none of --gpus with whole nodes")
+    cands = search(base, pricing, tokens, args.gpu_hour_price) + unpriced
+    constrain(cands, args.deadline, args.budget)
+    kept = sorted([c for c in cands if not c.dropped], key=lambda c: c.train_s)
+    excluded = [
+        {"label": c.label, "gpus": c.cfg.topology.world_size, "why": c.dropped, "lacks": c.lacks}
+        for c in cands
+        if c.dropped
+    ]
+    where = pricing.hardware if pricing.catalogued is None else pricing.catalogued.name
+    header = (
+        f"SELECTED (predicted, not measured): {shape_title(cands[0].cfg.model.workload, spec)}, "
+        f"on {where}, "
+        f"{tokens:.3g} tokens, global batch {args.global_batch}; {len(cands)} candidates, {len(kept)} meet "
+        "every constraint"
+    )
+    if not kept:
+        closest = (
+            sorted([c for c in cands if c.prediction], key=lambda c: c.train_s)[:5]
+            or sorted(cands, key=lambda c: c.memory.get("total", math.inf))[:5]
+        )
+        print(f"{header}\nnothing meets the constraints; the closest:")
+        for c in closest:
+            print(f"  {c.label} N={c.cfg.topology.world_size}: lacks {', '.join(c.lacks)} ({c.dropped})")
+        return EXIT_NOTHING
+    front = pareto(kept)
+    top = kept[:ODDS_TOP]
+    p = odds(top, pricing)
+    rows = []
+    for i, c in enumerate(kept):
+        r = row(c, pricing.profile(c.cfg.backend).memory_bytes)
+        r["setting"] = {k: c.cfg.backend_options[k] for k in sharding_settings(get_backend(c.cfg.backend))[0]}
+        r["pareto"] = c in front
+        r["p_fastest"] = float(p[i]) if i < len(top) else None
+        r["calibrated"] = pricing.calibrated(c.cfg)
+        r["run_argv"] = run_argv(c.cfg)
+        rows.append(r)
+    print_answer(rows, [rows[kept.index(c)] for c in front], excluded, header, args.top)
+    confirmed = None
+    if args.confirm:
+        out = Path(args.out or "results") / "confirm"
+        confirmed = confirm(rows[: args.confirm], out, args.confirm_steps)
+        print_confirmed(confirmed)
+    elapsed = time.perf_counter() - started
+    for line in answer_lines(rows):
+        print(line)
+    print(f"selected among {len(cands)} candidates in {elapsed:.1f} s")
+    sections = document(header, rows, excluded, confirmed, args.top)
+    if args.markdown:
+        write_atomic(Path(args.markdown), lambda tmp: tmp.write_text(doc.render_md(sections)))
+    if args.html:
+        write_atomic(Path(args.html), lambda tmp: tmp.write_text(doc.render_html(sections)))
+    if args.out:
+        record = {
+            "schema_version": SCHEMA_VERSION,
+            "kind": "selection",
+            "run_id": f"select-{where}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}",
+            "status": "ok",
+            "inputs": {
+                "argv": list(args.argv),
+                "workload": cands[0].cfg.model.workload,
+                "tokens": tokens,
+                "global_batch": args.global_batch,
+                "deadline_h": args.deadline,
+                "budget_usd": args.budget,
+                "gpu_hour_price_usd": args.gpu_hour_price,
+                "allocator_margin": ALLOCATOR_MARGIN,
+                "odds": {
+                    "samples": ODDS_SAMPLES,
+                    "seed": SEED,
+                    "inputs": list(BAND_INPUTS),
+                    "compute_drawn_per": "calibrated stack (label), else framework",
+                },
+                "hardware": {
+                    name: pricing.profile(name).to_dict() for name in sorted({c.cfg.backend for c in kept})
+                },
+                "calibration_records": [r["run_id"] for r in records],
+            },
+            "ranked": rows,
+            "pareto": [kept.index(c) for c in front],
+            "excluded": excluded,
+            "confirmed": confirmed,
+            "environment": {"start_time": now_iso(), "git": git_commit(), "elapsed_s": elapsed},
+        }
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        path = Path(args.out) / f"{record['run_id']}.json"
+        write_record_atomic(path, record)
+        print(f"record: {path}")
+    return EXIT_OK
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("select", help="rank stacks and settings for a model on a cluster, with odds")
+    p.add_argument("--workload", default="tiny", help=f"preset: {', '.join(PRESETS)}")
+    for flag in OVERRIDES:
+        p.add_argument(
+            "--" + flag.replace("_", "-"), dest=flag, type=positive, help=f"override {OVERRIDES[flag]}"
+        )
+    p.add_argument(
+        "--hardware",
+        required=True,
+        help=f"{', '.join(catalogue())}, a profile .yaml, or local (this machine, from --calibrate)",
+    )
+    p.add_argument("--gpus", type=gpu_range, required=True, help="rank counts: 8,16,32 or 8-256")
+    p.add_argument("--tokens", type=tokens_count, help="tokens to train on (default 20 x parameters)")
+    p.add_argument("--deadline", type=hours, help="hours the training may take")
+    p.add_argument("--budget", type=usd, help="USD the training may cost (needs --gpu-hour-price)")
+    p.add_argument("--gpu-hour-price", type=usd, help="USD per GPU-hour")
+    p.add_argument("--global-batch", type=positive, help=f"sequences a step (default {DEFAULT_GLOBAL_BATCH})")
+    p.add_argument("--precision", help=f"comma-separated, of {', '.join(PRECISIONS)} (default bf16 on a GPU)")
+    p.add_argument("--stacks", help=f"comma-separated, of {', '.join(backend_names())} (default all)")
+    p.add_argument("--top", type=positive, default=15, help="rows of the table shown (default 15)")
+    p.add_argument("--out", type=Path, help="write the selection record into this folder")
+    p.add_argument(
+        "--calibrate",
+        nargs="+",
+        metavar="RECORDS",
+        help="record files or folders: 1-rank training runs calibrate each stack's compute; with "
+        "--hardware local, each stack's commbench record gives its collectives here",
+    )
+    p.add_argument(
+        "--threads-per-worker",
+        type=positive,
+        default=1,
+        help="CPU profiles: threads per worker (calibration runs must have used the same; default 1)",
+    )
+    p.add_argument(
+        "--confirm",
+        type=positive,
+        metavar="K",
+        help="run the top K candidates briefly on this machine's devices, then show predicted against "
+        "measured and rank them again (records under OUT/confirm)",
+    )
+    p.add_argument("--markdown", type=Path, metavar="FILE", help="also write the answer as Markdown")
+    p.add_argument("--html", type=Path, metavar="FILE", help="also write the answer as one HTML file")
+    p.add_argument(
+        "--confirm-steps", type=positive, default=6, help="measured steps of each --confirm run (default 6)"
+    )
+    p.set_defaults(func=cmd_select)

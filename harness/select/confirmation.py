@@ -1,0 +1,76 @@
+"""`harness select --confirm`: the top candidates run here briefly, as `harness run` with each one's own
+arguments (run_argv), and the predicted step against the measured one. The one part of selection that runs
+anything.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+from backends import get_backend
+from core.config import RunConfig
+from core.records import load_record
+from harness.analyze.metrics import summarize
+
+
+def run_argv(cfg: RunConfig) -> list[str]:
+    """The `harness run` arguments that run candidate `cfg` as priced: its stack, ranks, shape, precision,
+    micro-batch and accumulation, checkpointing, variant, and its options beyond what the variant sets."""
+    backend = get_backend(cfg.backend)
+    spec = cfg.model.spec
+    argv = ["--backend", cfg.backend, "--gpus", str(cfg.topology.world_size), "--device", cfg.topology.device]
+    if cfg.topology.nodes > 1:
+        argv += ["--nodes", str(cfg.topology.nodes), "--gpus-per-node", str(cfg.topology.gpus_per_node)]
+    argv += ["--vocab", str(spec.vocab_size), "--seq-len", str(spec.seq_len), "--d-model", str(spec.d_model)]
+    argv += ["--layers", str(spec.n_layers), "--heads", str(spec.n_heads), "--ffn", str(spec.d_ff)]
+    argv += ["--precision", cfg.model.precision, "--micro-batch", str(cfg.batch.micro_batch)]
+    argv += ["--grad-accum", str(cfg.batch.grad_accum)]
+    if cfg.topology.device == "cpu":
+        argv += ["--threads-per-worker", str(cfg.topology.threads_per_worker)]
+    if cfg.model.activation_checkpointing:
+        argv.append("--activation-checkpointing")
+    against = None
+    if cfg.variant == "tuned":
+        argv.append("--tuned")
+        against = backend.Options(**{k: s.value for k, s in backend.tuned(cfg).items()})
+    return argv + backend.Options.from_dict(cfg.backend_options).to_argv(against)
+
+
+def confirm(rows: list[dict], out: Path, steps: int) -> list[dict]:
+    """Each of the top candidates run briefly here (`harness run` with its run_argv), one after the other:
+    the predicted step time and band against the measured one. A run that fails is recorded as a failed
+    candidate, never dropped; then the candidates are ranked again on what was measured."""
+    done = []
+    for r in rows:
+        argv = [*r["run_argv"], "--steps", str(steps), "--warmup", "2", "--compute-method", "none"]
+        argv += ["--no-trace-comm", "--out", str(out), "--quiet"]
+        before = set(out.glob("*.json")) if out.is_dir() else set()
+        proc = subprocess.run([sys.executable, "-m", "harness", "run", *argv], capture_output=True, text=True)
+        new = sorted(set(out.glob("*.json")) - before) if out.is_dir() else []
+        record = load_record(new[0]) if len(new) == 1 else None
+        predicted = r["step_time_s"]
+        measured = None
+        if record is not None and record["status"] == "ok":
+            measured = float(summarize(record)["step_time_s"]["median"])
+        entry = {
+            "label": r["label"],
+            "gpus": r["gpus"],
+            "run_argv": r["run_argv"],
+            "status": record["status"] if record else f"no record (exit {proc.returncode})",
+            "record": str(new[0]) if len(new) == 1 else None,
+            "predicted_step_s": predicted,
+            "measured_step_s": measured,
+            "in_band": None if measured is None else bool(predicted["low"] <= measured <= predicted["high"]),
+            "error": None if measured is None else float(measured / predicted["nominal"] - 1),
+            "why": None if measured is not None else (proc.stderr or proc.stdout).strip().splitlines()[-1:],
+        }
+        done.append(entry)
+    ranked = sorted(
+        range(len(done)), key=lambda i: done[i]["measured_step_s"] if done[i]["measured_step_s"] else math.inf
+    )
+    for rank, i in enumerate(ranked, 1):
+        done[i]["measured_rank"] = rank if done[i]["measured_step_s"] is not None else None
+    return done
