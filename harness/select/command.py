@@ -6,9 +6,9 @@ the record of a selection.
 from __future__ import annotations
 
 import argparse
-import math
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from backends import backend_names, get_backend
@@ -21,11 +21,19 @@ from harness.predict.memory import ALLOCATOR_MARGIN
 from harness.predict.model import BAND_INPUTS
 from harness.run_args import spec_from_args
 from harness.select.confirmation import confirm, run_argv
-from harness.select.presentation import answer_lines, document, print_answer, print_confirmed, row
+from harness.select.presentation import (
+    answer_lines,
+    document,
+    print_answer,
+    print_closest,
+    print_confirmed,
+    row,
+)
 from harness.select.search import (
     ODDS_SAMPLES,
     ODDS_TOP,
     SEED,
+    Candidate,
     Pricing,
     base_configs,
     constrain,
@@ -35,7 +43,7 @@ from harness.select.search import (
     sharding_settings,
 )
 from harness.usage import EXIT_OK, UsageError, positive
-from workloads.spec import OVERRIDES, PRESETS
+from workloads.spec import OVERRIDES, PRESETS, ModelSpec
 
 EXIT_NOTHING = 1  # nothing meets the constraints: an answer, not an error
 DEFAULT_GLOBAL_BATCH = 512
@@ -72,8 +80,28 @@ def hours(text: str) -> float:
     return value
 
 
-def cmd_select(args) -> int:
-    started = time.perf_counter()
+@dataclass
+class Inputs:
+    """What the flags ask, checked once: the calibration records, what prices a candidate, the model, the
+    stacks and precisions searched, and the tokens to train on."""
+
+    records: list[dict]
+    pricing: Pricing
+    spec: ModelSpec
+    stacks: list[str]
+    precisions: list[str]
+    tokens: float
+
+    @property
+    def hardware(self) -> str:
+        """The profile's name, as the header and the record's id say it."""
+        catalogued = self.pricing.catalogued
+        return self.pricing.hardware if catalogued is None else catalogued.name
+
+
+def read_inputs(args) -> Inputs:
+    """The flags as the search takes them, or a UsageError naming the first that is wrong. Sets
+    args.global_batch's default, which base_configs reads."""
     records = load_records(args.calibrate, kind=None) if args.calibrate else []
     if args.hardware == "local" and not records:
         raise UsageError(
@@ -95,97 +123,124 @@ def cmd_select(args) -> int:
     if args.budget is not None and args.gpu_hour_price is None:
         raise UsageError("--budget needs --gpu-hour-price (the cost is GPU-hours x price)")
     args.global_batch = args.global_batch or DEFAULT_GLOBAL_BATCH
-    tokens = args.tokens or 20 * spec.n_params
-    base, unpriced = base_configs(args, pricing, spec, precisions, stacks)
+    return Inputs(records, pricing, spec, stacks, precisions, args.tokens or 20 * spec.n_params)
+
+
+def candidates(args, inputs: Inputs) -> list[Candidate]:
+    """Every candidate, priced and held to the deadline and budget: those dropped say why."""
+    base, unpriced = base_configs(args, inputs.pricing, inputs.spec, inputs.precisions, inputs.stacks)
     if not base and not unpriced:
         raise UsageError(f"--global-batch {args.global_batch} divides over none of --gpus with whole nodes")
-    cands = search(base, pricing, tokens, args.gpu_hour_price) + unpriced
+    cands = search(base, inputs.pricing, inputs.tokens, args.gpu_hour_price) + unpriced
     constrain(cands, args.deadline, args.budget)
-    kept = sorted([c for c in cands if not c.dropped], key=lambda c: c.train_s)
-    excluded = [
+    return cands
+
+
+def excluded_rows(cands: list[Candidate]) -> list[dict]:
+    return [
         {"label": c.label, "gpus": c.cfg.topology.world_size, "why": c.dropped, "lacks": c.lacks}
         for c in cands
         if c.dropped
     ]
-    where = pricing.hardware if pricing.catalogued is None else pricing.catalogued.name
-    header = (
-        f"SELECTED (predicted, not measured): {shape_title(cands[0].cfg.model.workload, spec)}, "
-        f"on {where}, "
-        f"{tokens:.3g} tokens, global batch {args.global_batch}; {len(cands)} candidates, {len(kept)} meet "
-        "every constraint"
-    )
-    if not kept:
-        closest = (
-            sorted([c for c in cands if c.prediction], key=lambda c: c.train_s)[:5]
-            or sorted(cands, key=lambda c: c.memory.get("total", math.inf))[:5]
-        )
-        print(f"{header}\nnothing meets the constraints; the closest:")
-        for c in closest:
-            print(f"  {c.label} N={c.cfg.topology.world_size}: lacks {', '.join(c.lacks)} ({c.dropped})")
-        return EXIT_NOTHING
-    front = pareto(kept)
+
+
+def ranked_rows(kept: list[Candidate], front: list[Candidate], pricing: Pricing) -> list[dict]:
+    """The candidates that meet every constraint, fastest first, as the record's rows: the prediction, the
+    sharding setting searched, Pareto membership, the odds of the first ODDS_TOP, whether the compute is
+    calibrated, and the `harness run` arguments that run each."""
     top = kept[:ODDS_TOP]
-    p = odds(top, pricing)
+    p_fastest = odds(top, pricing)
     rows = []
     for i, c in enumerate(kept):
         r = row(c, pricing.profile(c.cfg.backend).memory_bytes)
         r["setting"] = {k: c.cfg.backend_options[k] for k in sharding_settings(get_backend(c.cfg.backend))[0]}
         r["pareto"] = c in front
-        r["p_fastest"] = float(p[i]) if i < len(top) else None
+        r["p_fastest"] = float(p_fastest[i]) if i < len(top) else None
         r["calibrated"] = pricing.calibrated(c.cfg)
         r["run_argv"] = run_argv(c.cfg)
         rows.append(r)
+    return rows
+
+
+def write_documents(args, sections) -> None:
+    if args.markdown:
+        write_atomic(Path(args.markdown), lambda tmp: tmp.write_text(doc.render_md(sections)))
+    if args.html:
+        write_atomic(Path(args.html), lambda tmp: tmp.write_text(doc.render_html(sections)))
+
+
+def record_inputs(args, inputs: Inputs, kept: list[Candidate]) -> dict:
+    """The record's inputs: what was asked, and what the answer rests on (the margin, the odds' draws, each
+    ranked stack's profile, the calibration runs)."""
+    return {
+        "argv": list(args.argv),
+        "workload": kept[0].cfg.model.workload,
+        "tokens": inputs.tokens,
+        "global_batch": args.global_batch,
+        "deadline_h": args.deadline,
+        "budget_usd": args.budget,
+        "gpu_hour_price_usd": args.gpu_hour_price,
+        "allocator_margin": ALLOCATOR_MARGIN,
+        "odds": {
+            "samples": ODDS_SAMPLES,
+            "seed": SEED,
+            "inputs": list(BAND_INPUTS),
+            "compute_drawn_per": "calibrated stack (label), else framework",
+        },
+        "hardware": {
+            name: inputs.pricing.profile(name).to_dict() for name in sorted({c.cfg.backend for c in kept})
+        },
+        "calibration_records": [r["run_id"] for r in inputs.records],
+    }
+
+
+def write_selection_record(out: Path, record: dict) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{record['run_id']}.json"
+    write_record_atomic(path, record)
+    return path
+
+
+def cmd_select(args) -> int:
+    started = time.perf_counter()
+    inputs = read_inputs(args)
+    cands = candidates(args, inputs)
+    kept = sorted([c for c in cands if not c.dropped], key=lambda c: c.train_s)
+    excluded = excluded_rows(cands)
+    header = (
+        f"SELECTED (predicted, not measured): {shape_title(cands[0].cfg.model.workload, inputs.spec)}, "
+        f"on {inputs.hardware}, {inputs.tokens:.3g} tokens, global batch {args.global_batch}; "
+        f"{len(cands)} candidates, {len(kept)} meet every constraint"
+    )
+    if not kept:
+        print_closest(header, cands)
+        return EXIT_NOTHING
+    front = pareto(kept)
+    rows = ranked_rows(kept, front, inputs.pricing)
     print_answer(rows, [rows[kept.index(c)] for c in front], excluded, header, args.top)
     confirmed = None
     if args.confirm:
-        out = Path(args.out or "results") / "confirm"
-        confirmed = confirm(rows[: args.confirm], out, args.confirm_steps)
+        confirmed = confirm(rows[: args.confirm], Path(args.out or "results") / "confirm", args.confirm_steps)
         print_confirmed(confirmed)
     elapsed = time.perf_counter() - started
     for line in answer_lines(rows):
         print(line)
     print(f"selected among {len(cands)} candidates in {elapsed:.1f} s")
-    sections = document(header, rows, excluded, confirmed, args.top)
-    if args.markdown:
-        write_atomic(Path(args.markdown), lambda tmp: tmp.write_text(doc.render_md(sections)))
-    if args.html:
-        write_atomic(Path(args.html), lambda tmp: tmp.write_text(doc.render_html(sections)))
+    write_documents(args, document(header, rows, excluded, confirmed, args.top))
     if args.out:
         record = {
             "schema_version": SCHEMA_VERSION,
             "kind": "selection",
-            "run_id": f"select-{where}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}",
+            "run_id": f"select-{inputs.hardware}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}",
             "status": "ok",
-            "inputs": {
-                "argv": list(args.argv),
-                "workload": cands[0].cfg.model.workload,
-                "tokens": tokens,
-                "global_batch": args.global_batch,
-                "deadline_h": args.deadline,
-                "budget_usd": args.budget,
-                "gpu_hour_price_usd": args.gpu_hour_price,
-                "allocator_margin": ALLOCATOR_MARGIN,
-                "odds": {
-                    "samples": ODDS_SAMPLES,
-                    "seed": SEED,
-                    "inputs": list(BAND_INPUTS),
-                    "compute_drawn_per": "calibrated stack (label), else framework",
-                },
-                "hardware": {
-                    name: pricing.profile(name).to_dict() for name in sorted({c.cfg.backend for c in kept})
-                },
-                "calibration_records": [r["run_id"] for r in records],
-            },
+            "inputs": record_inputs(args, inputs, kept),
             "ranked": rows,
             "pareto": [kept.index(c) for c in front],
             "excluded": excluded,
             "confirmed": confirmed,
             "environment": {"start_time": now_iso(), "git": git_commit(), "elapsed_s": elapsed},
         }
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        path = Path(args.out) / f"{record['run_id']}.json"
-        write_record_atomic(path, record)
-        print(f"record: {path}")
+        print(f"record: {write_selection_record(Path(args.out), record)}")
     return EXIT_OK
 
 

@@ -4,6 +4,7 @@ documents (harness.document, Markdown and HTML), and the answer's first lines.
 
 from __future__ import annotations
 
+import math
 import sys
 
 from rich.console import Console
@@ -18,6 +19,8 @@ from harness.select.search import Candidate
 
 
 def row(c: Candidate, capacity) -> dict:
+    """A ranked candidate as the tables, the documents and the record read it: its configuration, its
+    time and step bands over the corners, cost, MFU, memory and the headroom `capacity` leaves."""
     assert c.prediction is not None
     corners = c.prediction["corners"]
     nominal = corners["nominal"]
@@ -115,6 +118,18 @@ def print_answer(rows, front, excluded, header, top, stream=None) -> None:
     console.print(f"excluded {len(excluded)}" + (":" if excluded else ""))
     for e in excluded:
         console.print(f"  {e['label']} N={e['gpus']}: {e['why']}")
+
+
+def print_closest(header: str, cands: list[Candidate]) -> None:
+    """Where nothing meets the constraints: the five closest (the fastest priced, else the smallest in
+    memory) and what each lacks."""
+    closest = (
+        sorted([c for c in cands if c.prediction], key=lambda c: c.train_s)[:5]
+        or sorted(cands, key=lambda c: c.memory.get("total", math.inf))[:5]
+    )
+    print(f"{header}\nnothing meets the constraints; the closest:")
+    for c in closest:
+        print(f"  {c.label} N={c.cfg.topology.world_size}: lacks {', '.join(c.lacks)} ({c.dropped})")
 
 
 def print_confirmed(confirmed: list[dict], stream=None) -> None:
