@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 
 import pytest
@@ -13,7 +14,8 @@ from core.config import InvalidConfig, RunConfig
 from core.records import validate_record
 from harness.cli import main, make_parser
 from harness.predict import memory
-from harness.predict.hardware import load_profile
+from harness.predict.hardware import CORNERS, load_profile
+from harness.predict.model import BAND_INPUTS, step_at
 from harness.run.options import build_config
 from harness.select.command import EXIT_NOTHING, gpu_range
 from harness.select.confirmation import run_argv
@@ -125,6 +127,20 @@ def args_for(**kw):
     return argparse.Namespace(**base)
 
 
+def largest_that_fits(c: RunConfig, capacity: float) -> int | None:
+    """Worked out apart from search(): each micro-batch of 1, 2, 4, ..., 64 that divides the rank's share of
+    the global batch, its peak held to the device less the allocator margin; the largest, or None."""
+    share = c.batch.micro_batch * c.batch.grad_accum
+    usable = capacity * (1 - memory.ALLOCATOR_MARGIN)
+    fitting = [
+        m
+        for m in (2**k for k in range(7))
+        if share % m == 0
+        and memory.peak_memory(c.evolve(micro_batch=m, grad_accum=share // m))["total"] <= usable
+    ]
+    return max(fitting, default=None)
+
+
 def test_search_takes_the_largest_micro_batch_that_fits_and_drops_the_rest():
     profile = load_profile("h100-sxm")
     pricing = Pricing(profile)
@@ -137,42 +153,81 @@ def test_search_takes_the_largest_micro_batch_that_fits_and_drops_the_rest():
     for c in roomy:
         assert not c.dropped
         assert c.cfg.batch.micro_batch * c.cfg.batch.grad_accum * c.cfg.topology.world_size == 64
-    # a device that holds a micro-batch of 1 at most for ZeRO-3 and nothing for DDP
+        assert c.cfg.batch.micro_batch == largest_that_fits(c.cfg, profile.memory_bytes), c.label
     zero3 = next(
         c
         for c in roomy
-        if c.cfg.backend_options.get("zero_stage") == 3 and not c.cfg.model.activation_checkpointing
-    )
-    one = memory.peak_memory(zero3.cfg.evolve(micro_batch=1))["total"]
-    tight = dataclasses.replace(profile, memory_bytes=(one + 1) / (1 - memory.ALLOCATOR_MARGIN))
-    cands = search(base, Pricing(tight), 1e9, None)
-    same = [
-        c
-        for c in cands
-        if c.label == zero3.label
-        and c.cfg.topology.world_size == zero3.cfg.topology.world_size
+        if c.cfg.backend_options.get("zero_stage") == 3
         and not c.cfg.model.activation_checkpointing
-    ]
-    assert (
-        same[0].cfg.batch.micro_batch == 1
-        and same[0].cfg.batch.grad_accum == 64 // zero3.cfg.topology.world_size
+        and c.cfg.topology.world_size == 8
     )
-    ddp = [c for c in cands if c.cfg.backend == "torch-ddp" and not c.cfg.model.activation_checkpointing]
-    assert ddp and all(c.lacks == ["memory"] and "does not fit" in c.dropped for c in ddp)
+    assert zero3.cfg.batch.micro_batch == 8  # all of its share fits on an H100
+
+    # devices that hold ZeRO-3's micro-batch of 2 at most, then of 1 (its share is 8 at N = 8), and DDP's none
+    for largest in (2, 1):
+        peak = memory.peak_memory(zero3.cfg.evolve(micro_batch=largest, grad_accum=8 // largest))["total"]
+        capacity = (peak + 1) / (1 - memory.ALLOCATOR_MARGIN)
+        cands = search(base, Pricing(dataclasses.replace(profile, memory_bytes=capacity)), 1e9, None)
+        for c in cands:
+            expected = largest_that_fits(c.cfg, capacity)
+            if expected is None:
+                assert c.lacks == ["memory"] and "does not fit" in c.dropped, c.label
+            else:
+                assert not c.dropped and c.cfg.batch.micro_batch == expected, c.label
+                assert c.cfg.batch.micro_batch * c.cfg.batch.grad_accum * c.cfg.topology.world_size == 64
+        same = next(
+            c
+            for c in cands
+            if c.label == zero3.label
+            and c.cfg == zero3.cfg.evolve(micro_batch=largest, grad_accum=8 // largest)
+        )
+        assert not same.dropped
+        ddp = [c for c in cands if c.cfg.backend == "torch-ddp" and not c.cfg.model.activation_checkpointing]
+        assert ddp and all(c.lacks == ["memory"] for c in ddp)
 
 
-def test_pareto_and_constraints():
+def priced(price: float) -> list[Candidate]:
     pricing = Pricing(load_profile("h100-sxm"))
     base, _ = base_configs(args_for(), pricing, PRESETS["small"], ["bf16"], ["torch-ddp"])
-    cands = search(base, pricing, 1e9, 2.0)
+    return search(base, pricing, 1e9, price)
+
+
+def test_the_pareto_front_is_what_nothing_beats_on_both_time_and_cost():
+    price = 2.0
+    cands = priced(price)
+    cost = {}
+    for c in cands:  # the cost is GPU-hours at the price, worked out apart
+        cost[id(c)] = c.prediction["corners"]["nominal"]["cost_usd"]
+        assert cost[id(c)] == pytest.approx(c.train_s * c.cfg.topology.world_size / 3600 * price)
+
+    def beats(o: Candidate, c: Candidate) -> bool:
+        at_least = o.train_s <= c.train_s and cost[id(o)] <= cost[id(c)]
+        return at_least and (o.train_s < c.train_s or cost[id(o)] < cost[id(c)])
+
     front = pareto(cands)
-    assert front
-    for c in cands:
-        if c not in front:  # dominated: something on the front is at least as fast and as cheap
-            assert any(f.train_s <= c.train_s for f in front)
-    fastest = min(c.train_s for c in cands)
-    constrain(cands, deadline_h=fastest * 1.0001 / 3600, budget=None)
-    assert [c for c in cands if not c.dropped] and all(c.lacks == ["deadline"] for c in cands if c.dropped)
+    assert front == [c for c in cands if not any(beats(o, c) for o in cands if o is not c)]
+    # the trade-off is there to find: 16 GPUs are faster, 8 cheaper (scaling costs efficiency), both on it
+    fastest, cheapest = min(cands, key=lambda c: c.train_s), min(cands, key=lambda c: cost[id(c)])
+    assert fastest.cfg.topology.world_size == 16 and cheapest.cfg.topology.world_size == 8
+    assert fastest in front and cheapest in front
+    assert any(c not in front for c in cands)
+
+
+def test_the_deadline_and_the_budget_drop_exactly_what_misses_them():
+    cands = priced(2.0)
+    times = sorted(c.train_s for c in cands)
+    deadline_s = (times[0] + times[1]) / 2  # the fastest alone meets it
+    constrain(cands, deadline_h=deadline_s / 3600, budget=None)
+    assert [c for c in cands if not c.dropped] == [c for c in cands if c.train_s <= deadline_s]
+    assert all(c.lacks == ["deadline"] and "misses the deadline" in c.dropped for c in cands if c.dropped)
+
+    cands = priced(2.0)
+    costs = sorted(c.prediction["corners"]["nominal"]["cost_usd"] for c in cands)
+    budget = (costs[0] + costs[1]) / 2  # the cheapest alone is within it
+    constrain(cands, deadline_h=None, budget=budget)
+    kept = [c for c in cands if not c.dropped]
+    assert kept == [c for c in cands if c.prediction["corners"]["nominal"]["cost_usd"] <= budget]
+    assert len(kept) == 1 and all(c.lacks == ["budget"] for c in cands if c.dropped)
 
 
 # ------------------------------------------------------------------------------------------ confirming
@@ -237,16 +292,26 @@ def test_two_frameworks_whose_bands_overlap_are_not_ranked_as_if_apart():
     assert 0.05 < p[0] < 0.95 and sum(p) == pytest.approx(1.0), p
 
 
-def test_a_candidate_faster_in_every_draw_wins_and_the_odds_sum_to_one():
+def test_a_candidate_faster_in_every_draw_wins_every_draw():
+    """DDP at micro-batch 8 against 4: the same gradient all-reduce a step over twice the tokens. Both are
+    torch (one compute draw), so each draw puts the two at the same corners: the premise is checked at every
+    combination of corners, and the faster must then take every draw, wherever it stands in the list."""
     pricing = Pricing(load_profile("h100-sxm"))
-    slow, fast = cfg("torch-ddp", n=8), cfg("torch-ddp", n=8, micro=8)  # same work a token, more a call
-    p = odds(
-        [candidate(cfg("deepspeed", n=8, options={"zero_stage": 3})), candidate(fast), candidate(slow)],
-        pricing,
-        samples=100,
-    )
-    assert sum(p) == pytest.approx(1.0)
-    assert p[0] < 0.5
+    slow, fast = cfg("torch-ddp", n=8), cfg("torch-ddp", n=8, micro=8)
+    profile = pricing.profile("torch-ddp")
+    plans = [(c, pricing.calibration(c), get_backend(c.backend).schedule(c)) for c in (fast, slow)]
+    for combo in itertools.product(CORNERS, repeat=len(BAND_INPUTS)):
+        at = dict(zip(BAND_INPUTS, combo))
+        per_token = [
+            step_at(c, profile, calib, plan, at)["step_s"] / c.tokens_per_step for c, calib, plan in plans
+        ]
+        assert per_token[0] < per_token[1], at
+    assert list(odds([candidate(slow), candidate(fast)], pricing, samples=100)) == [0.0, 1.0]
+    assert list(odds([candidate(fast), candidate(slow)], pricing, samples=100)) == [1.0, 0.0]
+    # beside a third stack the slow one still never wins, and the odds sum to one
+    zero3 = cfg("deepspeed", n=8, options={"zero_stage": 3})
+    p = odds([candidate(zero3), candidate(fast), candidate(slow)], pricing, samples=100)
+    assert p[2] == 0.0 and sum(p) == pytest.approx(1.0)
 
 
 # ------------------------------------------------------------------------------------------------- CLI
