@@ -7,7 +7,6 @@ input, which `harness report` draws dashed beside measured points and never fold
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
@@ -22,49 +21,16 @@ from core.config import PRECISIONS, BatchConfig, InvalidConfig, RunConfig
 from core.process import available_cpus
 from core.records import SCHEMA_VERSION, git_commit, load_records, now_iso, write_record_atomic
 from harness.analyze.summary import fmt_bytes
+from harness.arguments import foreign_flags, gpu_counts, spec_from_args
+from harness.arguments.parsers import tokens_count, usd  # noqa: F401 (importable from here a while)
 from harness.predict import margin
 from harness.predict.calibration import calibrate
 from harness.predict.hardware import CORNERS, ProfileError, catalogue, load_profile, local_profile
 from harness.predict.memory import largest_fitting
 from harness.predict.model import predict_point, scaling_ratio
 from harness.predict.published_check import check as published_check
-from harness.run_args import foreign_flags, spec_from_args
 from harness.usage import EXIT_OK, UsageError, choice, positive
 from workloads.spec import OVERRIDES, PRESETS
-
-
-def gpu_counts(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected rank counts such as 8,32,128, got '{text}'") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive rank counts, got '{text}'")
-    return sorted(set(values))
-
-
-def tokens_count(text: str) -> float:
-    """2e9, 2B, 300M."""
-    scale = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
-    try:
-        value = float(text[:-1]) * scale[text[-1].upper()] if text[-1:].upper() in scale else float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a token count such as 2e9 or 300B, got '{text}'"
-        ) from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive token count, got '{text}'")
-    return value
-
-
-def usd(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a price in USD such as 2.49, got '{text}'") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a price >= 0, got '{text}'")
-    return value
 
 
 def batch_at(args, n: int) -> tuple[int, int]:

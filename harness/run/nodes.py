@@ -9,7 +9,8 @@ How the nodes agree without a coordinator of our own:
 - node 0 then waits for every node that has started to finish, gathers all ranks' records and writes the
   record. A node whose marker never shows up shares no filesystem with node 0 (or never ran): node 0 writes
   what it has, and `harness collect` completes the record once the other nodes' run dirs are copied over.
-`harness plan` (harness/run/plan.py) prints what each node would run, from the same adapter.launch().
+`harness plan` (harness/run/plan.py) prints what each node would run, from the same adapter.launch(). The
+layout flags themselves are read in harness.arguments.layout.
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ from pathlib import Path
 from backends import all_backends
 from core.config import RunConfig
 from core.records import write_json_atomic
+from harness.arguments.layout import DEFAULT_MASTER_PORT, node_layout, read_hosts, requested_world  # noqa: F401
 from harness.run.launch import LaunchResult, stopped
 from harness.usage import UsageError, positive
 
-DEFAULT_MASTER_PORT = 29500  # torchrun's default, for multi-node runs given no port
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 NODE_GRACE_S = 30.0  # beyond the run's own timeout, how long node 0 waits for late nodes
 # After a SIGTERM, how long node 0 still waits for the other nodes' markers: a scheduler signals every node,
@@ -73,100 +74,6 @@ def add_node_arguments(p) -> None:
         help="where the ranks meet (default: the first host, "
         f"port {DEFAULT_MASTER_PORT}; a one-node run picks a free local port per run)",
     )
-
-
-def read_hosts(args) -> tuple[list[str], int | None]:
-    """Host names from --hosts or --hostfile, and the hostfile's slots per host (None if it gives none)."""
-    if getattr(args, "hosts", None):
-        hosts = [h.strip() for h in args.hosts.split(",") if h.strip()]
-        if not hosts:
-            raise UsageError("--hosts: expected comma-separated host names")
-        return hosts, None
-    if not getattr(args, "hostfile", None):
-        return [], None
-    try:
-        lines = Path(args.hostfile).read_text().splitlines()
-    except OSError as exc:
-        raise UsageError(f"--hostfile {args.hostfile}: {exc.strerror}") from None
-    hosts, slots = [], set()
-    for line in (ln.split("#", 1)[0].strip() for ln in lines):
-        if not line:
-            continue
-        m = re.fullmatch(r"([^\s:]+)(?::(\d+)|\s+slots\s*=\s*(\d+))?(?:\s+.*)?", line)
-        if not m:
-            raise UsageError(
-                f"--hostfile {args.hostfile}: cannot read line '{line}'; expected 'host', "
-                "'host slots=G' or 'host:G'"
-            )
-        hosts.append(m.group(1))
-        if m.group(2) or m.group(3):
-            slots.add(int(m.group(2) or m.group(3)))
-    if not hosts:
-        raise UsageError(f"--hostfile {args.hostfile}: no hosts in it")
-    if len(slots) > 1:
-        raise UsageError(f"--hostfile {args.hostfile}: every node needs the same slots, got {sorted(slots)}")
-    return hosts, slots.pop() if slots else None
-
-
-def parse_master(text: str | None) -> tuple[str | None, int | None]:
-    if not text:
-        return None, None
-    addr, _, port = text.rpartition(":") if ":" in text else (text, "", "")
-    if not addr or (port and not (port.isdigit() and 0 < int(port) < 65536)):
-        raise UsageError(f"--master {text}: expected ADDR or ADDR:PORT with a port in 1..65535")
-    return addr, int(port) if port else None
-
-
-def requested_world(args) -> int:
-    """Ranks in all: --gpus, else nodes x ranks per node."""
-    if getattr(args, "gpus", None):
-        return args.gpus
-    hosts, slots = read_hosts(args)
-    return (getattr(args, "nodes", None) or len(hosts) or 1) * (
-        getattr(args, "gpus_per_node", None) or slots or 1
-    )
-
-
-def this_node_rank(hosts: list[str]) -> int:
-    """This host's index in `hosts`, when it appears there exactly once."""
-    names = {socket.gethostname(), socket.gethostname().split(".")[0], socket.getfqdn()}
-    found = [i for i, h in enumerate(hosts) if h in names]
-    if len(found) != 1:
-        raise UsageError(
-            f"give --node-rank: this host ({socket.gethostname()}) is "
-            f"{'not' if not found else 'more than once'} in the hosts {','.join(hosts)}"
-        )
-    return found[0]
-
-
-def node_layout(args, world: int, node_rank: int | None = None) -> dict:
-    """RunConfig's multi-node fields from the CLI, checked: every node must be given the same layout."""
-    hosts, slots = read_hosts(args)
-    nodes = getattr(args, "nodes", None) or len(hosts) or 1
-    if hosts and len(hosts) != nodes:
-        raise UsageError(f"--nodes {nodes} but {len(hosts)} host(s) given")
-    per_node = getattr(args, "gpus_per_node", None) or slots
-    if per_node and per_node * nodes != world:
-        raise UsageError(f"{world} ranks but {nodes} node(s) x {per_node} per node = {nodes * per_node}")
-    if world % nodes:
-        raise UsageError(f"{world} ranks do not split evenly over {nodes} nodes")
-    addr, port = parse_master(getattr(args, "master", None))
-    if node_rank is None:
-        node_rank = getattr(args, "node_rank", None)
-    if node_rank is None:
-        node_rank = this_node_rank(hosts) if nodes > 1 else 0
-    if not 0 <= node_rank < nodes:
-        raise UsageError(f"--node-rank {node_rank}: expected 0..{nodes - 1} for {nodes} node(s)")
-    if nodes > 1 and not (addr or hosts):
-        raise UsageError(f"--nodes {nodes}: give --master ADDR[:PORT] or the hosts, so the nodes can meet")
-    return {
-        "nodes": nodes,
-        "gpus_per_node": world // nodes,
-        "node_rank": node_rank,
-        "hosts": hosts,
-        "master_addr": addr or (hosts[0] if hosts and nodes > 1 else "127.0.0.1"),
-        "master_port": port or (DEFAULT_MASTER_PORT if nodes > 1 else None),
-    }
 
 
 def check_run_id(run_id: str | None, cfg: RunConfig, out_dir: Path) -> None:

@@ -10,39 +10,28 @@ import errno
 import tempfile
 from pathlib import Path
 
-from backends import all_backends, backend_names, get_backend, interpreter
+from backends import all_backends, backend_names, get_backend
 from core.config import COMPUTE_METHODS, DEVICES, PRECISIONS, VARIANTS, InvalidConfig, RunConfig
-from core.hooks import FAULT_KINDS, TestHooks
+from core.hooks import FAULT_KINDS
 from core.process import available_cpus
+from harness.arguments import (
+    fault_spec,
+    foreign_flags,
+    hooks_from_args,  # noqa: F401 (importable from here a while)
+    micro_batch_for,
+    node_layout,
+    non_negative,
+    positive,
+    seconds,
+    spec_from_args,
+    worker_python,
+)
 from harness.run.devices import resolve_device
-from harness.run.nodes import add_node_arguments, node_layout
-from harness.run_args import foreign_flags, micro_batch_for, spec_from_args
-from harness.usage import UsageError, choice, non_negative, positive, seconds
+from harness.run.nodes import add_node_arguments
+from harness.usage import UsageError, choice
 from workloads.spec import OVERRIDES, PRESETS
 
 DEFAULT_OUT = Path("results")
-
-
-def fault_spec(text: str) -> dict:
-    """--inject-fault RANK:STEP:KIND, a test hook (core.hooks)."""
-    try:
-        rank, step, kind = text.split(":")
-        fault = {"rank": int(rank), "step": int(step), "kind": kind}
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected RANK:STEP:KIND, got '{text}'") from None
-    if kind not in FAULT_KINDS:
-        raise argparse.ArgumentTypeError(f"unknown fault kind '{kind}'; valid: {', '.join(FAULT_KINDS)}")
-    return fault
-
-
-def hooks_from_args(args) -> TestHooks:
-    """The test hooks the testing flags set (--inject-fault, and --step-delay where the command has it):
-    kept out of the RunConfig, the runner hands them to the workers (core.hooks)."""
-    return TestHooks(
-        fault=getattr(args, "inject_fault", None),
-        step_delay_s=getattr(args, "step_delay", None) or 0.0,
-        warmup_transient_bytes=getattr(args, "warmup_transient", None) or 0,
-    )
 
 
 def check_out_dir(out: Path) -> None:
@@ -80,29 +69,6 @@ def add_python_argument(p: argparse.ArgumentParser) -> None:
         "BACKEND=PATH names one backend (a sweep of several); default: $DISTBENCH_PYTHON_<BACKEND>, else "
         ".venvs/<stack>/bin/python (./setup.sh --stack), else the harness's own",
     )
-
-
-def worker_python(args, backend: str, in_use: list[str], check: bool = True) -> str:
-    """The interpreter `backend`'s workers run under: --python (BACKEND=PATH before a bare PATH), else what
-    backends.interpreter.configured finds. `check` False (a plan or job file for another machine): a path
-    given is taken as it is, unchecked here."""
-    named: dict[str, str] = {}
-    for item in getattr(args, "python", None) or []:
-        name, sep, path = item.partition("=")
-        key = name if sep and "/" not in name else ""
-        if key and key not in in_use:
-            raise UsageError(f"--python {item}: backend '{key}' is not run here; valid: {', '.join(in_use)}")
-        if key in named:
-            what = f"for backend {key}" if key else "without a backend (name it: --python BACKEND=PATH)"
-            raise UsageError(f"--python {item}: a second interpreter {what}")
-        named[key] = path if key else item
-    given = named.get(backend) or named.get("")
-    try:
-        if given:
-            return interpreter.usable(given, "--python") if check else given
-        return interpreter.configured(backend, get_backend(backend).framework)[0]
-    except interpreter.InterpreterError as exc:
-        raise UsageError(str(exc)) from None
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:

@@ -22,8 +22,8 @@ from backends.base import Backend
 from core.config import VARIANTS, BatchConfig, RunConfig
 from core.process import available_cpus
 from core.records import config_key, load_records
+from harness.arguments import gpu_list, read_hosts
 from harness.run.launch import stop_on_sigterm, stopped
-from harness.run.nodes import read_hosts
 from harness.run.options import (
     add_run_arguments,
     build_config,
@@ -45,19 +45,6 @@ class PlannedRun:
     backend: Backend
     cfg: RunConfig
     repeat: int
-
-
-def gpu_list(text: str) -> list[int]:
-    """'1,2,4,8' -> [1, 2, 4, 8], in the given order, duplicates dropped."""
-    try:
-        values = [positive(v.strip()) for v in text.split(",") if v.strip()]
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated positive integers, got '{text}'"
-        ) from None
-    if not values:
-        raise argparse.ArgumentTypeError("expected at least one N")
-    return list(dict.fromkeys(values))
 
 
 def selected_backends(text: str) -> list[str]:
