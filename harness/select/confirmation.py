@@ -6,14 +6,12 @@ anything.
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 from backends import get_backend
 from core.config import RunConfig
-from core.records import load_record
 from harness.analyze.metrics import summarize
+from harness.run.child import run_child
 
 
 def run_argv(cfg: RunConfig) -> list[str]:
@@ -40,32 +38,29 @@ def run_argv(cfg: RunConfig) -> list[str]:
 
 
 def confirm(rows: list[dict], out: Path, steps: int) -> list[dict]:
-    """Each of the top candidates run briefly here (`harness run` with its run_argv), one after the other:
-    the predicted step time and band against the measured one. A run that fails is recorded as a failed
-    candidate, never dropped; then the candidates are ranked again on what was measured."""
+    """Each of the top candidates run briefly here (`harness run` with its run_argv, as a child:
+    harness.run.child), one after the other: the predicted step time and band against the measured one. A
+    run that fails is recorded as a failed candidate, never dropped, with the one line that says why; then
+    the candidates are ranked again on what was measured."""
     done = []
     for r in rows:
         argv = [*r["run_argv"], "--steps", str(steps), "--warmup", "2", "--compute-method", "none"]
-        argv += ["--no-trace-comm", "--out", str(out), "--quiet"]
-        before = set(out.glob("*.json")) if out.is_dir() else set()
-        proc = subprocess.run([sys.executable, "-m", "harness", "run", *argv], capture_output=True, text=True)
-        new = sorted(set(out.glob("*.json")) - before) if out.is_dir() else []
-        record = load_record(new[0]) if len(new) == 1 else None
+        child = run_child(["run", *argv, "--no-trace-comm", "--quiet"], out)
         predicted = r["step_time_s"]
         measured = None
-        if record is not None and record["status"] == "ok":
-            measured = float(summarize(record)["step_time_s"]["median"])
+        if child.record is not None and child.record["status"] == "ok":
+            measured = float(summarize(child.record)["step_time_s"]["median"])
         entry = {
             "label": r["label"],
             "gpus": r["gpus"],
             "run_argv": r["run_argv"],
-            "status": record["status"] if record else f"no record (exit {proc.returncode})",
-            "record": str(new[0]) if len(new) == 1 else None,
+            "status": child.status,
+            "record": str(child.path) if child.path is not None else None,
             "predicted_step_s": predicted,
             "measured_step_s": measured,
             "in_band": None if measured is None else bool(predicted["low"] <= measured <= predicted["high"]),
             "error": None if measured is None else float(measured / predicted["nominal"] - 1),
-            "why": None if measured is not None else (proc.stderr or proc.stdout).strip().splitlines()[-1:],
+            "why": None if measured is not None else [child.why],
         }
         done.append(entry)
     ranked = sorted(
