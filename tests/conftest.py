@@ -211,14 +211,17 @@ MODEL_STATE_RTOL = 0.02
 
 
 def assert_model_state_as_predicted(rec: dict) -> None:
-    """Parameters and optimizer state as predicted; gradients between the predicted share of one rank and
-    the predicted peak, as a stack may free what it reduced before the boundary (DeepSpeed's ZeRO-1 keeps
-    only its partition once reduced, after its backward held the whole gradients: the peak predicted), and
-    up to one tensor's fp32 gradient more (DeepSpeed's ZeRO-1/2 keep whole the gradient of a tensor their
-    partition boundary cuts: 8% over the share on the test shapes)."""
+    """Parameters and optimizer state as predicted. Gradients: the predicted peak is worked out here from
+    the stack's declared sharding (whole where it leaves gradients whole, none and optimizer sharding alike,
+    as ZeRO-1's backward holds them whole; a rank's share where it shards them), and what a rank holds lies
+    between its share and that peak, as a stack may free what it reduced before the boundary (DeepSpeed's
+    ZeRO-1 keeps only its partition once reduced), plus up to one tensor's fp32 gradient (DeepSpeed's
+    ZeRO-1/2 keep whole the gradient of a tensor their partition boundary cuts: 8% over the share on the
+    test shapes)."""
     from backends import get_backend
     from backends.base import parameter_numels
     from harness.predict.memory import peak_memory
+    from workloads.spec import SHARDING_LEVELS
 
     cfg = run_config(rec)
     backend = get_backend(cfg.backend)
@@ -229,9 +232,12 @@ def assert_model_state_as_predicted(rec: dict) -> None:
     for part in ("params", "optimizer"):
         assert held[part] == pytest.approx(predicted[part], rel=MODEL_STATE_RTOL), what
     whole = cfg.model.spec.model_state_bytes(cfg.model.precision, backend.precision_scheme(cfg))["grads"]
-    low = whole / cfg.topology.world_size  # a rank's share of the unsharded gradients
-    high = predicted["grads"] * (1 + MODEL_STATE_RTOL) + 4 * max(parameter_numels(cfg).values())
-    assert low * (1 - MODEL_STATE_RTOL) <= held["grads"] <= high, what
+    share = whole / cfg.topology.world_size  # a rank's share of the unsharded gradients
+    shards_gradients = SHARDING_LEVELS.index(backend.sharding(cfg)) >= SHARDING_LEVELS.index("gradients")
+    peak = share if shards_gradients else whole
+    assert predicted["grads"] == pytest.approx(peak, rel=MODEL_STATE_RTOL), what
+    tensor = 4 * max(parameter_numels(cfg).values())
+    assert share * (1 - MODEL_STATE_RTOL) <= held["grads"] <= peak * (1 + MODEL_STATE_RTOL) + tensor, what
 
 
 def assert_cpu_worker_probes(rec: dict) -> None:
