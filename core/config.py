@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
 
-from workloads.spec import ModelSpec
+from workloads.spec import PRESETS, ModelSpec
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 # A stack's settings as its options' defaults give them, or as its own experts set them (`--tuned`: each
@@ -17,9 +17,49 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 VARIANTS = ("default", "tuned")
 DEVICES = ("auto", "cuda", "cpu")
 COMPUTE_METHODS = ("auto", "no_sync", "isolated", "none")
+SCALINGS = ("weak", "strong")  # BatchConfig.scaling
 # The collectives `harness commbench` measures, by the names nccl-tests and torch.distributed share.
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
 COMMBENCH_DTYPES = {"fp32": 4, "bf16": 2}  # element bytes
+
+
+def flag(
+    name: str,
+    help: str,
+    *,
+    parse: str | None = None,
+    valid: tuple | None = None,
+    choices: tuple | None = None,
+    action: str | None = None,
+    metavar: str | None = None,
+    group: str | None = None,
+    default=MISSING,
+    required: bool = False,
+) -> dict:
+    """The command-line flag that sets a field, as the field's metadata: declared here once, beside the
+    field and its default, and turned into the argparse option of every verb that takes it and back into
+    a command line by harness.arguments (as backends.base.option declares a stack's own).
+
+    `parse`: the name of the argparse type in harness.arguments.parsers ("positive", "seconds", ...; none:
+    the text itself), named because core imports nothing of the harness. `valid`: the values the harness
+    accepts, checked where it builds the config so the usage error names them; `choices`: the same, checked
+    by argparse. `action`: "store_true", "boolean" (--x and --no-x) or "append". `group`: the help section
+    ("multi-node", "testing"). `default`: the flag's own where it differs from the field's: None where a
+    flag not given leaves the value to the harness (a derived or resolved value, which the help says).
+    `help` may name {default} (the field's), {backends}, {remote_launchers} and {master_port}, which only
+    the harness knows."""
+    return {
+        "flag": name,
+        "help": help,
+        "parse": parse,
+        "valid": valid,
+        "choices": choices,
+        "action": action,
+        "metavar": metavar,
+        "group": group,
+        "default": default,
+        "required": required,
+    }
 
 
 class InvalidConfig(ValueError):
@@ -31,20 +71,42 @@ class InvalidConfig(ValueError):
 class ModelConfig:
     """What is trained: the same model, numerics and initial weights on every stack it is compared on."""
 
-    workload: str
+    workload: str = field(
+        metadata=flag("--workload", f"preset: {', '.join(PRESETS)}", valid=tuple(PRESETS), default="tiny")
+    )
     """The preset the spec came from (`--workload`); the overrides are already applied in `spec`."""
     spec: ModelSpec
     """The framework-free model every stack builds (workloads.spec)."""
-    precision: str = "fp32"
+    precision: str = field(
+        default="fp32", metadata=flag("--precision", ", ".join(PRECISIONS), valid=PRECISIONS)
+    )
     """Compute precision, one of PRECISIONS; master weights and the optimizer stay fp32 (core.precision)."""
-    tf32: bool = False
+    tf32: bool = field(
+        default=False,
+        metadata=flag(
+            "--tf32",
+            "fp32 runs: let fp32 matmuls and convolutions run as TF32 in every framework (default: IEEE fp32 "
+            "everywhere, whatever each framework's own default)",
+            action="store_true",
+        ),
+    )
     """Let fp32 matmuls and convolutions run as TF32 (--tf32; fp32 runs only), in every framework alike,
     where the GPU has it. Off, fp32 is IEEE fp32 in every framework (core.precision): off by default because
     the frameworks' own defaults differ (PyTorch off, TensorFlow and Paddle on), which would compare other
     maths under one flag."""
-    activation_checkpointing: bool = False
+    activation_checkpointing: bool = field(
+        default=False,
+        metadata=flag(
+            "--activation-checkpointing",
+            "recompute each block's activations in the backward pass: less memory, about a third more "
+            "compute",
+            action="store_true",
+        ),
+    )
     """Recompute each block's activations in the backward pass: less memory, about a third more compute."""
-    seed: int = 0
+    seed: int = field(
+        default=0, metadata=flag("--seed", "seeds the initial weights and the synthetic data", parse="int")
+    )
     """Seeds the initial weights and the synthetic data, identically in every framework."""
 
 
@@ -52,14 +114,45 @@ class ModelConfig:
 class BatchConfig:
     """How much data one step consumes, and from where."""
 
-    micro_batch: int = 8
+    micro_batch: int = field(
+        default=8,
+        metadata=flag(
+            "--micro-batch",
+            "sequences per rank per micro-step (default {default})",
+            parse="positive",
+            default=None,
+        ),
+    )
     """Sequences per rank per micro-step."""
-    grad_accum: int = 1
+    grad_accum: int = field(
+        default=1,
+        metadata=flag(
+            "--grad-accum",
+            "micro-steps per optimizer step (default {default}, unless derived from --global-batch)",
+            parse="positive",
+            default=None,
+        ),
+    )
     """Micro-steps per optimizer step; gradients are reduced once per step."""
-    scaling: str = "weak"
+    scaling: str = field(
+        default="weak",
+        metadata=flag(
+            "--scaling",
+            "weak: fixed per-device batch (default); strong: fixed global batch split over N",
+            choices=SCALINGS,
+            default=None,
+        ),
+    )
     """How the batch was chosen across world sizes ("weak": fixed per rank; "strong": fixed global), recorded
     so sweeps and `harness compare` pair like with like."""
-    data_path: str | None = None
+    data_path: str | None = field(
+        default=None,
+        metadata=flag(
+            "--data",
+            "flat token file (memory-mapped; uint16, uint32 where the vocabulary is above 65,536) instead of "
+            "synthetic tokens",
+        ),
+    )
     """A token file to read instead of synthetic data (workloads.data)."""
 
 
@@ -67,23 +160,65 @@ class BatchConfig:
 class MeasurementConfig:
     """How the step is timed and what is measured beside it (docs/measurement.md)."""
 
-    steps: int = 20
+    steps: int = field(default=20, metadata=flag("--steps", "measured steps", parse="positive"))
     """Measured steps: every statistic is over these."""
-    warmup: int = 3
+    warmup: int = field(
+        default=3,
+        metadata=flag("--warmup", "steps run first and excluded from statistics", parse="non_negative"),
+    )
     """Steps run first and excluded from every statistic (allocator, autotuning, compilation)."""
-    compute_steps: int = 5
+    compute_steps: int = field(
+        default=5,
+        metadata=flag(
+            "--compute-steps", "sync-off steps for t_compute (no_sync method)", parse="non_negative"
+        ),
+    )
     """Steps with gradient sync off that time t_compute (the no_sync method), after the measured ones."""
-    compute_method: str = "auto"
+    compute_method: str = field(
+        default="auto",
+        metadata=flag(
+            "--compute-method",
+            f"{', '.join(COMPUTE_METHODS)}: how t_compute is measured",
+            valid=COMPUTE_METHODS,
+        ),
+    )
     """How t_compute is measured, one of COMPUTE_METHODS; auto: the backend's preferred method."""
-    isolated_repeats: int = 2
+    isolated_repeats: int = field(
+        default=2,
+        metadata=flag(
+            "--isolated-repeats",
+            "launches of the isolated counterfactual (isolated method), one after the other",
+            parse="positive",
+        ),
+    )
     """Launches of the isolated counterfactual (one rank alone), one after the other."""
-    trace_comm: bool = True
+    trace_comm: bool = field(
+        default=True,
+        metadata=flag(
+            "--trace-comm",
+            "after the measured steps, profile --trace-steps more with the stack's own instrument for the "
+            "collective trace: measured bytes, time and compute overlap per op (default on)",
+            action="boolean",
+        ),
+    )
     """Profile `trace_steps` steps after the measured ones for the collective trace."""
-    trace_steps: int = 2
+    trace_steps: int = field(
+        default=2, metadata=flag("--trace-steps", "steps profiled for the collective trace", parse="positive")
+    )
     """Steps the collective trace covers."""
-    timeout_s: float = 900.0
+    timeout_s: float = field(
+        default=900.0, metadata=flag("--timeout", "seconds before the whole run is killed", parse="seconds")
+    )
     """Wall-clock limit of the whole run; past it every rank is killed and the run recorded as timed out."""
-    collective_timeout_s: float | None = None
+    collective_timeout_s: float | None = field(
+        default=None,
+        metadata=flag(
+            "--collective-timeout",
+            "seconds a collective waits for a dead or hung peer before the ranks give up (default: "
+            "--timeout)",
+            parse="seconds",
+        ),
+    )
     """A collective's wait for a missing peer before it fails; None: timeout_s."""
 
 
@@ -91,27 +226,115 @@ class MeasurementConfig:
 class TopologyConfig:
     """Where the ranks run and how they meet."""
 
-    world_size: int
+    world_size: int = field(
+        metadata=flag(
+            "--gpus",
+            "ranks in all: GPUs, or CPU workers without a GPU (default: nodes x --gpus-per-node, else 1)",
+            parse="positive",
+            default=None,
+        )
+    )
     """Ranks = devices (or CPU workers), over all nodes (the CLI's --gpus)."""
-    device: str
+    device: str = field(
+        metadata=flag(
+            "--device",
+            f"{', '.join(DEVICES)} (auto: cuda if a GPU is visible)",
+            valid=DEVICES,
+            default="auto",
+        )
+    )
     """Resolved: "cuda" or "cpu"."""
-    nodes: int = 1
+    nodes: int = field(
+        default=1,
+        metadata=flag(
+            "--nodes",
+            "machines taking part (default: the number of hosts, else 1)",
+            parse="positive",
+            group="multi-node",
+            default=None,
+        ),
+    )
     """Nodes; this harness invocation starts the launcher of node `node_rank` (gpus_per_node ranks each)."""
-    gpus_per_node: int = 0
+    gpus_per_node: int = field(
+        default=0,
+        metadata=flag(
+            "--gpus-per-node",
+            "ranks per node (default: --gpus / --nodes, or the hostfile's slots)",
+            parse="positive",
+            group="multi-node",
+            default=None,
+        ),
+    )
     """Ranks per node; 0: world_size / nodes."""
-    node_rank: int = 0
+    node_rank: int = field(
+        default=0,
+        metadata=flag(
+            "--node-rank",
+            "this node's index (default: this host's place in the hosts)",
+            parse="int",
+            group="multi-node",
+            default=None,
+        ),
+    )
     """The node this invocation launches."""
-    master_addr: str = "127.0.0.1"
+    master_addr: str = field(
+        default="127.0.0.1",
+        metadata=flag(
+            "--master",
+            "where the ranks meet (default: the first host, port {master_port}; a one-node run picks a free "
+            "local port per run)",
+            metavar="ADDR[:PORT]",
+            group="multi-node",
+            default=None,
+        ),
+    )
     """Where the ranks meet (rendezvous)."""
     master_port: int | None = None
-    """The rendezvous port; None: chosen by the harness."""
-    hosts: list = field(default_factory=list)
+    """The rendezvous port; None: chosen by the harness. Set with master_addr by --master ADDR:PORT."""
+    hosts: list = field(
+        default_factory=list,
+        metadata=flag(
+            "--hosts",
+            "comma-separated host names, one per node, node 0 first",
+            group="multi-node",
+            default=None,
+        ),
+    )
     """One hostname per node, when known."""
-    launcher_only: bool = False
+    launcher_only: bool = field(
+        default=False,
+        metadata=flag(
+            "--launcher-only",
+            "this harness only starts the ranks on the hosts (an MPIJob's launcher pod, which has no GPU of "
+            "its own): the device is the hosts', given as --device cuda or cpu and not checked here; for "
+            "backends whose launcher reaches the other hosts ({remote_launchers}), with --compute-method "
+            "none",
+            action="store_true",
+            group="multi-node",
+        ),
+    )
     """This harness only starts the ranks on `hosts` (an MPIJob's launcher pod): no rank runs here."""
-    threads_per_worker: int = 1
+    threads_per_worker: int = field(
+        default=1,
+        metadata=flag(
+            "--threads-per-worker",
+            "CPU threads per worker (default: cores / gpus)",
+            parse="positive",
+            default=None,
+        ),
+    )
     """Intra-op threads of each CPU worker, fixed and recorded (CPU runs)."""
-    python: str | None = None
+    python: str | None = field(
+        default=None,
+        metadata=flag(
+            "--python",
+            "the interpreter the launcher and workers run under, e.g. a venv of the backend's own stack; "
+            "BACKEND=PATH names one backend (a sweep of several); default: $DISTBENCH_PYTHON_<BACKEND>, else "
+            ".venvs/<stack>/bin/python (./setup.sh --stack), else the harness's own",
+            action="append",
+            metavar="[BACKEND=]PATH",
+        ),
+    )
     """The interpreter the launcher and the workers run under: the backend's own environment where its
     stack's pinned wheels cannot share one with the others (backends.interpreter says how it is chosen).
     None: the harness's own."""
@@ -129,7 +352,15 @@ class RoleConfig:
     isolated_index: int | None = None
     """Set only for the isolated counterfactual: this worker runs alone (world 1) on data shard
     `isolated_index` of the real N-rank run."""
-    dump_weights: bool = False
+    dump_weights: bool = field(
+        default=False,
+        metadata=flag(
+            "--dump-weights",
+            "rank 0 saves its final weights in the log dir",
+            action="store_true",
+            group="testing",
+        ),
+    )
     """Rank 0 saves its final weights (neutral names), for the equivalence tests."""
     commbench: dict | None = None
     """Set for `harness commbench`: the workers time collectives (CommbenchSpec's fields) instead of
@@ -164,7 +395,7 @@ class RunConfig:
     (topology), the stack and its own options (backend, backend_options), and what this worker does
     (role, set by the harness)."""
 
-    backend: str
+    backend: str = field(metadata=flag("--backend", "{backends}", required=True))
     """A registered stack name (backends.backend_names(): the shipped adapters and the entry points)."""
     model: ModelConfig
     topology: TopologyConfig
@@ -173,7 +404,15 @@ class RunConfig:
     backend_options: dict = field(default_factory=dict)
     """The stack's own settings (its adapter's `options` say which it takes), e.g. ZeRO's stage."""
     role: RoleConfig = field(default_factory=RoleConfig)
-    variant: str = "default"
+    variant: str = field(
+        default="default",
+        metadata=flag(
+            "--tuned",
+            "the stack's tuned set: the settings its own documentation and reference trainers use (each "
+            "listed in the record with its source; a flag given as well overrides its setting)",
+            action="store_true",
+        ),
+    )
     """One of VARIANTS: "tuned" when the stack's tuned set (its adapter's `tuned()`) was applied to
     backend_options, any option given by hand on top; part of the label, so tables and `harness compare`
     never take a tuned run for a default one."""

@@ -62,9 +62,9 @@ def test_available_cpus_are_the_affinity_capped_by_the_cgroup_quota(cpu_max, exp
 
 
 def test_default_threads_per_worker_come_from_the_cpus_given_not_the_host(monkeypatch, tmp_path, capsys):
-    import harness.run.options as options
+    import harness.arguments.request as request
 
-    monkeypatch.setattr(options, "available_cpus", lambda: 8)  # this host has 2
+    monkeypatch.setattr(request, "available_cpus", lambda: 8)  # this host has 2
     assert (
         main(["plan", "--backend", "torch-ddp", "--gpus", "2", "--device", "cpu", "--out", str(tmp_path)])
         == 0

@@ -1,7 +1,18 @@
 """The command line of every verb that defines a run, in one place below harness.run and harness.predict
-(which never imports harness.run): parsers.py (every argparse type the verbs use), layout.py (hosts,
-rendezvous and nodes, read once) and request.py (from parsed arguments to the parts of a RunConfig)."""
+(which never imports harness.run): parsers.py (every argparse type the verbs use), flags.py (each flag
+declared once, mostly on RunConfig's own fields, and the argparse options of every verb generated from
+the declarations), layout.py (hosts, rendezvous and nodes, read once) and request.py (the one path from
+parsed arguments to RunConfigs)."""
 
+from harness.arguments.flags import (
+    Flag,
+    add_flags,
+    add_job_arguments,
+    add_layout_arguments,
+    add_run_arguments,
+    add_stack_options,
+    declared,
+)
 from harness.arguments.layout import DEFAULT_MASTER_PORT, Layout, node_layout, read_hosts, requested_world
 from harness.arguments.parsers import (
     fault_spec,
@@ -18,16 +29,26 @@ from harness.arguments.parsers import (
     usd,
 )
 from harness.arguments.request import (
+    RunRequest,
     foreign_flags,
     hooks_from_args,
     micro_batch_for,
     spec_from_args,
+    validated,
     worker_python,
 )
 
 __all__ = [
     "DEFAULT_MASTER_PORT",
+    "Flag",
     "Layout",
+    "RunRequest",
+    "add_flags",
+    "add_job_arguments",
+    "add_layout_arguments",
+    "add_run_arguments",
+    "add_stack_options",
+    "declared",
     "fault_spec",
     "foreign_flags",
     "fraction",
@@ -47,5 +68,6 @@ __all__ = [
     "spec_from_args",
     "tokens_count",
     "usd",
+    "validated",
     "worker_python",
 ]

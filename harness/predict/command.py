@@ -16,21 +16,22 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from backends import all_backends, backend_names, get_backend
-from core.config import PRECISIONS, BatchConfig, InvalidConfig, RunConfig
+from backends import get_backend
+from core.config import BatchConfig, RunConfig
 from core.process import available_cpus
 from core.records import SCHEMA_VERSION, git_commit, load_records, now_iso, write_record_atomic
 from harness.analyze.summary import fmt_bytes
-from harness.arguments import foreign_flags, gpu_counts, spec_from_args
-from harness.arguments.parsers import tokens_count, usd  # noqa: F401 (importable from here a while)
+from harness.arguments import Flag, RunRequest, add_flags, add_stack_options, declared, positive, validated
+from harness.arguments.flags import SHAPE_FLAGS
+from harness.arguments.parsers import gpu_counts, tokens_count, usd  # noqa: F401 (importable from here a while)
 from harness.predict import margin
 from harness.predict.calibration import calibrate
 from harness.predict.hardware import CORNERS, ProfileError, catalogue, load_profile, local_profile
 from harness.predict.memory import largest_fitting
 from harness.predict.model import predict_point, scaling_ratio
 from harness.predict.published_check import check as published_check
-from harness.usage import EXIT_OK, UsageError, choice, positive
-from workloads.spec import OVERRIDES, PRESETS
+from harness.usage import EXIT_OK, UsageError
+from workloads.spec import PRESETS
 
 
 def batch_at(args, n: int) -> tuple[int, int]:
@@ -63,12 +64,11 @@ def batch_at(args, n: int) -> tuple[int, int]:
 
 
 def configs(args, profile) -> list[RunConfig]:
-    """One RunConfig per rank count, validated by the adapter as a run's would be."""
-    backend = get_backend(choice(args.backend, backend_names(), "backend"))
-    foreign_flags(args, [backend.name])
-    spec = spec_from_args(args)
-    choice(args.precision, PRECISIONS, "precision")
-    options = backend.Options.from_args(args).to_dict()
+    """One RunConfig per rank count, read from the command line as a run's is (harness.arguments) and
+    validated by the adapter as a run's would be."""
+    request = RunRequest(args)
+    backend, spec = request.backend, request.spec
+    precision = args.precision or ("bf16" if profile.device == "cuda" else "fp32")
     out = []
     for n in args.gpus:
         micro, accum = batch_at(args, n)
@@ -78,36 +78,29 @@ def configs(args, profile) -> list[RunConfig]:
                 f"--gpus {n} does not fill whole nodes of {per_node} ({profile.name}): give at most "
                 f"{per_node} or a multiple of it"
             )
-        cfg = RunConfig.build(
-            backend=backend.name,
+        cfg = request.assemble(  # a tuned variant: the stack's tuned set at this N, as `harness run --tuned`
+            backend,
+            "tuned" if args.tuned else "default",
             # a shape the spec flags changed is no preset: named custom here and in the record
             workload=args.workload if spec == PRESETS[args.workload] else "custom",
             spec=spec,
             world_size=n,
             device=profile.device,
-            precision=args.precision,
+            precision=precision,
             micro_batch=micro,
             grad_accum=accum,
-            activation_checkpointing=args.activation_checkpointing,
             threads_per_worker=args.threads_per_worker,
             scaling="strong" if args.global_batch else "weak",
             nodes=math.ceil(n / per_node),
             gpus_per_node=per_node,
-            backend_options=options,
         )
-        if args.tuned:  # the stack's tuned set at this N, under the flags given, as `harness run --tuned`
-            tuned = {name: setting.value for name, setting in backend.tuned(cfg).items()}
-            options_tuned = backend.Options.from_args(args, tuned).to_dict()
-            cfg = cfg.evolve(backend_options=options_tuned, variant="tuned")
         if args.global_batch and not args.micro_batch and not args.grad_accum:
             # strong scaling as users run it: the largest micro-batch that fits, accumulation for the rest
             # (none fitting: micro-batch 1, which the prediction's memory verdict then reports)
             fitted, _, _ = largest_fitting(cfg, args.global_batch // n, profile.memory_bytes)
             cfg = fitted or cfg
-        try:  # as a run's would be, less where its nodes are: a launch needs hosts, a prediction none
-            backend.validate(cfg.evolve(hosts=[f"node{i}" for i in range(cfg.topology.nodes)]))
-        except InvalidConfig as exc:
-            raise UsageError(str(exc)) from None
+        # as a run's would be, less where its nodes are: a launch needs hosts, a prediction none
+        validated(backend, cfg.evolve(hosts=[f"node{i}" for i in range(cfg.topology.nodes)]))
         out.append(cfg)
     return out
 
@@ -339,57 +332,46 @@ def shape_title(workload: str, spec) -> str:
     )
 
 
+# Where `harness predict` defines a flag of `harness run` otherwise, and why (tests/test_arguments.py holds
+# every other shared flag to one definition).
+# It prices what a cluster trains in: bf16 on a GPU profile; on a CPU (the local profile) fp32, what a run
+# here, which calibrates it, trains in by default. So the default is decided once the profile is known.
+PRECISION = declared("--precision").but(
+    default=None, help="fp32, bf16, fp16 (default: bf16 on a GPU profile, fp32 on a CPU's local profile)"
+)
+# It chooses what a run derives: at each N the largest micro-batch that fits the profile's memory.
+GLOBAL_BATCH = declared("--global-batch").but(
+    help="global batch (strong scaling): at each N the largest micro-batch that fits the profile's "
+    "memory, or --micro-batch, and gradient accumulation for the rest"
+)
+# Rank counts: one prediction per N.
+GPUS = declared("--gpus").but(type=gpu_counts, required=True, help="rank counts, e.g. 8,32,128,1024")
+# One calibration prices every N: its workers' threads must be the calibration run's, which a run's
+# default (cores over the ranks) would change with N.
+THREADS = declared("--threads-per-worker").but(
+    default=1, help="local profile: CPU threads per worker (calibration runs must have used the same)"
+)
+# A prediction writes nothing unless asked.
+OUT = declared("--out").but(default=None, help="write one prediction record per rank count into this folder")
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "predict",
         help="predict step time, throughput, exposed communication and memory at other GPU counts",
     )
-    p.add_argument("--backend", required=True, help=", ".join(backend_names()))
-    p.add_argument("--workload", default="tiny", help=f"preset: {', '.join(PRESETS)}")
-    for flag in OVERRIDES:
-        p.add_argument(
-            "--" + flag.replace("_", "-"), dest=flag, type=positive, help=f"override {OVERRIDES[flag]}"
-        )
-    p.add_argument("--precision", default="bf16", help=f"{', '.join(PRECISIONS)}")
-    p.add_argument("--micro-batch", type=positive, help="sequences per rank per micro-step (default 8)")
-    p.add_argument(
-        "--global-batch",
-        type=positive,
-        help="global batch (strong scaling): at each N the largest micro-batch that fits the profile's "
-        "memory, or --micro-batch, and gradient accumulation for the rest",
-    )
-    p.add_argument(
-        "--grad-accum", type=positive, help="micro-steps a step (default 1; with --global-batch: derived)"
-    )
-    p.add_argument("--activation-checkpointing", action="store_true")
-    p.add_argument(
-        "--tuned",
-        action="store_true",
-        help="the stack's tuned set, priced as it runs (its schedule: buckets, compile); calibrates from "
-        "tuned records",
-    )
-    p.add_argument("--gpus", type=gpu_counts, required=True, help="rank counts, e.g. 8,32,128,1024")
-    p.add_argument(
+    shape: tuple[str | Flag, ...] = ("--workload", *SHAPE_FLAGS, PRECISION, "--micro-batch", GLOBAL_BATCH)
+    add_flags(p, "--backend", *shape, "--grad-accum", "--activation-checkpointing", "--tuned", GPUS)
+    add_flags(
+        p,
         "--hardware",
-        required=True,
-        help=f"{', '.join(catalogue())}, a profile .yaml, or local (this machine, from commbench records)",
-    )
-    p.add_argument(
         "--calibrate",
-        nargs="+",
-        metavar="RECORD",
-        help="record files or folders: a 1-rank training run on the profile's device calibrates compute; "
-        "commbench runs make the local profile",
+        THREADS,
+        "--tokens",
+        "--gpu-hour-price",
+        OUT,
+        profiles=", ".join(catalogue()),
     )
-    p.add_argument(
-        "--threads-per-worker",
-        type=positive,
-        default=1,
-        help="local profile: CPU threads per worker (calibration runs must have used the same)",
-    )
-    p.add_argument("--tokens", type=tokens_count, help="tokens to train on (default 20 x parameters)")
-    p.add_argument("--gpu-hour-price", type=usd, help="USD per GPU-hour, for the cost column")
-    p.add_argument("--out", type=Path, help="write one prediction record per rank count into this folder")
     p.add_argument(
         "--explain",
         type=positive,
@@ -397,6 +379,5 @@ def register(subparsers) -> None:
         help="for one of the rank counts: the step's timeline (compute, each exposed communication term, "
         "the overlap's slowdown, stragglers) and the input that dominates the band",
     )
-    for backend in all_backends():
-        backend.Options.add_arguments(p, backend.name)
+    add_stack_options(p)
     p.set_defaults(func=cmd_predict)

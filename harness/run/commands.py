@@ -11,23 +11,25 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from backends import all_backends, backend_names, get_backend, interpreter
+from backends import all_backends, get_backend, interpreter
 from core.config import RunConfig
 from harness.analyze.summary import print_summary
+from harness.arguments import add_flags, add_run_arguments, hooks_from_args
 from harness.run.environment import install_command
 from harness.run.launch import stop_on_sigterm
-from harness.run.nodes import check_run_id, requested_world
-from harness.run.options import add_run_arguments, build_config, check_out_dir, hooks_from_args, os_error_line
+from harness.run.nodes import check_run_id
+from harness.run.options import check_out_dir, os_error_line, run_request
 from harness.run.progress import RunDisplay
 from harness.run.record import record_line, write_record
 from harness.run.runner import execute, run_node
-from harness.usage import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, positive
+from harness.usage import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
 from workloads.spec import PRESETS
 
 
 def cmd_run(args) -> int:
-    cfg = build_config(args, args.backend, requested_world(args))
-    backend = get_backend(cfg.backend)
+    request = run_request(args)
+    cfg = request.config(args.backend, request.world)
+    backend = request.backend
     ok, reason = backend.availability(cfg.topology.python)
     if not ok:
         print(f"harness: error: backend {backend.name} is unavailable here: {reason}", file=sys.stderr)
@@ -148,13 +150,7 @@ def cmd_collect(args) -> int:
 
 def register(subparsers) -> None:
     run = subparsers.add_parser("run", help="launch one run and write its record")
-    run.add_argument("--backend", required=True, help=", ".join(backend_names()))
-    run.add_argument(
-        "--gpus",
-        type=positive,
-        help="ranks in all: GPUs, or CPU workers without a GPU (default: nodes x --gpus-per-node, else 1)",
-    )
-    run.add_argument("--run-id", help="this run's id; a multi-node run needs the same one on every node")
+    add_flags(run, "--backend", "--gpus", "--run-id")
     add_run_arguments(run)
     run.set_defaults(func=cmd_run)
     subparsers.add_parser("list", help="backends (with availability) and workloads").set_defaults(

@@ -10,32 +10,34 @@ from __future__ import annotations
 import math
 import re
 import sys
-from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from backends import backend_names, get_backend
-from core.config import COLLECTIVE_OPS, COMMBENCH_DTYPES, CommbenchSpec, InvalidConfig, RunConfig
+from core.config import COLLECTIVE_OPS, COMMBENCH_DTYPES, DEVICES, CommbenchSpec, InvalidConfig, RunConfig
 from core.process import available_cpus
 from core.records import run_config
 from harness.analyze.summary import fmt_bytes
-from harness.run.devices import resolve_device
-from harness.run.launch import stop_on_sigterm
-from harness.run.nodes import add_node_arguments, check_run_id, node_layout, requested_world
-from harness.run.options import (
-    DEFAULT_OUT,
-    add_python_argument,
-    check_out_dir,
-    fault_spec,
+from harness.arguments import (
+    Layout,
+    add_flags,
+    add_layout_arguments,
+    add_stack_options,
+    declared,
+    foreign_flags,
     hooks_from_args,
-    os_error_line,
+    int_at_least,
+    positive,
     worker_python,
 )
+from harness.run.devices import resolve_device
+from harness.run.launch import stop_on_sigterm
+from harness.run.nodes import check_run_id
+from harness.run.options import check_out_dir, os_error_line
 from harness.run.record import record_line
 from harness.run.runner import execute, run_node
-from harness.run_args import foreign_flags
-from harness.usage import EXIT_FAILED, EXIT_OK, UsageError, choice, int_at_least, positive, seconds
+from harness.usage import EXIT_FAILED, EXIT_OK, UsageError, choice
 from workloads.spec import PRESETS
 
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}  # binary, as nccl-tests reads -b/-e
@@ -94,10 +96,12 @@ def build_commbench_config(args) -> RunConfig:
     backend = get_backend(choice(args.backend, backend_names(), "backend"))
     foreign_flags(args, [backend.name])
     choice(args.dtype, list(COMMBENCH_DTYPES), "dtype")
-    n = requested_world(args)
+    choice(args.device, DEVICES, "device")
+    given = Layout.read(args)
+    n = given.world(args.gpus)
     if n < 2:
         raise UsageError("commbench needs at least 2 ranks (--gpus 2 or more): one has no one to talk to")
-    layout = node_layout(args, n)
+    layout = given.settings(n)
     if layout["nodes"] > 1 and not backend.multi_node:
         raise UsageError(f"backend {backend.name} runs on one node only; drop --nodes/--hosts")
     per_node = n // layout["nodes"]
@@ -223,8 +227,7 @@ def register(subparsers) -> None:
         "commbench",
         help="time a stack's own collectives over message sizes (algbw/busbw as nccl-tests; α-β fit)",
     )
-    p.add_argument("--backend", required=True, help=", ".join(backend_names()))
-    p.add_argument("--gpus", type=positive, help="ranks in all (GPUs, or CPU workers); at least 2")
+    add_flags(p, "--backend", "--gpus")
     p.add_argument(
         "--ops",
         help=f"comma-separated: {', '.join(OP_ALIASES)} (default: every one the stack's API offers here)",
@@ -239,23 +242,13 @@ def register(subparsers) -> None:
     p.add_argument("--dtype", default="fp32", help=", ".join(COMMBENCH_DTYPES))
     p.add_argument("--iters", type=positive, default=20, help="timed calls per op and size")
     p.add_argument("--warmup-iters", type=int_at_least(0, "an integer >= 0"), default=5)
-    p.add_argument("--device", default="auto", help="auto, cuda, cpu")
-    p.add_argument(
-        "--threads-per-worker", type=positive, help="CPU threads per worker (default: cores / ranks)"
+    add_flags(p, "--device", "--threads-per-worker", "--timeout", "--collective-timeout", "--out", "--run-id")
+    # A commbench rank has no training steps: its fault's second field counts the (op, size) points.
+    fault = declared("--inject-fault").but(
+        metavar="RANK:POINT:KIND", help="make one rank fail at the POINT-th (op, size), counted from 0"
     )
-    p.add_argument("--timeout", type=seconds, default=600.0, help="seconds before the whole run is killed")
-    p.add_argument("--collective-timeout", type=seconds, help="seconds a collective waits for a missing peer")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="directory for records")
-    p.add_argument("--run-id", help="this run's id; a multi-node run needs the same one on every node")
-    testing = p.add_argument_group("testing (never for real measurements)")
-    testing.add_argument(
-        "--inject-fault",
-        metavar="RANK:POINT:KIND",
-        type=fault_spec,
-        help="make one rank fail at the POINT-th (op, size), counted from 0",
-    )
-    for backend in map(get_backend, backend_names()):
-        backend.Options.add_arguments(p, backend.name)
-    add_python_argument(p)
-    add_node_arguments(p)
+    add_flags(p, fault)
+    add_stack_options(p)
+    add_flags(p, "--python")
+    add_layout_arguments(p)
     p.set_defaults(func=cmd_commbench)

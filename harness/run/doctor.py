@@ -27,11 +27,11 @@ import psutil
 
 from backends import all_backends, backend_names, get_backend, interpreter
 from backends.base import NETWORK_SETTINGS, Check, network_settings
+from core.config import DEVICES, BatchConfig
 from core.process import REPO_ROOT, free_port
-from core.records import DEFAULT_OUT
+from harness.arguments import Layout, add_flags, add_layout_arguments
 from harness.run.devices import gpu_query, query_gpus, visible_gpus
-from harness.run.nodes import add_node_arguments, node_layout, requested_world
-from harness.usage import EXIT_FAILED, EXIT_OK, choice, positive
+from harness.usage import EXIT_FAILED, EXIT_OK, choice
 from workloads.data import Shard, make_source, micro_batches, token_dtype
 from workloads.spec import PRESETS
 
@@ -335,7 +335,7 @@ def interface_check(interfaces: dict[str, list[str]], environ) -> Check | None:
 # ------------------------------------------------------------------------------------------------ command
 def selected(text: str | None) -> tuple[list, bool]:
     """The backends to check, and whether the user named them (then a missing framework fails)."""
-    if not text:
+    if not text or text.strip() == "all":
         return all_backends(), False
     names = [choice(n.strip(), backend_names(), "backend") for n in text.split(",") if n.strip()]
     return [get_backend(n) for n in dict.fromkeys(names)], True
@@ -344,9 +344,10 @@ def selected(text: str | None) -> tuple[list, bool]:
 def cmd_doctor(args) -> int:
     backends, named = selected(args.backends)
     choice(args.workload, list(PRESETS), "workload")
-    choice(args.device, ("auto", "cuda", "cpu"), "device")
-    world = requested_world(args)
-    layout = node_layout(args, world, node_rank=args.node_rank or 0)
+    choice(args.device, DEVICES, "device")
+    given = Layout.read(args)
+    world = given.world(args.gpus)
+    layout = given.settings(world, node_rank=args.node_rank or 0)
     per_node = world // layout["nodes"]
     device = args.device
     if args.gpu:  # the node's GPUs are the point: no GPU visible fails the device check
@@ -391,7 +392,8 @@ def cmd_doctor(args) -> int:
         checks.append(interfaces)
     hosts = layout["hosts"] or ([layout["master_addr"]] if layout["nodes"] > 1 else [])
     checks += hosts_check(hosts)
-    checks.append(data_check(args.data, args.workload, world, args.micro_batch, args.grad_accum))
+    micro, accum = args.micro_batch or BatchConfig.micro_batch, args.grad_accum or BatchConfig.grad_accum
+    checks.append(data_check(Path(args.data) if args.data else None, args.workload, world, micro, accum))
     checks.append(disk_check(Path(args.out).resolve()))
 
     width = max(len(c.name) for c in checks)
@@ -410,21 +412,13 @@ def cmd_doctor(args) -> int:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("doctor", help="preflight checks before a big job (exit 1 if one fails)")
-    p.add_argument("--backends", help=f"comma-separated (default: all): {', '.join(backend_names())}")
-    p.add_argument("--gpus", type=positive, help="ranks in all (default: nodes x --gpus-per-node, else 1)")
-    p.add_argument("--device", default="auto", help="auto, cuda, cpu")
+    add_flags(p, "--backends", "--gpus", "--device")
     p.add_argument(
         "--gpu",
         action="store_true",
         help="this node's GPUs: driver, CUDA and NCCL versions, and a traced NCCL all_reduce over all of "
         "them (one GPU included)",
     )
-    p.add_argument("--micro-batch", type=positive, default=8)
-    p.add_argument("--workload", default="tiny", help=f"for the data check: {', '.join(PRESETS)}")
-    p.add_argument(
-        "--data", type=Path, help="the token file the runs will read (checked as the ranks read it)"
-    )
-    p.add_argument("--grad-accum", type=positive, default=1)
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where records will be written")
-    add_node_arguments(p)
+    add_flags(p, "--workload", "--micro-batch", "--grad-accum", "--data", "--out")
+    add_layout_arguments(p)
     p.set_defaults(func=cmd_doctor)

@@ -20,8 +20,9 @@ import yaml
 
 from backends import all_backends, get_backend
 from backends.base import network_settings
+from harness.arguments import add_job_arguments
 from harness.run.jobfile import checked_command, strip_separator, write_output
-from harness.usage import EXIT_OK, UsageError, positive
+from harness.usage import EXIT_OK, UsageError
 
 # The Kubeflow job kinds a backend's adapter may name (Backend.kubeflow_job), by how their pods learn their
 # node rank: the training-operator (v1.9) serves PyTorchJob, TFJob and PaddleJob (kubeflow.org/v1); MPIJob
@@ -306,8 +307,7 @@ def register(subparsers) -> None:
         help="write a Kubeflow manifest for a run: training-operator (PaddleJob, PyTorchJob, TFJob) or "
         "mpi-operator v2 (MPIJob)",
     )
-    p.add_argument("--nodes", type=positive, default=1, help="pods, one per node")
-    p.add_argument("--gpus-per-node", type=positive, default=1, help="ranks per pod")
+    add_job_arguments(p)  # a node is a pod
     p.add_argument("--image", required=True, help="an image holding the repo (at --workdir) and its venv")
     p.add_argument(
         "--pvc",
@@ -321,7 +321,6 @@ def register(subparsers) -> None:
     )
     p.add_argument("--namespace", default="default")
     p.add_argument("--workdir", default="/distbench", help="the repo inside the image")
-    p.add_argument("-o", "--output", default="-", help="file to write (default: stdout)")
     p.add_argument("command", choices=("run",))
     p.add_argument("harness_args", nargs=argparse.REMAINDER, help="the options of `harness run`")
     p.set_defaults(func=cmd_k8s)

@@ -21,12 +21,11 @@ import socket
 import time
 from pathlib import Path
 
-from backends import all_backends
 from core.config import RunConfig
 from core.records import write_json_atomic
 from harness.arguments.layout import DEFAULT_MASTER_PORT, node_layout, read_hosts, requested_world  # noqa: F401
 from harness.run.launch import LaunchResult, stopped
-from harness.usage import UsageError, positive
+from harness.usage import UsageError
 
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 NODE_GRACE_S = 30.0  # beyond the run's own timeout, how long node 0 waits for late nodes
@@ -34,46 +33,8 @@ NODE_GRACE_S = 30.0  # beyond the run's own timeout, how long node 0 waits for l
 # and each writes its marker as its launch stops (Slurm's --signal=TERM@60 leaves a minute before SIGKILL).
 STOP_GRACE_S = 15.0
 POLL_S = 0.5
+# The flags a job file sets from the scheduler's allocation (harness.run.jobfile).
 LAYOUT_FLAGS = ("--nodes", "--gpus-per-node", "--hosts", "--hostfile", "--node-rank", "--master", "--run-id")
-
-
-# ---------------------------------------------------------------------------------------------- the layout
-def add_node_arguments(p) -> None:
-    """The multi-node options of `run` (and of everything that shares its options)."""
-    g = p.add_argument_group("multi-node (one harness per node, the same options on each but --node-rank)")
-    g.add_argument(
-        "--nodes", type=positive, help="machines taking part (default: the number of hosts, else 1)"
-    )
-    g.add_argument(
-        "--gpus-per-node",
-        type=positive,
-        help="ranks per node (default: --gpus / --nodes, or the hostfile's slots)",
-    )
-    hosts = g.add_mutually_exclusive_group()
-    hosts.add_argument("--hosts", help="comma-separated host names, one per node, node 0 first")
-    hosts.add_argument(
-        "--hostfile",
-        type=Path,
-        help="one host per line, node 0 first; 'host slots=G' or "
-        "'host:G' also read (DeepSpeed/MPI hostfiles)",
-    )
-    g.add_argument(
-        "--node-rank", type=int, help="this node's index (default: this host's place in the hosts)"
-    )
-    g.add_argument(
-        "--launcher-only",
-        action="store_true",
-        help="this harness only starts the ranks on the hosts (an MPIJob's launcher pod, which has no GPU "
-        "of its own): the device is the hosts', given as --device cuda or cpu and not checked here; for "
-        "backends whose launcher reaches the other hosts "
-        f"({', '.join(b.name for b in all_backends() if b.starts_remote_ranks)}), with --compute-method none",
-    )
-    g.add_argument(
-        "--master",
-        metavar="ADDR[:PORT]",
-        help="where the ranks meet (default: the first host, "
-        f"port {DEFAULT_MASTER_PORT}; a one-node run picks a free local port per run)",
-    )
 
 
 def check_run_id(run_id: str | None, cfg: RunConfig, out_dir: Path) -> None:

@@ -7,15 +7,15 @@ import json
 import shlex
 from pathlib import Path
 
-from backends import get_backend
 from backends.base import LaunchPlan
 from core.config import InvalidConfig
 from core.process import REPO_ROOT
-from harness.run.nodes import DEFAULT_MASTER_PORT, check_run_id, requested_world
-from harness.run.options import add_run_arguments, build_config
+from harness.arguments import DEFAULT_MASTER_PORT, add_flags, add_run_arguments
+from harness.run.nodes import check_run_id
+from harness.run.options import run_request
 from harness.run.record import traced_dir
 from harness.run.runner import isolated_plans, measuring_config, new_run_id, node_plan
-from harness.usage import EXIT_OK, UsageError, positive
+from harness.usage import EXIT_OK, UsageError
 
 
 def node_command(argv: list[str], node_rank: int, run_id: str) -> list[str]:
@@ -58,9 +58,10 @@ def print_settings(settings: dict) -> None:
 
 
 def cmd_plan(args) -> int:
-    world = requested_world(args)
-    base = build_config(args, args.backend, world, check_devices=False, node_rank=0)
-    backend = get_backend(base.backend)
+    request = run_request(args)
+    world = request.world
+    base = request.config(args.backend, world, check_devices=False, node_rank=0)
+    backend = request.backend
     run_id = args.run_id or new_run_id(base)
     check_run_id(run_id, base, args.out)
     run_dir = (Path(args.out) / "logs" / run_id).resolve()
@@ -139,8 +140,6 @@ def cmd_plan(args) -> int:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("plan", help="print each node's commands and environment for a run (dry run)")
-    p.add_argument("--backend", required=True)
-    p.add_argument("--gpus", type=positive, help="ranks in all (default: nodes x --gpus-per-node)")
-    p.add_argument("--run-id", help="the run id all nodes will share (default: a new one)")
+    add_flags(p, "--backend", "--gpus", "--run-id")
     add_run_arguments(p)
     p.set_defaults(func=cmd_plan)

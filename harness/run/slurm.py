@@ -17,9 +17,10 @@ from pathlib import Path
 from backends import get_backend
 from backends.base import network_settings
 from core.process import REPO_ROOT
+from harness.arguments import add_job_arguments, positive
 from harness.run import sweep
 from harness.run.jobfile import checked_command, strip_separator, write_output
-from harness.usage import EXIT_OK, UsageError, positive
+from harness.usage import EXIT_OK, UsageError
 
 # Seconds a job needs beyond its runs' timeouts: starting the harness and the launchers, writing the
 # record, and the early SIGTERM the script asks for (#SBATCH --signal=TERM@SIGTERM_LEAD_S).
@@ -199,8 +200,7 @@ def cmd_slurm(args) -> int:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("slurm", help="write an sbatch script for a run (one task per node) or a sweep")
-    p.add_argument("--nodes", type=positive, default=1)
-    p.add_argument("--gpus-per-node", type=positive, default=1, help="ranks per node (GPUs, or CPU workers)")
+    add_job_arguments(p)
     p.add_argument(
         "--time",
         default="01:00:00",
@@ -217,7 +217,6 @@ def register(subparsers) -> None:
     p.add_argument(
         "--harness", default=".venv/bin/harness", help="the harness command there (from --workdir)"
     )
-    p.add_argument("-o", "--output", default="-", help="file to write (default: stdout)")
     p.add_argument("command", choices=("run", "sweep"))
     p.add_argument(
         "harness_args", nargs=argparse.REMAINDER, help="the options of `harness run` or `harness sweep`"

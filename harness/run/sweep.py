@@ -17,27 +17,26 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass
 
-from backends import backend_names, get_backend
+from backends import backend_names
 from backends.base import Backend
 from core.config import VARIANTS, BatchConfig, RunConfig
 from core.process import available_cpus
 from core.records import config_key, load_records
-from harness.arguments import gpu_list, read_hosts
-from harness.run.launch import stop_on_sigterm, stopped
-from harness.run.options import (
+from harness.arguments import (
+    RunRequest,
+    add_flags,
     add_run_arguments,
-    build_config,
-    check_out_dir,
+    declared,
+    gpu_list,
     hooks_from_args,
-    os_error_line,
-    worker_python,
+    positive,
 )
+from harness.run.launch import stop_on_sigterm, stopped
+from harness.run.options import check_out_dir, os_error_line, run_request
 from harness.run.progress import RunDisplay, make_progress
 from harness.run.record import record_line
 from harness.run.runner import execute
-from harness.usage import EXIT_FAILED, EXIT_OK, UsageError, choice, positive
-
-SCALING_MODES = ("weak", "strong")
+from harness.usage import EXIT_FAILED, EXIT_OK, UsageError, choice
 
 
 @dataclass
@@ -47,9 +46,10 @@ class PlannedRun:
     repeat: int
 
 
-def selected_backends(text: str) -> list[str]:
+def selected_backends(text: str | None) -> list[str]:
+    """--backends: the names given, in order, or every backend ("all", or none given)."""
     names = backend_names()
-    if text.strip() == "all":
+    if not text or text.strip() == "all":
         return names
     wanted = [v.strip() for v in text.split(",") if v.strip()]
     for name in wanted:
@@ -82,14 +82,15 @@ def batch_args(args, scaling: str, ns: list[int]) -> argparse.Namespace:
         return out
     if not args.global_batch:
         micro = args.micro_batch or BatchConfig.micro_batch
-        out.global_batch, out.micro_batch = micro * args.grad_accum * math.lcm(*ns), None
+        accum = args.grad_accum or BatchConfig.grad_accum
+        out.global_batch, out.micro_batch = micro * accum * math.lcm(*ns), None
     return out
 
 
-def refuse_multi_node(args) -> None:
+def refuse_multi_node(request: RunRequest) -> None:
     """A sweep runs on one node: each multi-node run needs a run id all its nodes agree on, and nodes
     other than 0 get no record to report, so a sweep cannot drive several nodes."""
-    nodes = args.nodes or len(read_hosts(args)[0]) or 1
+    nodes = request.layout.nodes or len(request.layout.hosts) or 1
     if nodes > 1:
         raise UsageError(
             f"sweep runs on one node, not {nodes}: for multi-node runs submit one "
@@ -100,23 +101,22 @@ def refuse_multi_node(args) -> None:
 def plan(args) -> tuple[list[PlannedRun], dict[str, str]]:
     """Every run of the sweep in launch order, and the unavailable backends with the reason. All configs
     are validated before anything is launched, so bad input never stops a sweep half-way."""
-    refuse_multi_node(args)
+    names = selected_backends(args.backends)
     scaling = args.scaling or ("strong" if args.global_batch else "weak")
-    run_args = batch_args(args, scaling, args.gpus)
+    request = run_request(batch_args(args, scaling, args.gpus), names)
+    refuse_multi_node(request)
     # The same threads for every N: cores shared out over the largest N, so the hardware per worker is
     # constant along the sweep (recorded in each config).
     threads = args.threads_per_worker or max(1, available_cpus() // max(args.gpus))
     skipped, configs = {}, []
-    names = selected_backends(args.backends)
     variants = selected_variants(args)
-    for name in names:
-        backend = get_backend(name)
-        ok, reason = backend.availability(worker_python(args, name, names))
+    for name, backend in request.backends.items():
+        ok, reason = backend.availability(request.python(name))
         if not ok:
             skipped[name] = reason
             continue
         configs += [
-            (backend, build_config(run_args, name, n, threads, backends_in_use=names, variant=variant))
+            (backend, request.config(name, n, threads, variant=variant))
             for variant in variants
             for n in args.gpus
         ]
@@ -249,18 +249,17 @@ def cmd_sweep(args) -> int:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("sweep", help="run backends x N x repeats, one record per run")
-    p.add_argument("--backends", default="all", help=f"comma-separated, or all: {', '.join(backend_names())}")
-    p.add_argument("--gpus", type=gpu_list, required=True, help="comma-separated N (ranks), e.g. 1,2,4,8")
+    # A sweep runs several stacks at several N: --gpus is a list (run's is one N), in the order given.
+    gpus = declared("--gpus").but(
+        type=gpu_list, required=True, help="comma-separated N (ranks), e.g. 1,2,4,8"
+    )
+    add_flags(p, "--backends", gpus)
     p.add_argument("--repeats", type=positive, default=3, help="separate launches per backend x N")
     p.add_argument(
         "--variants",
         help=f"comma-separated, of {', '.join(VARIANTS)}: each backend x N in each (default: --tuned's one)",
     )
-    p.add_argument(
-        "--scaling",
-        choices=SCALING_MODES,
-        help="weak: fixed per-device batch (default); strong: fixed global batch split over N",
-    )
+    add_flags(p, "--scaling")
     p.add_argument(
         "--resume", action="store_true", help="skip runs already recorded ok for the same config in --out"
     )
