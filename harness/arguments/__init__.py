@@ -1,9 +1,10 @@
 """The command line of every verb that defines a run, in one place below harness.run and harness.predict
 (which never imports harness.run): parsers.py (every argparse type the verbs use), flags.py (each flag
 declared once, mostly on RunConfig's own fields, and the argparse options of every verb generated from
-the declarations), layout.py (hosts, rendezvous and nodes, read once) and request.py (the one path from
-parsed arguments to RunConfigs)."""
+the declarations), layout.py (hosts, rendezvous and nodes, read once), request.py (the one path from
+parsed arguments to RunConfigs) and argv.py (a RunConfig back into `harness run` arguments)."""
 
+from harness.arguments.argv import run_argv
 from harness.arguments.flags import (
     Flag,
     add_flags,
@@ -64,6 +65,7 @@ __all__ = [
     "positive",
     "read_hosts",
     "requested_world",
+    "run_argv",
     "seconds",
     "spec_from_args",
     "tokens_count",
