@@ -1,6 +1,6 @@
 """Every flag that defines a run is defined once (harness.arguments): a configuration turned into `harness
 run` arguments and read back is the same configuration, on every stack, with its options and its tuned
-set."""
+set; and every verb that writes a document names it as the others do."""
 
 from __future__ import annotations
 
@@ -9,11 +9,13 @@ import dataclasses
 import functools
 
 import pytest
+from record_factory import make_record
 
 from backends import backend_names, get_backend
 from backends.base import on_off
+from core.records import write_json_atomic
 from harness.arguments import run_argv
-from harness.cli import make_parser
+from harness.cli import main, make_parser
 from harness.run.options import run_request
 from harness.usage import UsageError
 
@@ -108,3 +110,41 @@ def test_run_argv_names_what_differs_from_the_defaults_and_the_tuned_set():
     assert "--steps" not in argv and "--precision" not in argv  # the defaults
     with pytest.raises(ValueError, match="role"):
         run_argv(cfg.evolve(isolated_index=0))
+
+
+# ------------------------------------------------------------------------------------------------- documents
+@pytest.fixture
+def records(tmp_path):
+    for n, t in ((1, 0.10), (2, 0.12)):
+        rec = make_record("torch-ddp", n, t)
+        write_json_atomic(tmp_path / f"{rec['run_id']}.json", rec)
+    return tmp_path
+
+
+def test_report_writes_each_document_named_by_its_flag(records, tmp_path, capsys):
+    """--markdown FILE and --html FILE, either or both (the kind from the flag, not the file's name: a CI
+    step summary has no suffix); neither: the Markdown on standard output."""
+    md, page = tmp_path / "out" / "step_summary", tmp_path / "out" / "report.page"
+    assert main(["report", str(records), "--markdown", str(md), "--html", str(page)]) == 0
+    out = capsys.readouterr().out
+    assert md.read_text().startswith("# distbench report") and "<img alt=" not in md.read_text()
+    assert page.read_text().startswith("<!DOCTYPE html>") and "<img alt=" in page.read_text()
+    assert f"report: {md}" in out and f"report: {page}" in out
+    assert main(["report", str(records)]) == 0
+    assert capsys.readouterr().out == md.read_text()
+    assert main(["report", str(records), "--markdown", "-", "--html", str(page)]) == 0
+    out, err = capsys.readouterr()
+    assert out == md.read_text() and f"report: {page}" in err
+    assert main(["report", str(records), "--markdown", "-", "--html", "-"]) == 2
+    assert "only one document can go to standard output" in capsys.readouterr().err
+
+
+def test_report_still_reads_format_and_output_with_a_warning(records, tmp_path, capsys):
+    page = tmp_path / "page.html"
+    assert main(["report", str(records), "--format", "html", "--output", str(page)]) == 0
+    assert page.read_text().startswith("<!DOCTYPE html>")
+    assert (
+        "--format and --output are deprecated: use --markdown FILE or --html FILE" in capsys.readouterr().err
+    )
+    assert main(["report", str(records), "--format", "html"]) == 0  # as before: beside the records
+    assert (records / "report.html").read_text().startswith("<!DOCTYPE html>")

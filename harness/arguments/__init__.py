@@ -2,9 +2,11 @@
 (which never imports harness.run): parsers.py (every argparse type the verbs use), flags.py (each flag
 declared once, mostly on RunConfig's own fields, and the argparse options of every verb generated from
 the declarations), layout.py (hosts, rendezvous and nodes, read once), request.py (the one path from
-parsed arguments to RunConfigs) and argv.py (a RunConfig back into `harness run` arguments)."""
+parsed arguments to RunConfigs), argv.py (a RunConfig back into `harness run` arguments) and documents.py
+(--markdown and --html, for every verb that writes a document)."""
 
 from harness.arguments.argv import run_argv
+from harness.arguments.documents import add_document_arguments, write_documents
 from harness.arguments.flags import (
     Flag,
     add_flags,
@@ -44,6 +46,7 @@ __all__ = [
     "Flag",
     "Layout",
     "RunRequest",
+    "add_document_arguments",
     "add_flags",
     "add_job_arguments",
     "add_layout_arguments",
@@ -72,4 +75,5 @@ __all__ = [
     "usd",
     "validated",
     "worker_python",
+    "write_documents",
 ]

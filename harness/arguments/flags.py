@@ -161,6 +161,9 @@ HARNESS_FLAGS = (
         metavar="BYTES",
         group="testing",
     ),
+    # The documents a verb writes (harness.arguments.documents): the kind named by the flag, either or both
+    Flag("--markdown", "write the document as Markdown to FILE ('-': standard output)", metavar="FILE"),
+    Flag("--html", "write the document as one self-contained HTML file (plots embedded)", metavar="FILE"),
     # What a prediction is priced with (`harness predict`, `harness select`)
     Flag(
         "--hardware",

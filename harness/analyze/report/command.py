@@ -1,13 +1,16 @@
 """`harness report`: the scaling tables, plots and framework-selection advice of a set of run records, as
-Markdown (PR comment, terminal) or one self-contained HTML file (plots embedded as PNG, opens offline);
-`harness results`: the tidy table itself, as CSV or Parquet, or exported (TensorBoard, github-benchmark).
+Markdown (PR comment, terminal) or one self-contained HTML file (plots embedded as PNG, opens offline),
+named as every verb that writes a document names them (harness.arguments.documents: --markdown FILE,
+--html FILE); `harness results`: the tidy table itself, as CSV or Parquet, or exported (TensorBoard,
+github-benchmark).
 
 The commands only: they load the records, pick the sections (training.py, commbench.py, prediction.py),
-render them (render.py) and write the output.
+render them (harness/document.py) and write the output.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -21,10 +24,11 @@ from harness.analyze.predictions import prediction_rows
 from harness.analyze.report.commbench import commbench_sections
 from harness.analyze.report.prediction import prediction_sections
 from harness.analyze.report.training import build
-from harness.document import Section, render_html, render_md
+from harness.arguments import add_document_arguments, write_documents
+from harness.document import Section
 from harness.usage import EXIT_OK, UsageError, fraction, positive
 
-FORMATS = ("md", "html")
+FORMATS = ("md", "html")  # of the deprecated --format
 
 
 def load(paths: list[Path], kind: str = "training") -> list[dict]:
@@ -49,7 +53,10 @@ def cmd_report(args) -> int:
             f"no run records in {', '.join(map(str, args.paths))}; run `harness run`, `harness sweep` or "
             "`harness commbench` first"
         )
-    with_figures = args.format == "html"
+    documents_from_format(args)
+    if not (args.markdown or args.html):
+        args.markdown = "-"  # the Markdown on standard output
+    with_figures = bool(args.html)
     sections = (
         build(training, args.at_gpus, args.noise_cv, with_figures)
         if training
@@ -66,17 +73,23 @@ def cmd_report(args) -> int:
     )
     sections += commbench_sections(collectives, with_figures)
     sections += prediction_sections(predictions, training, with_figures)
-    text = render_html(sections) if args.format == "html" else render_md(sections)
-    output = args.output
-    if output is None and args.format == "html":
-        first = args.paths[0]
-        output = (first if first.is_dir() else first.parent) / "report.html"
-    if output is None:
-        sys.stdout.write(text)
-    else:
-        write_atomic(output, lambda tmp: tmp.write_text(text))
-        print(f"report: {output}")
+    write_documents(args, sections, label="report")
     return EXIT_OK
+
+
+def documents_from_format(args) -> None:
+    """The deprecated --format md|html and --output FILE as the documents they asked for: --format html
+    with no --output wrote <results>/report.html."""
+    if args.format is None and args.output is None:
+        return
+    print(
+        "harness: --format and --output are deprecated: use --markdown FILE or --html FILE", file=sys.stderr
+    )
+    if args.format == "html":
+        first = args.paths[0]
+        args.html = args.output or (first if first.is_dir() else first.parent) / "report.html"
+    elif args.output is not None:
+        args.markdown = args.output
 
 
 RESULT_COLUMNS = [
@@ -160,12 +173,16 @@ def register(subparsers) -> None:
             help="flag a backend x N as noisy when its repeats' coefficient of variation exceeds this",
         )
 
-    p = subparsers.add_parser("report", help="scaling tables, plots and framework selection from run records")
-    common(p)
-    p.add_argument("--format", choices=FORMATS, default="md")
-    p.add_argument(
-        "--output", type=Path, help="file to write (default: stdout for md, <results>/report.html for html)"
+    p = subparsers.add_parser(
+        "report",
+        help="scaling tables, plots and framework selection from run records (Markdown on standard output "
+        "unless --markdown or --html says where)",
     )
+    common(p)
+    add_document_arguments(p)
+    # Before --markdown and --html: --format md|html with --output FILE; still read, with a warning.
+    p.add_argument("--format", choices=FORMATS, help=argparse.SUPPRESS)
+    p.add_argument("--output", type=Path, help=argparse.SUPPRESS)
     p.add_argument(
         "--at-gpus", type=positive, help="N for the framework selection (default: the largest measured)"
     )
