@@ -12,12 +12,13 @@ import pytest
 from backends import all_backends, get_backend
 from core.config import InvalidConfig, RunConfig
 from core.records import validate_record
+from harness.arguments.parsers import gpu_range
 from harness.cli import main, make_parser
 from harness.predict import memory
 from harness.predict.hardware import CORNERS, load_profile
 from harness.predict.model import BAND_INPUTS, step_at
 from harness.run.options import build_config
-from harness.select.command import EXIT_NOTHING, gpu_range
+from harness.select.command import EXIT_NOTHING
 from harness.select.confirmation import run_argv
 from harness.select.search import (
     Candidate,

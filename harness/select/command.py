@@ -5,7 +5,6 @@ the record of a selection.
 
 from __future__ import annotations
 
-import argparse
 import time
 import uuid
 from dataclasses import dataclass
@@ -15,7 +14,8 @@ from backends import backend_names, get_backend
 from core.config import PRECISIONS
 from core.records import SCHEMA_VERSION, git_commit, load_records, now_iso, write_atomic, write_record_atomic
 from harness import document as doc
-from harness.predict.command import shape_title, tokens_count, usd
+from harness.arguments.parsers import gpu_range, hours, tokens_count, usd
+from harness.predict.command import shape_title
 from harness.predict.hardware import catalogue
 from harness.predict.memory import ALLOCATOR_MARGIN
 from harness.predict.model import BAND_INPUTS
@@ -47,37 +47,6 @@ from workloads.spec import OVERRIDES, PRESETS, ModelSpec
 
 EXIT_NOTHING = 1  # nothing meets the constraints: an answer, not an error
 DEFAULT_GLOBAL_BATCH = 512
-
-
-def gpu_range(text: str) -> list[int]:
-    """8,16,32 or 8-256 (the powers of two from 8 to 256)."""
-    try:
-        if "-" in text:
-            low, high = (int(v) for v in text.split("-", 1))
-            if low < 1 or high < low:
-                raise ValueError
-            values = [low]
-            while values[-1] * 2 <= high:
-                values.append(values[-1] * 2)
-        else:
-            values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected rank counts such as 8,16,32 or 8-256, got '{text}'"
-        ) from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive rank counts, got '{text}'")
-    return sorted(set(values))
-
-
-def hours(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected hours such as 48, got '{text}'") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected positive hours, got '{text}'")
-    return value
 
 
 @dataclass
