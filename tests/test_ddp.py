@@ -12,6 +12,7 @@ from conftest import (
     run_record,
     run_with_output,
 )
+from test_equivalence import ISSUE_SHAPE, ddp_reference
 
 from core.records import run_config
 
@@ -101,22 +102,26 @@ def final_weights(rec):
     return np.load(f"{rec['launch']['log_dir']}/weights_rank0.npz")
 
 
-# One rank, the whole global batch of 16 in one micro-batch, on `tiny`'s synthetic data: the run the
-# tests below hold two ranks, a token file and world size 1 against. (Gradient accumulation against one
-# micro-batch, for torch-ddp as for every stack: tests/test_equivalence.py.)
-ONE_RANK = ["--backend", "torch-ddp", "--steps", "5", "--warmup", "0", "--timeout", "180", "--micro-batch"]
+# One rank, torch-ddp's whole global batch in one micro-batch, on ISSUE_SHAPE of tests/test_equivalence.py
+# (three blocks, synthetic data, 10 steps): the run the tests below hold two ranks (that shape's torch-ddp
+# reference, which the suite launches once for every module that compares against it), a token file and
+# world size 1 against. (Gradient accumulation against one micro-batch, for torch-ddp as for every stack:
+# tests/test_equivalence.py.)
+ONE_RANK = ["--backend", "torch-ddp", *ISSUE_SHAPE.args(gpus=1)]
 
 
 @pytest.fixture(scope="module")
 def one_rank(tmp_path_factory) -> dict:
-    return run_record(tmp_path_factory.mktemp("one"), *ONE_RANK, "16", "--gpus", "1", "--dump-weights")
+    return run_record(tmp_path_factory.mktemp("one"), *ONE_RANK, "--dump-weights")
 
 
-def test_one_worker_and_two_workers_reach_the_same_weights(one_rank, out):
-    """DDP correctness: global batch 16 on one worker == 8 + 8 on two (fp32). Tolerance 2e-5 absolute on
-    weights of scale ~0.02: the all-reduce sums in a different order than one process does, and AdamW
-    normalises updates, so float32 rounding differences (~1e-7) grow to at most ~1e-6 over 5 steps."""
-    two = run_record(out, *ONE_RANK, "8", "--gpus", "2", "--dump-weights")
+def test_one_worker_and_two_workers_reach_the_same_weights(one_rank, tmp_path_factory):
+    """DDP correctness: the global batch on one worker == half of it on each of two (fp32). Tolerance 2e-5
+    absolute on weights of scale ~0.02: the all-reduce sums in a different order than one process does, and
+    AdamW normalises updates, so float32 rounding differences (~1e-7) grow to at most ~1e-6 over 10 steps."""
+    two = ddp_reference(ISSUE_SHAPE, tmp_path_factory)
+    assert [run_config(r).topology.world_size for r in (one_rank, two)] == [1, 2]
+    assert run_config(one_rank).batch.micro_batch == 2 * run_config(two).batch.micro_batch
     np.testing.assert_allclose(one_rank["summary"]["losses"], two["summary"]["losses"], rtol=1e-5)
     w1, w2 = final_weights(one_rank), final_weights(two)
     assert set(w1.files) == set(w2.files)
@@ -160,10 +165,10 @@ def test_failing_rank_is_recorded_with_its_log_and_nothing_is_left_behind(out):
 
 def test_token_file_data_and_activation_checkpointing(one_rank, out, tmp_path):
     """--data reads the memory-mapped file; checkpointing recomputes activations without changing the math."""
-    tokens = (np.arange(200_000) * 7919 % 2048).astype(np.uint16)
+    tokens = (np.arange(200_000) * 7919 % ISSUE_SHAPE.vocab).astype(np.uint16)
     data = tmp_path / "train.bin"
     tokens.tofile(data)
-    common = [*ONE_RANK, "16", "--gpus", "1", "--data", data]
+    common = [*ONE_RANK, "--data", data]
     plain = run_record(out, *common)
     ckpt = run_record(out, *common, "--activation-checkpointing")
     assert run_config(plain).batch.data_path == str(data) and run_config(ckpt).model.activation_checkpointing
