@@ -9,7 +9,9 @@ RECORD_SHAPE (norms ~1.6 and ~1.1) it moved the loss by 1e-4 or more within 8 st
 
 The shapes are fixed at import and shared: each shape's torch-ddp reference is launched once per test run
 (`ddp_reference`), whichever module asks first; tests/test_torch_family.py and
-tests/test_tf_paddle_backends.py run their full-record tests against those of ISSUE_SHAPE and RECORD_SHAPE.
+tests/test_tf_paddle_backends.py run their full-record tests against those of ISSUE_SHAPE and RECORD_SHAPE,
+and ISSUE_SHAPE's is also tests/test_ddp.py's two ranks against one and tests/test_multinode.py's one node
+against two.
 Each launch costs seconds of start-up, so the matrix is chosen, not crossed: every configuration runs with
 `--grad-accum 2` on ISSUE_SHAPE (the torch family's in their full-record tests) and without on RECORD_SHAPE
 (in fp32, or at low precision in the matrix below), and ZeRO-3 also on PARTITIONED_SHAPE: each on two
@@ -199,7 +201,8 @@ CASES = (
 def ddp_reference(shape: Shape, tmp_path_factory) -> dict:
     """torch-ddp's record on `shape` (2 ranks, one micro-batch, final weights dumped), launched once per
     test run whichever test module asks first. Traced, and with a transient taken before its first step:
-    the GPU tier's CPU rehearsal reads the ISSUE_SHAPE one as its reference stack's run."""
+    the GPU tier's CPU rehearsal reads the ISSUE_SHAPE one as its reference stack's run (and
+    tests/test_ddp.py and tests/test_multinode.py compare one rank and two nodes against it)."""
     return launched_once(
         f"ddp-{shape}",
         lambda: run_record(

@@ -1,7 +1,11 @@
 """Multi-node: the layout options, `harness plan`, and two "nodes" on one machine (two harnesses on loopback
 with distinct node ranks, each starting its own launcher) for every registered backend, whose record must
 equal a one-node 2-process run's in world size, ranks, hosts and losses. Without a shared filesystem,
-`harness collect` completes the record."""
+`harness collect` completes the record.
+
+The runs are ISSUE_SHAPE's of tests/test_equivalence.py (a three-block GPT, 10 steps), and the one-node run
+they must equal is that shape's torch-ddp reference, which the suite launches once for every module that
+compares against it."""
 
 from __future__ import annotations
 
@@ -14,8 +18,9 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import REPO, harness, run_record
+from conftest import REPO, harness
 from processes import leftovers
+from test_equivalence import ISSUE_SHAPE, ddp_reference
 
 from backends import backend_names, get_backend
 from core.process import free_port
@@ -25,7 +30,9 @@ from harness.run.nodes import check_run_id, read_hosts, requested_world
 from harness.run.options import build_config
 from harness.usage import UsageError
 
-TINY = "--steps 3 --warmup 1 --compute-method none --threads-per-worker 1 --device cpu --timeout 150".split()
+# Each node one rank of ISSUE_SHAPE's 2-rank layout, as its torch-ddp reference runs it (untimed: no
+# counterfactual)
+SHAPE = [*map(str, ISSUE_SHAPE.args(gpus=2)), "--compute-method", "none"]
 
 
 def run_args(*argv) -> argparse.Namespace:
@@ -266,7 +273,7 @@ def two_nodes(out0, out1, backend, run_id, extra=()):
         f"127.0.0.1:{port}",
         "--run-id",
         run_id,
-        *TINY,
+        *SHAPE,
         *extra,
     ]
     node1 = subprocess.Popen(
@@ -290,9 +297,10 @@ def comparable(record: dict) -> dict:
     }
 
 
-# One stack per multi-node launch path: torchrun's static rendezvous (torch-fsdp starts the same way as
-# torch-ddp), DeepSpeed's runner with a hostfile, horovodrun, TF_CONFIG per process, Paddle's launcher.
-MULTI_NODE_PATHS = [name for name in backend_names() if name != "torch-fsdp"]
+# One stack per multi-node launch path: torchrun's static rendezvous (torch-ddp's nodes, each writing to its
+# own folder: test_nodes_without_a_shared_filesystem_are_completed_by_collect; torch-fsdp starts the same
+# way), DeepSpeed's runner with a hostfile, horovodrun, TF_CONFIG per process, Paddle's launcher.
+MULTI_NODE_PATHS = [name for name in backend_names() if name not in ("torch-ddp", "torch-fsdp")]
 # Every stack trains torch-ddp's model with torch-ddp's update (tests/test_equivalence.py); the stacks on
 # other frameworks within the cross-framework bound stated there.
 SAME_FRAMEWORK_RTOL, CROSS_FRAMEWORK_ATOL = 1e-6, 3e-5
@@ -301,7 +309,22 @@ SAME_FRAMEWORK_RTOL, CROSS_FRAMEWORK_ATOL = 1e-6, 3e-5
 @pytest.fixture(scope="module")
 def one_node_ddp(tmp_path_factory) -> dict:
     """torch-ddp with two ranks on one node: what every stack's two one-rank nodes must reproduce."""
-    return run_record(tmp_path_factory.mktemp("one-node"), "--backend", "torch-ddp", "--gpus", "2", *TINY)
+    return ddp_reference(ISSUE_SHAPE, tmp_path_factory)
+
+
+def assert_equals_one_node(multi: dict, one_node_ddp: dict) -> None:
+    """The two-node record is the one-node run's: world size, hosts, ranks and their losses, step by step
+    (the stacks on other frameworks within the cross-framework bound)."""
+    assert comparable(multi) == comparable(one_node_ddp) and multi["status"] == "ok"
+    assert (run_config(multi).topology.nodes, run_config(multi).topology.node_rank) == (2, 0)
+    assert [m["node_rank"] for m in multi["launch"]["nodes"]] == [0, 1]
+    framework = get_backend(multi["config"]["backend"]).framework
+    for a, b in zip(one_node_ddp["ranks"], multi["ranks"]):
+        assert len(b["losses"]) == len(a["losses"]), (b["losses"], a["losses"])
+        if framework == "torch":
+            np.testing.assert_allclose(b["losses"], a["losses"], rtol=SAME_FRAMEWORK_RTOL)
+        else:
+            np.testing.assert_allclose(b["losses"], a["losses"], rtol=0, atol=CROSS_FRAMEWORK_ATOL)
 
 
 @pytest.mark.slow
@@ -318,23 +341,18 @@ def test_two_nodes_on_loopback_equal_one_node_with_two_ranks(tmp_path, backend, 
     assert node0.returncode == 0 and rc1 == 0, (
         f"{node0.stdout[-3000:]}\n{node0.stderr}\nnode 1:\n{log1[-3000:]}"
     )
-    multi = json.loads((out / f"loop-{backend}.json").read_text())
-    assert comparable(multi) == comparable(one_node_ddp) and multi["status"] == "ok"
-    assert (run_config(multi).topology.nodes, run_config(multi).topology.node_rank) == (2, 0)
-    assert [m["node_rank"] for m in multi["launch"]["nodes"]] == [0, 1]
-    for a, b in zip(one_node_ddp["ranks"], multi["ranks"]):
-        if adapter.framework == "torch":
-            np.testing.assert_allclose(b["losses"], a["losses"], rtol=SAME_FRAMEWORK_RTOL)
-        else:
-            np.testing.assert_allclose(b["losses"], a["losses"], rtol=0, atol=CROSS_FRAMEWORK_ATOL)
+    assert_equals_one_node(json.loads((out / f"loop-{backend}.json").read_text()), one_node_ddp)
     assert len(list(out.glob("*.json"))) == 1  # node 1 wrote no record
     assert not leftovers(out)
 
 
 @pytest.mark.slow
-def test_nodes_without_a_shared_filesystem_are_completed_by_collect(tmp_path):
+def test_nodes_without_a_shared_filesystem_are_completed_by_collect(tmp_path, one_node_ddp):
+    """torch-ddp's two nodes (torchrun's static rendezvous), each writing to its own folder: node 0's record
+    names the rank it lacks, `harness collect` completes it, and the whole equals the one-node run."""
     node0, rc1, log1 = two_nodes(tmp_path / "node0", tmp_path / "node1", "torch-ddp", "apart")
     assert rc1 == 0, log1
+    assert not list((tmp_path / "node1").glob("*.json"))  # node 1 wrote no record
     partial = json.loads((tmp_path / "node0" / "apart.json").read_text())
     assert partial["status"] == "crashed" and [r["rank"] for r in partial["ranks"]] == [0]
     assert "harness collect" in partial["error"]["message"]
@@ -342,5 +360,5 @@ def test_nodes_without_a_shared_filesystem_are_completed_by_collect(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     record = json.loads((tmp_path / "node0" / "apart.json").read_text())
     assert record["status"] == "ok" and [r["rank"] for r in record["ranks"]] == [0, 1]
-    assert [m["node_rank"] for m in record["launch"]["nodes"]] == [0, 1]
+    assert_equals_one_node(record, one_node_ddp)
     assert not leftovers(tmp_path)
