@@ -18,18 +18,9 @@ from harness.predict import memory
 from harness.predict.hardware import CORNERS, load_profile
 from harness.predict.model import BAND_INPUTS, step_at
 from harness.run.options import build_config
+from harness.select import search as select
 from harness.select.command import EXIT_NOTHING
 from harness.select.confirmation import run_argv
-from harness.select.search import (
-    Candidate,
-    Pricing,
-    base_configs,
-    constrain,
-    odds,
-    pareto,
-    search,
-    sharding_settings,
-)
 from workloads.spec import PRESETS
 
 pytestmark = pytest.mark.unit
@@ -60,14 +51,14 @@ def test_gpu_range():
 
 
 def test_sharding_settings_come_from_the_options():
-    assert [s["zero_stage"] for s in sharding_settings(get_backend("deepspeed"))] == [0, 1, 2, 3]
+    assert [s["zero_stage"] for s in select.sharding_settings(get_backend("deepspeed"))] == [0, 1, 2, 3]
     # Paddle's stage 0, plain data parallel, is its default and a choice of --sharding-stage: searched
-    paddle = sharding_settings(get_backend("paddle-fleet"))
+    paddle = select.sharding_settings(get_backend("paddle-fleet"))
     assert [s["sharding_stage"] for s in paddle] == [0, 1, 2, 3]
-    assert sharding_settings(get_backend("torch-ddp")) == [{}]
+    assert select.sharding_settings(get_backend("torch-ddp")) == [{}]
     for backend in all_backends():  # every stack's default is searched
         defaults = backend.Options().to_dict()
-        settings = sharding_settings(backend)
+        settings = select.sharding_settings(backend)
         assert any(all(defaults[k] == v for k, v in setting.items()) for setting in settings), backend.name
 
 
@@ -144,13 +135,15 @@ def largest_that_fits(c: RunConfig, capacity: float) -> int | None:
 
 def test_search_takes_the_largest_micro_batch_that_fits_and_drops_the_rest():
     profile = load_profile("h100-sxm")
-    pricing = Pricing(profile)
-    base, unpriced = base_configs(args_for(), pricing, PRESETS["small"], ["bf16"], ["torch-ddp", "deepspeed"])
+    pricing = select.Pricing(profile)
+    base, unpriced = select.base_configs(
+        args_for(), pricing, PRESETS["small"], ["bf16"], ["torch-ddp", "deepspeed"]
+    )
     assert not unpriced
     assert {(c.backend, c.topology.world_size) for c in base} == {
         (b, n) for b in ("torch-ddp", "deepspeed") for n in (8, 16)
     }
-    roomy = search(base, pricing, 1e9, None)
+    roomy = select.search(base, pricing, 1e9, None)
     for c in roomy:
         assert not c.dropped
         assert c.cfg.batch.micro_batch * c.cfg.batch.grad_accum * c.cfg.topology.world_size == 64
@@ -168,7 +161,9 @@ def test_search_takes_the_largest_micro_batch_that_fits_and_drops_the_rest():
     for largest in (2, 1):
         peak = memory.peak_memory(zero3.cfg.evolve(micro_batch=largest, grad_accum=8 // largest))["total"]
         capacity = (peak + 1) / (1 - memory.ALLOCATOR_MARGIN)
-        cands = search(base, Pricing(dataclasses.replace(profile, memory_bytes=capacity)), 1e9, None)
+        cands = select.search(
+            base, select.Pricing(dataclasses.replace(profile, memory_bytes=capacity)), 1e9, None
+        )
         for c in cands:
             expected = largest_that_fits(c.cfg, capacity)
             if expected is None:
@@ -187,10 +182,10 @@ def test_search_takes_the_largest_micro_batch_that_fits_and_drops_the_rest():
         assert ddp and all(c.lacks == ["memory"] for c in ddp)
 
 
-def priced(price: float) -> list[Candidate]:
-    pricing = Pricing(load_profile("h100-sxm"))
-    base, _ = base_configs(args_for(), pricing, PRESETS["small"], ["bf16"], ["torch-ddp"])
-    return search(base, pricing, 1e9, price)
+def priced(price: float) -> list[select.Candidate]:
+    pricing = select.Pricing(load_profile("h100-sxm"))
+    base, _ = select.base_configs(args_for(), pricing, PRESETS["small"], ["bf16"], ["torch-ddp"])
+    return select.search(base, pricing, 1e9, price)
 
 
 def test_the_pareto_front_is_what_nothing_beats_on_both_time_and_cost():
@@ -201,11 +196,11 @@ def test_the_pareto_front_is_what_nothing_beats_on_both_time_and_cost():
         cost[id(c)] = c.prediction["corners"]["nominal"]["cost_usd"]
         assert cost[id(c)] == pytest.approx(c.train_s * c.cfg.topology.world_size / 3600 * price)
 
-    def beats(o: Candidate, c: Candidate) -> bool:
+    def beats(o: select.Candidate, c: select.Candidate) -> bool:
         at_least = o.train_s <= c.train_s and cost[id(o)] <= cost[id(c)]
         return at_least and (o.train_s < c.train_s or cost[id(o)] < cost[id(c)])
 
-    front = pareto(cands)
+    front = select.pareto(cands)
     assert front == [c for c in cands if not any(beats(o, c) for o in cands if o is not c)]
     # the trade-off is there to find: 16 GPUs are faster, 8 cheaper (scaling costs efficiency), both on it
     fastest, cheapest = min(cands, key=lambda c: c.train_s), min(cands, key=lambda c: cost[id(c)])
@@ -218,14 +213,14 @@ def test_the_deadline_and_the_budget_drop_exactly_what_misses_them():
     cands = priced(2.0)
     times = sorted(c.train_s for c in cands)
     deadline_s = (times[0] + times[1]) / 2  # the fastest alone meets it
-    constrain(cands, deadline_h=deadline_s / 3600, budget=None)
+    select.constrain(cands, deadline_h=deadline_s / 3600, budget=None)
     assert [c for c in cands if not c.dropped] == [c for c in cands if c.train_s <= deadline_s]
     assert all(c.lacks == ["deadline"] and "misses the deadline" in c.dropped for c in cands if c.dropped)
 
     cands = priced(2.0)
     costs = sorted(c.prediction["corners"]["nominal"]["cost_usd"] for c in cands)
     budget = (costs[0] + costs[1]) / 2  # the cheapest alone is within it
-    constrain(cands, deadline_h=None, budget=budget)
+    select.constrain(cands, deadline_h=None, budget=budget)
     kept = [c for c in cands if not c.dropped]
     assert kept == [c for c in cands if c.prediction["corners"]["nominal"]["cost_usd"] <= budget]
     assert len(kept) == 1 and all(c.lacks == ["budget"] for c in cands if c.dropped)
@@ -247,7 +242,7 @@ def test_each_candidate_s_run_arguments_build_the_configuration_it_was_priced_as
     micro-batch and accumulation, checkpointing, ranks), for every sharding setting and variant."""
     profile = dataclasses.replace(load_profile("h100-sxm"), device=device)
     args = args_for(gpus=[n], workload="tiny", global_batch=32)
-    base, _ = base_configs(args, Pricing(profile), PRESETS["tiny"], [precision], stacks)
+    base, _ = select.base_configs(args, select.Pricing(profile), PRESETS["tiny"], [precision], stacks)
     assert {c.variant for c in base} == {"default", "tuned"} and {
         c.model.activation_checkpointing for c in base
     } == {
@@ -274,22 +269,22 @@ def test_each_candidate_s_run_arguments_build_the_configuration_it_was_priced_as
 
 
 # ------------------------------------------------------------------------------------------------ odds
-def candidate(c: RunConfig) -> Candidate:
-    return Candidate(c, get_backend(c.backend).label(c), {})
+def candidate(c: RunConfig) -> select.Candidate:
+    return select.Candidate(c, get_backend(c.backend).label(c), {})
 
 
 def test_identical_candidates_are_each_about_half():
     c = cfg("torch-ddp", n=8)
-    p = odds([candidate(c), candidate(c)], Pricing(load_profile("h100-sxm")), samples=200)
+    p = select.odds([candidate(c), candidate(c)], select.Pricing(load_profile("h100-sxm")), samples=200)
     assert p == pytest.approx([0.5, 0.5], abs=0.05)
 
 
 def test_two_frameworks_whose_bands_overlap_are_not_ranked_as_if_apart():
     """torch-ddp and tf-mwms at 8 H100s: each framework's unknown MFU is its own, so neither wins every draw
     (drawn jointly, one would: the same corner for both keeps their order)."""
-    pricing = Pricing(load_profile("h100-sxm"))
+    pricing = select.Pricing(load_profile("h100-sxm"))
     cands = [candidate(cfg("torch-ddp", n=8)), candidate(cfg("tf-mwms", n=8))]
-    p = odds(cands, pricing, samples=200)
+    p = select.odds(cands, pricing, samples=200)
     assert 0.05 < p[0] < 0.95 and sum(p) == pytest.approx(1.0), p
 
 
@@ -297,7 +292,7 @@ def test_a_candidate_faster_in_every_draw_wins_every_draw():
     """DDP at micro-batch 8 against 4: the same gradient all-reduce a step over twice the tokens. Both are
     torch (one compute draw), so each draw puts the two at the same corners: the premise is checked at every
     combination of corners, and the faster must then take every draw, wherever it stands in the list."""
-    pricing = Pricing(load_profile("h100-sxm"))
+    pricing = select.Pricing(load_profile("h100-sxm"))
     slow, fast = cfg("torch-ddp", n=8), cfg("torch-ddp", n=8, micro=8)
     profile = pricing.profile("torch-ddp")
     plans = [(c, pricing.calibration(c), get_backend(c.backend).schedule(c)) for c in (fast, slow)]
@@ -307,11 +302,11 @@ def test_a_candidate_faster_in_every_draw_wins_every_draw():
             step_at(c, profile, calib, plan, at)["step_s"] / c.tokens_per_step for c, calib, plan in plans
         ]
         assert per_token[0] < per_token[1], at
-    assert list(odds([candidate(slow), candidate(fast)], pricing, samples=100)) == [0.0, 1.0]
-    assert list(odds([candidate(fast), candidate(slow)], pricing, samples=100)) == [1.0, 0.0]
+    assert list(select.odds([candidate(slow), candidate(fast)], pricing, samples=100)) == [0.0, 1.0]
+    assert list(select.odds([candidate(fast), candidate(slow)], pricing, samples=100)) == [1.0, 0.0]
     # beside a third stack the slow one still never wins, and the odds sum to one
     zero3 = cfg("deepspeed", n=8, options={"zero_stage": 3})
-    p = odds([candidate(zero3), candidate(fast), candidate(slow)], pricing, samples=100)
+    p = select.odds([candidate(zero3), candidate(fast), candidate(slow)], pricing, samples=100)
     assert p[2] == 0.0 and sum(p) == pytest.approx(1.0)
 
 
