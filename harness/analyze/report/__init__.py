@@ -5,7 +5,8 @@ One job per module: command.py (the two commands: load the records, pick the sec
 training.py (the sections on training runs: scaling, numerics, framework selection), commbench.py (the
 collectives of `harness commbench` records), prediction.py (`harness predict` records, apart from every
 measured table). They build a harness.document Document, which harness/document.py renders to Markdown
-or HTML for every verb that writes one (`harness select` too). Every number comes from harness.analyze (analysis, collectives, predictions); these modules only choose and format.
+or HTML for every verb that writes one (`harness select` too). Every number comes from harness.analyze
+(analysis, collectives, predictions); these modules only choose and format.
 """
 
 from harness.analyze.report.command import cmd_report, cmd_results, register
