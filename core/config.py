@@ -23,19 +23,20 @@ COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "al
 COMMBENCH_DTYPES = {"fp32": 4, "bf16": 2}  # element bytes
 
 
-def flag(
-    name: str,
-    help: str,
-    *,
-    parse: str | None = None,
-    valid: tuple | None = None,
-    choices: tuple | None = None,
-    action: str | None = None,
-    metavar: str | None = None,
-    group: str | None = None,
-    default=MISSING,
-    required: bool = False,
-) -> dict:
+# What a flag's metadata holds where its field's flag() does not say (flag() says what each means).
+FLAG_DEFAULTS = {
+    "parse": None,
+    "valid": None,
+    "choices": None,
+    "action": None,
+    "metavar": None,
+    "group": None,
+    "default": MISSING,
+    "required": False,
+}
+
+
+def flag(name: str, help: str, **given) -> dict:
     """The command-line flag that sets a field, as the field's metadata: declared here once, beside the
     field and its default, and turned into the argparse option of every verb that takes it and back into
     a command line by harness.arguments (as backends.base.option declares a stack's own).
@@ -43,23 +44,29 @@ def flag(
     `parse`: the name of the argparse type in harness.arguments.parsers ("positive", "seconds", ...; none:
     the text itself), named because core imports nothing of the harness. `valid`: the values the harness
     accepts, checked where it builds the config so the usage error names them; `choices`: the same, checked
-    by argparse. `action`: "store_true", "boolean" (--x and --no-x) or "append". `group`: the help section
-    ("multi-node", "testing"). `default`: the flag's own where it differs from the field's: None where a
-    flag not given leaves the value to the harness (a derived or resolved value, which the help says).
-    `help` may name {default} (the field's), {backends}, {remote_launchers} and {master_port}, which only
-    the harness knows."""
-    return {
-        "flag": name,
-        "help": help,
-        "parse": parse,
-        "valid": valid,
-        "choices": choices,
-        "action": action,
-        "metavar": metavar,
-        "group": group,
-        "default": default,
-        "required": required,
-    }
+    by argparse. `action`: "store_true", "boolean" (--x and --no-x) or "append". `metavar`: the value's
+    name in the help. `group`: the help section ("multi-node", "testing"). `default`: the flag's own where
+    it differs from the field's: None where a flag not given leaves the value to the harness (a derived or
+    resolved value, which the help says). `required`: a flag every run gives. `help` may name {default}
+    (the field's), {backends}, {remote_launchers} and {master_port}, which only the harness knows."""
+    unknown = sorted(set(given) - set(FLAG_DEFAULTS))
+    if unknown:
+        raise TypeError(f"flag {name}: no {', '.join(unknown)}")
+    return {"flag": name, "help": help, **FLAG_DEFAULTS, **given}
+
+
+def setting(value, name: str, help: str, **given):
+    """A field, its default `value` (`list`: a fresh empty list each) and the flag that sets it (flag()), as
+    backends.base.option declares a stack's option."""
+    if value is list:
+        return field(default_factory=list, metadata=flag(name, help, **given))
+    return field(default=value, metadata=flag(name, help, **given))
+
+
+def node_setting(value, name: str, help: str, **given):
+    """A multi-node setting: in the help's multi-node section and, not given, worked out from the layout; a
+    count (a positive integer) unless `parse` says otherwise."""
+    return setting(value, name, help, group="multi-node", **{"default": None, "parse": "positive", **given})
 
 
 class InvalidConfig(ValueError):
@@ -77,36 +84,27 @@ class ModelConfig:
     """The preset the spec came from (`--workload`); the overrides are already applied in `spec`."""
     spec: ModelSpec
     """The framework-free model every stack builds (workloads.spec)."""
-    precision: str = field(
-        default="fp32", metadata=flag("--precision", ", ".join(PRECISIONS), valid=PRECISIONS)
-    )
+    precision: str = setting("fp32", "--precision", ", ".join(PRECISIONS), valid=PRECISIONS)
     """Compute precision, one of PRECISIONS; master weights and the optimizer stay fp32 (core.precision)."""
-    tf32: bool = field(
-        default=False,
-        metadata=flag(
-            "--tf32",
-            "fp32 runs: let fp32 matmuls and convolutions run as TF32 in every framework (default: IEEE fp32 "
-            "everywhere, whatever each framework's own default)",
-            action="store_true",
-        ),
+    tf32: bool = setting(
+        False,
+        "--tf32",
+        "fp32 runs: let fp32 matmuls and convolutions run as TF32 in every framework (default: IEEE fp32 "
+        "everywhere, whatever each framework's own default)",
+        action="store_true",
     )
     """Let fp32 matmuls and convolutions run as TF32 (--tf32; fp32 runs only), in every framework alike,
     where the GPU has it. Off, fp32 is IEEE fp32 in every framework (core.precision): off by default because
     the frameworks' own defaults differ (PyTorch off, TensorFlow and Paddle on), which would compare other
     maths under one flag."""
-    activation_checkpointing: bool = field(
-        default=False,
-        metadata=flag(
-            "--activation-checkpointing",
-            "recompute each block's activations in the backward pass: less memory, about a third more "
-            "compute",
-            action="store_true",
-        ),
+    activation_checkpointing: bool = setting(
+        False,
+        "--activation-checkpointing",
+        "recompute each block's activations in the backward pass: less memory, about a third more compute",
+        action="store_true",
     )
     """Recompute each block's activations in the backward pass: less memory, about a third more compute."""
-    seed: int = field(
-        default=0, metadata=flag("--seed", "seeds the initial weights and the synthetic data", parse="int")
-    )
+    seed: int = setting(0, "--seed", "seeds the initial weights and the synthetic data", parse="int")
     """Seeds the initial weights and the synthetic data, identically in every framework."""
 
 
@@ -114,44 +112,36 @@ class ModelConfig:
 class BatchConfig:
     """How much data one step consumes, and from where."""
 
-    micro_batch: int = field(
-        default=8,
-        metadata=flag(
-            "--micro-batch",
-            "sequences per rank per micro-step (default {default})",
-            parse="positive",
-            default=None,
-        ),
+    micro_batch: int = setting(
+        8,
+        "--micro-batch",
+        "sequences per rank per micro-step (default {default})",
+        parse="positive",
+        default=None,
     )
     """Sequences per rank per micro-step."""
-    grad_accum: int = field(
-        default=1,
-        metadata=flag(
-            "--grad-accum",
-            "micro-steps per optimizer step (default {default}, unless derived from --global-batch)",
-            parse="positive",
-            default=None,
-        ),
+    grad_accum: int = setting(
+        1,
+        "--grad-accum",
+        "micro-steps per optimizer step (default {default}, unless derived from --global-batch)",
+        parse="positive",
+        default=None,
     )
     """Micro-steps per optimizer step; gradients are reduced once per step."""
-    scaling: str = field(
-        default="weak",
-        metadata=flag(
-            "--scaling",
-            "weak: fixed per-device batch (default); strong: fixed global batch split over N",
-            choices=SCALINGS,
-            default=None,
-        ),
+    scaling: str = setting(
+        "weak",
+        "--scaling",
+        "weak: fixed per-device batch (default); strong: fixed global batch split over N",
+        choices=SCALINGS,
+        default=None,
     )
     """How the batch was chosen across world sizes ("weak": fixed per rank; "strong": fixed global), recorded
     so sweeps and `harness compare` pair like with like."""
-    data_path: str | None = field(
-        default=None,
-        metadata=flag(
-            "--data",
-            "flat token file (memory-mapped; uint16, uint32 where the vocabulary is above 65,536) instead of "
-            "synthetic tokens",
-        ),
+    data_path: str | None = setting(
+        None,
+        "--data",
+        "flat token file (memory-mapped; uint16, uint32 where the vocabulary is above 65,536) instead of "
+        "synthetic tokens",
     )
     """A token file to read instead of synthetic data (workloads.data)."""
 
@@ -160,64 +150,47 @@ class BatchConfig:
 class MeasurementConfig:
     """How the step is timed and what is measured beside it (docs/measurement.md)."""
 
-    steps: int = field(default=20, metadata=flag("--steps", "measured steps", parse="positive"))
+    steps: int = setting(20, "--steps", "measured steps", parse="positive")
     """Measured steps: every statistic is over these."""
-    warmup: int = field(
-        default=3,
-        metadata=flag("--warmup", "steps run first and excluded from statistics", parse="non_negative"),
-    )
+    warmup: int = setting(3, "--warmup", "steps run first and excluded from statistics", parse="non_negative")
     """Steps run first and excluded from every statistic (allocator, autotuning, compilation)."""
-    compute_steps: int = field(
-        default=5,
-        metadata=flag(
-            "--compute-steps", "sync-off steps for t_compute (no_sync method)", parse="non_negative"
-        ),
+    compute_steps: int = setting(
+        5, "--compute-steps", "sync-off steps for t_compute (no_sync method)", parse="non_negative"
     )
     """Steps with gradient sync off that time t_compute (the no_sync method), after the measured ones."""
-    compute_method: str = field(
-        default="auto",
-        metadata=flag(
-            "--compute-method",
-            f"{', '.join(COMPUTE_METHODS)}: how t_compute is measured",
-            valid=COMPUTE_METHODS,
-        ),
+    compute_method: str = setting(
+        "auto",
+        "--compute-method",
+        f"{', '.join(COMPUTE_METHODS)}: how t_compute is measured",
+        valid=COMPUTE_METHODS,
     )
     """How t_compute is measured, one of COMPUTE_METHODS; auto: the backend's preferred method."""
-    isolated_repeats: int = field(
-        default=2,
-        metadata=flag(
-            "--isolated-repeats",
-            "launches of the isolated counterfactual (isolated method), one after the other",
-            parse="positive",
-        ),
+    isolated_repeats: int = setting(
+        2,
+        "--isolated-repeats",
+        "launches of the isolated counterfactual (isolated method), one after the other",
+        parse="positive",
     )
     """Launches of the isolated counterfactual (one rank alone), one after the other."""
-    trace_comm: bool = field(
-        default=True,
-        metadata=flag(
-            "--trace-comm",
-            "after the measured steps, profile --trace-steps more with the stack's own instrument for the "
-            "collective trace: measured bytes, time and compute overlap per op (default on)",
-            action="boolean",
-        ),
+    trace_comm: bool = setting(
+        True,
+        "--trace-comm",
+        "after the measured steps, profile --trace-steps more with the stack's own instrument for the "
+        "collective trace: measured bytes, time and compute overlap per op (default on)",
+        action="boolean",
     )
     """Profile `trace_steps` steps after the measured ones for the collective trace."""
-    trace_steps: int = field(
-        default=2, metadata=flag("--trace-steps", "steps profiled for the collective trace", parse="positive")
+    trace_steps: int = setting(
+        2, "--trace-steps", "steps profiled for the collective trace", parse="positive"
     )
     """Steps the collective trace covers."""
-    timeout_s: float = field(
-        default=900.0, metadata=flag("--timeout", "seconds before the whole run is killed", parse="seconds")
-    )
+    timeout_s: float = setting(900.0, "--timeout", "seconds before the whole run is killed", parse="seconds")
     """Wall-clock limit of the whole run; past it every rank is killed and the run recorded as timed out."""
-    collective_timeout_s: float | None = field(
-        default=None,
-        metadata=flag(
-            "--collective-timeout",
-            "seconds a collective waits for a dead or hung peer before the ranks give up (default: "
-            "--timeout)",
-            parse="seconds",
-        ),
+    collective_timeout_s: float | None = setting(
+        None,
+        "--collective-timeout",
+        "seconds a collective waits for a dead or hung peer before the ranks give up (default: --timeout)",
+        parse="seconds",
     )
     """A collective's wait for a missing peer before it fails; None: timeout_s."""
 
@@ -244,96 +217,57 @@ class TopologyConfig:
         )
     )
     """Resolved: "cuda" or "cpu"."""
-    nodes: int = field(
-        default=1,
-        metadata=flag(
-            "--nodes",
-            "machines taking part (default: the number of hosts, else 1)",
-            parse="positive",
-            group="multi-node",
-            default=None,
-        ),
-    )
+    nodes: int = node_setting(1, "--nodes", "machines taking part (default: the number of hosts, else 1)")
     """Nodes; this harness invocation starts the launcher of node `node_rank` (gpus_per_node ranks each)."""
-    gpus_per_node: int = field(
-        default=0,
-        metadata=flag(
-            "--gpus-per-node",
-            "ranks per node (default: --gpus / --nodes, or the hostfile's slots)",
-            parse="positive",
-            group="multi-node",
-            default=None,
-        ),
+    gpus_per_node: int = node_setting(
+        0, "--gpus-per-node", "ranks per node (default: --gpus / --nodes, or the hostfile's slots)"
     )
     """Ranks per node; 0: world_size / nodes."""
-    node_rank: int = field(
-        default=0,
-        metadata=flag(
-            "--node-rank",
-            "this node's index (default: this host's place in the hosts)",
-            parse="int",
-            group="multi-node",
-            default=None,
-        ),
+    node_rank: int = node_setting(
+        0, "--node-rank", "this node's index (default: this host's place in the hosts)", parse="int"
     )
     """The node this invocation launches."""
-    master_addr: str = field(
-        default="127.0.0.1",
-        metadata=flag(
-            "--master",
-            "where the ranks meet (default: the first host, port {master_port}; a one-node run picks a free "
-            "local port per run)",
-            metavar="ADDR[:PORT]",
-            group="multi-node",
-            default=None,
-        ),
+    master_addr: str = node_setting(
+        "127.0.0.1",
+        "--master",
+        "where the ranks meet (default: the first host, port {master_port}; a one-node run picks a free "
+        "local port per run)",
+        parse=None,
+        metavar="ADDR[:PORT]",
     )
     """Where the ranks meet (rendezvous)."""
     master_port: int | None = None
     """The rendezvous port; None: chosen by the harness. Set with master_addr by --master ADDR:PORT."""
-    hosts: list = field(
-        default_factory=list,
-        metadata=flag(
-            "--hosts",
-            "comma-separated host names, one per node, node 0 first",
-            group="multi-node",
-            default=None,
-        ),
+    hosts: list = node_setting(
+        list, "--hosts", "comma-separated host names, one per node, node 0 first", parse=None
     )
     """One hostname per node, when known."""
-    launcher_only: bool = field(
-        default=False,
-        metadata=flag(
-            "--launcher-only",
-            "this harness only starts the ranks on the hosts (an MPIJob's launcher pod, which has no GPU of "
-            "its own): the device is the hosts', given as --device cuda or cpu and not checked here; for "
-            "backends whose launcher reaches the other hosts ({remote_launchers}), with --compute-method "
-            "none",
-            action="store_true",
-            group="multi-node",
-        ),
+    launcher_only: bool = setting(
+        False,
+        "--launcher-only",
+        "this harness only starts the ranks on the hosts (an MPIJob's launcher pod, which has no GPU of its "
+        "own): the device is the hosts', given as --device cuda or cpu and not checked here; for backends "
+        "whose launcher reaches the other hosts ({remote_launchers}), with --compute-method none",
+        action="store_true",
+        group="multi-node",
     )
     """This harness only starts the ranks on `hosts` (an MPIJob's launcher pod): no rank runs here."""
-    threads_per_worker: int = field(
-        default=1,
-        metadata=flag(
-            "--threads-per-worker",
-            "CPU threads per worker (default: cores / gpus)",
-            parse="positive",
-            default=None,
-        ),
+    threads_per_worker: int = setting(
+        1,
+        "--threads-per-worker",
+        "CPU threads per worker (default: cores / gpus)",
+        parse="positive",
+        default=None,
     )
     """Intra-op threads of each CPU worker, fixed and recorded (CPU runs)."""
-    python: str | None = field(
-        default=None,
-        metadata=flag(
-            "--python",
-            "the interpreter the launcher and workers run under, e.g. a venv of the backend's own stack; "
-            "BACKEND=PATH names one backend (a sweep of several); default: $DISTBENCH_PYTHON_<BACKEND>, else "
-            ".venvs/<stack>/bin/python (./setup.sh --stack), else the harness's own",
-            action="append",
-            metavar="[BACKEND=]PATH",
-        ),
+    python: str | None = setting(
+        None,
+        "--python",
+        "the interpreter the launcher and workers run under, e.g. a venv of the backend's own stack; "
+        "BACKEND=PATH names one backend (a sweep of several); default: $DISTBENCH_PYTHON_<BACKEND>, else "
+        ".venvs/<stack>/bin/python (./setup.sh --stack), else the harness's own",
+        action="append",
+        metavar="[BACKEND=]PATH",
     )
     """The interpreter the launcher and the workers run under: the backend's own environment where its
     stack's pinned wheels cannot share one with the others (backends.interpreter says how it is chosen).
@@ -352,14 +286,12 @@ class RoleConfig:
     isolated_index: int | None = None
     """Set only for the isolated counterfactual: this worker runs alone (world 1) on data shard
     `isolated_index` of the real N-rank run."""
-    dump_weights: bool = field(
-        default=False,
-        metadata=flag(
-            "--dump-weights",
-            "rank 0 saves its final weights in the log dir",
-            action="store_true",
-            group="testing",
-        ),
+    dump_weights: bool = setting(
+        False,
+        "--dump-weights",
+        "rank 0 saves its final weights in the log dir",
+        action="store_true",
+        group="testing",
     )
     """Rank 0 saves its final weights (neutral names), for the equivalence tests."""
     commbench: dict | None = None
@@ -404,14 +336,12 @@ class RunConfig:
     backend_options: dict = field(default_factory=dict)
     """The stack's own settings (its adapter's `options` say which it takes), e.g. ZeRO's stage."""
     role: RoleConfig = field(default_factory=RoleConfig)
-    variant: str = field(
-        default="default",
-        metadata=flag(
-            "--tuned",
-            "the stack's tuned set: the settings its own documentation and reference trainers use (each "
-            "listed in the record with its source; a flag given as well overrides its setting)",
-            action="store_true",
-        ),
+    variant: str = setting(
+        "default",
+        "--tuned",
+        "the stack's tuned set: the settings its own documentation and reference trainers use (each listed "
+        "in the record with its source; a flag given as well overrides its setting)",
+        action="store_true",
     )
     """One of VARIANTS: "tuned" when the stack's tuned set (its adapter's `tuned()`) was applied to
     backend_options, any option given by hand on top; part of the label, so tables and `harness compare`

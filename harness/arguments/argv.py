@@ -27,8 +27,9 @@ def shape_argv(cfg: RunConfig) -> list[str]:
     """The workload: its preset, and every dimension where the shape is not the preset's (a custom one
     names every dimension over the default preset)."""
     workload, spec = cfg.model.workload, cfg.model.spec
-    preset = workload if workload in PRESETS else declared_flags()["--workload"].default
-    argv = [] if preset == declared_flags()["--workload"].default else ["--workload", preset]
+    default = str(declared_flags()["--workload"].default)
+    preset = workload if workload in PRESETS else default
+    argv = [] if preset == default else ["--workload", preset]
     if spec != PRESETS[preset]:
         for name, attribute in OVERRIDES.items():
             argv += ["--" + name.replace("_", "-"), str(getattr(spec, attribute))]

@@ -25,21 +25,14 @@ def run_request(args, backends: list[str] | None = None) -> RunRequest:
 
 
 def build_config(
-    args,
-    backend_name: str,
-    n: int,
-    threads: int | None = None,
-    check_devices: bool = True,
-    node_rank: int | None = None,
-    backends_in_use: list[str] | None = None,
-    variant: str | None = None,
+    args, backend_name: str, n: int, *more, backends_in_use: list[str] | None = None, **kw
 ) -> RunConfig:
-    """One config from a command line read for it alone (run_request(args).config, which a verb that builds
-    several from one command line calls itself). `backends_in_use`: the backends a sweep runs, whose
-    options may all be given (default: this one)."""
+    """One config from a command line read for it alone: run_request(args).config(backend_name, n, ...),
+    which a verb that builds several from one command line calls itself. `backends_in_use`: the backends a
+    sweep runs, whose options may all be given (default: this one)."""
     names = backends_in_use or [backend_name]
     request = run_request(args, names if backend_name in names else [*names, backend_name])
-    return request.config(backend_name, n, threads, check_devices, node_rank, variant)
+    return request.config(backend_name, n, *more, **kw)
 
 
 def check_out_dir(out: Path) -> None:
