@@ -483,3 +483,85 @@ def test_the_scan_finds_each_kind_of_stale_name():
     assert unknown_flags(make_parser(), words) == ["harness predict --tuned-too: no such flag"]
     assert unknown_flags(make_parser(), ["reports", "--gpus", "8"]) == ["harness reports: no such command"]
     assert harness_commands("the harness imports no framework") == []
+
+
+DEVELOPMENT = REPO / "docs" / "development.md"
+# The folders whose every module and package the layout in docs/development.md names. Each backend's own
+# package is covered by the layout's "one package per backend" (the registry lists them), tests/ by its
+# own pages, and docs/ and results/ hold no code.
+LAID_OUT = ("workloads", "core", "backends", "harness", "experiments", "scripts")
+LAYOUT_ENTRY = re.compile(r"^([\w/]+/)\s", re.MULTILINE)
+NAMED_FILE = re.compile(r"(?<![\w./-])([\w-]+\.(?:py|sh))\b")
+
+
+def layout_entries() -> dict[str, str]:
+    """docs/development.md's layout block as {folder/: the text of its entry}."""
+    text = DEVELOPMENT.read_text()
+    block = text.split("## Layout", 1)[1].split("```", 2)[1]
+    starts = list(LAYOUT_ENTRY.finditer(block))
+    return {
+        m.group(1): block[m.end() : starts[i + 1].start() if i + 1 < len(starts) else len(block)]
+        for i, m in enumerate(starts)
+    }
+
+
+def stack_packages() -> set[str]:
+    """The backends' own packages, registered in backends.ADAPTERS."""
+    from backends import ADAPTERS
+
+    return {spec.split(":")[0].split(".")[1] for spec in ADAPTERS.values()}
+
+
+def laid_out_folders() -> list[Path]:
+    """Every code folder under LAID_OUT, less the backends' own packages."""
+    folders = []
+    for top in LAID_OUT:
+        for folder in [REPO / top, *sorted((REPO / top).rglob("*/"))]:
+            rel = folder.relative_to(REPO)
+            if not folder.is_dir() or set(rel.parts) & SKIPPED_DIRS:
+                continue
+            if top == "backends" and len(rel.parts) > 1 and rel.parts[1] in stack_packages():
+                continue
+            if any(folder.glob("*.py")) or any(folder.glob("*.sh")):
+                folders.append(folder)
+    return folders
+
+
+def code_names(folder: Path) -> list[str]:
+    """The modules, scripts and subpackages a folder holds, as the layout names them (a package's
+    `__init__.py` and `__main__.py` go by the package's name)."""
+    names = [
+        p.name for p in sorted(folder.iterdir()) if p.suffix in (".py", ".sh") and not p.name.startswith("__")
+    ]
+    skipped = stack_packages() if folder == REPO / "backends" else set()
+    names += [
+        f"{p.name}/"
+        for p in sorted(folder.iterdir())
+        if (p / "__init__.py").exists() and p.name not in skipped
+    ]
+    return names
+
+
+def test_the_layout_in_the_development_guide_names_every_module_and_nothing_gone():
+    """docs/development.md's layout is how a newcomer finds a module: a module missing from it, or a name it
+    keeps for a module that is gone, sends them looking in the wrong place. A folder without an entry of its
+    own is described in its parent's entry."""
+    entries = layout_entries()
+    block = "".join(entries.values())
+    problems = []
+    for folder in laid_out_folders():
+        key = f"{folder.relative_to(REPO)}/"
+        entry = entries.get(key) or entries.get(f"{folder.parent.relative_to(REPO)}/")
+        if entry is None:
+            problems.append(f"{key}: no entry in the layout")
+            continue
+        for name in code_names(folder):
+            stem = name.removesuffix("/").removesuffix(".py").removesuffix(".sh")
+            named = re.search(rf"(?<![\w-]){re.escape(stem)}(?![\w-])", entry)
+            if not named and f"{key}{name}" not in block and f"{key}{name}" not in entries:
+                problems.append(f"{key}: {name} not named")
+    for key, entry in entries.items():
+        for name in NAMED_FILE.findall(entry):
+            if not any((REPO / key).rglob(name)):
+                problems.append(f"{key}: names {name}, which is not in {key}")
+    assert not problems, "docs/development.md's layout is out of step with the tree:\n" + "\n".join(problems)
