@@ -23,7 +23,7 @@ COMMANDS = {
     "sweep": "harness.run.sweep",
     "report": "harness.analyze.report",
     "results": "harness.analyze.report",
-    "compare": "harness.analyze.compare",
+    "compare": "harness.analyze.compare_command",
     "gate": "harness.gate.command",
     "baseline": "harness.analyze.baseline",
     "history": "harness.analyze.history",
