@@ -40,8 +40,8 @@ from harness.analyze.compare import (
     DEFAULT_MEMORY_THRESHOLD,
     DEFAULT_THRESHOLD,
     compare_runs,
-    markdown,
 )
+from harness.analyze.compare_table import markdown
 from harness.usage import EXIT_FAILED, EXIT_OK, UsageError, fraction
 
 
