@@ -128,7 +128,7 @@ STATED = {
     ("--global-batch", "predict"): "the micro-batch is chosen to fit the profile's memory, not derived",
     ("--global-batch", "select"): "a selection compares candidates at one global batch, 512 by default",
     ("--threads-per-worker", "predict"): "one calibration prices every N: 1 thread unless given",
-    ("--threads-per-worker", "select"): "as predict's (select's own text until it takes predict's)",
+    ("--threads-per-worker", "select"): "predict's: one calibration prices every N",
     ("--out", "predict"): "a prediction writes records only when asked",
     ("--out", "select"): "a selection writes its record only when asked",
     ("--out", "gate"): "the gate's folder of runs and pairs, which it resumes from",
@@ -171,12 +171,6 @@ STATED = {
 PENDING = {
     ("--backend", "gate"),
     ("--gpus", "gate"),
-    *((flag, "select") for flag in ("--vocab", "--seq-len", "--d-model", "--layers", "--heads", "--ffn")),
-    ("--calibrate", "select"),
-    ("--hardware", "select"),
-    ("--gpu-hour-price", "select"),
-    ("--markdown", "select"),
-    ("--html", "select"),
 }
 
 

@@ -12,6 +12,7 @@ import pytest
 from backends import all_backends, get_backend
 from core.config import InvalidConfig, RunConfig
 from core.records import validate_record
+from harness.arguments import run_argv
 from harness.arguments.parsers import gpu_range
 from harness.cli import main, make_parser
 from harness.predict import memory
@@ -20,7 +21,6 @@ from harness.predict.model import BAND_INPUTS, step_at
 from harness.run.options import build_config
 from harness.select import search as select
 from harness.select.command import EXIT_NOTHING
-from harness.select.confirmation import run_argv
 from workloads.spec import PRESETS
 
 pytestmark = pytest.mark.unit

@@ -12,15 +12,15 @@ from pathlib import Path
 
 from backends import backend_names, get_backend
 from core.config import PRECISIONS
-from core.records import SCHEMA_VERSION, git_commit, load_records, now_iso, write_atomic, write_record_atomic
-from harness import document as doc
-from harness.arguments.parsers import gpu_range, hours, tokens_count, usd
-from harness.predict.command import shape_title
+from core.records import SCHEMA_VERSION, git_commit, load_records, now_iso, write_record_atomic
+from harness.arguments import add_document_arguments, add_flags, run_argv, spec_from_args, write_documents
+from harness.arguments.flags import SHAPE_FLAGS
+from harness.arguments.parsers import gpu_range, hours, positive, usd
+from harness.predict.command import THREADS, shape_title
 from harness.predict.hardware import catalogue
 from harness.predict.memory import ALLOCATOR_MARGIN
 from harness.predict.model import BAND_INPUTS
-from harness.run_args import spec_from_args
-from harness.select.confirmation import confirm, run_argv
+from harness.select.confirmation import confirm
 from harness.select.presentation import (
     answer_lines,
     document,
@@ -42,8 +42,8 @@ from harness.select.search import (
     search,
     sharding_settings,
 )
-from harness.usage import EXIT_OK, UsageError, positive
-from workloads.spec import OVERRIDES, PRESETS, ModelSpec
+from harness.usage import EXIT_OK, UsageError
+from workloads.spec import ModelSpec
 
 EXIT_NOTHING = 1  # nothing meets the constraints: an answer, not an error
 DEFAULT_GLOBAL_BATCH = 512
@@ -131,13 +131,6 @@ def ranked_rows(kept: list[Candidate], front: list[Candidate], pricing: Pricing)
     return rows
 
 
-def write_documents(args, sections) -> None:
-    if args.markdown:
-        write_atomic(Path(args.markdown), lambda tmp: tmp.write_text(doc.render_md(sections)))
-    if args.html:
-        write_atomic(Path(args.html), lambda tmp: tmp.write_text(doc.render_html(sections)))
-
-
 def record_inputs(args, inputs: Inputs, kept: list[Candidate]) -> dict:
     """The record's inputs: what was asked, and what the answer rests on (the margin, the odds' draws, each
     ranked stack's profile, the calibration runs)."""
@@ -195,7 +188,7 @@ def cmd_select(args) -> int:
     for line in answer_lines(rows):
         print(line)
     print(f"selected among {len(cands)} candidates in {elapsed:.1f} s")
-    write_documents(args, document(header, rows, excluded, confirmed, args.top))
+    write_documents(args, document(header, rows, excluded, confirmed, args.top), label="selection")
     if args.out:
         record = {
             "schema_version": SCHEMA_VERSION,
@@ -215,39 +208,17 @@ def cmd_select(args) -> int:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("select", help="rank stacks and settings for a model on a cluster, with odds")
-    p.add_argument("--workload", default="tiny", help=f"preset: {', '.join(PRESETS)}")
-    for flag in OVERRIDES:
-        p.add_argument(
-            "--" + flag.replace("_", "-"), dest=flag, type=positive, help=f"override {OVERRIDES[flag]}"
-        )
-    p.add_argument(
-        "--hardware",
-        required=True,
-        help=f"{', '.join(catalogue())}, a profile .yaml, or local (this machine, from --calibrate)",
-    )
+    add_flags(p, "--workload", *SHAPE_FLAGS)
+    add_flags(p, "--hardware", "--calibrate", "--tokens", "--gpu-hour-price", profiles=", ".join(catalogue()))
     p.add_argument("--gpus", type=gpu_range, required=True, help="rank counts: 8,16,32 or 8-256")
-    p.add_argument("--tokens", type=tokens_count, help="tokens to train on (default 20 x parameters)")
     p.add_argument("--deadline", type=hours, help="hours the training may take")
     p.add_argument("--budget", type=usd, help="USD the training may cost (needs --gpu-hour-price)")
-    p.add_argument("--gpu-hour-price", type=usd, help="USD per GPU-hour")
     p.add_argument("--global-batch", type=positive, help=f"sequences a step (default {DEFAULT_GLOBAL_BATCH})")
     p.add_argument("--precision", help=f"comma-separated, of {', '.join(PRECISIONS)} (default bf16 on a GPU)")
     p.add_argument("--stacks", help=f"comma-separated, of {', '.join(backend_names())} (default all)")
     p.add_argument("--top", type=positive, default=15, help="rows of the table shown (default 15)")
     p.add_argument("--out", type=Path, help="write the selection record into this folder")
-    p.add_argument(
-        "--calibrate",
-        nargs="+",
-        metavar="RECORDS",
-        help="record files or folders: 1-rank training runs calibrate each stack's compute; with "
-        "--hardware local, each stack's commbench record gives its collectives here",
-    )
-    p.add_argument(
-        "--threads-per-worker",
-        type=positive,
-        default=1,
-        help="CPU profiles: threads per worker (calibration runs must have used the same; default 1)",
-    )
+    add_flags(p, THREADS)  # one calibration prices every N, as in `harness predict`
     p.add_argument(
         "--confirm",
         type=positive,
@@ -255,8 +226,7 @@ def register(subparsers) -> None:
         help="run the top K candidates briefly on this machine's devices, then show predicted against "
         "measured and rank them again (records under OUT/confirm)",
     )
-    p.add_argument("--markdown", type=Path, metavar="FILE", help="also write the answer as Markdown")
-    p.add_argument("--html", type=Path, metavar="FILE", help="also write the answer as one HTML file")
+    add_document_arguments(p)
     p.add_argument(
         "--confirm-steps", type=positive, default=6, help="measured steps of each --confirm run (default 6)"
     )

@@ -1,6 +1,6 @@
 """`harness select --confirm`: the top candidates run here briefly, as `harness run` with each one's own
-arguments (run_argv), and the predicted step against the measured one. The one part of selection that runs
-anything.
+arguments (harness.arguments.run_argv, in the search's rows), and the predicted step against the measured
+one. The one part of selection that runs anything.
 """
 
 from __future__ import annotations
@@ -8,33 +8,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from backends import get_backend
-from core.config import RunConfig
 from harness.analyze.metrics import summarize
 from harness.run.child import run_child
-
-
-def run_argv(cfg: RunConfig) -> list[str]:
-    """The `harness run` arguments that run candidate `cfg` as priced: its stack, ranks, shape, precision,
-    micro-batch and accumulation, checkpointing, variant, and its options beyond what the variant sets."""
-    backend = get_backend(cfg.backend)
-    spec = cfg.model.spec
-    argv = ["--backend", cfg.backend, "--gpus", str(cfg.topology.world_size), "--device", cfg.topology.device]
-    if cfg.topology.nodes > 1:
-        argv += ["--nodes", str(cfg.topology.nodes), "--gpus-per-node", str(cfg.topology.gpus_per_node)]
-    argv += ["--vocab", str(spec.vocab_size), "--seq-len", str(spec.seq_len), "--d-model", str(spec.d_model)]
-    argv += ["--layers", str(spec.n_layers), "--heads", str(spec.n_heads), "--ffn", str(spec.d_ff)]
-    argv += ["--precision", cfg.model.precision, "--micro-batch", str(cfg.batch.micro_batch)]
-    argv += ["--grad-accum", str(cfg.batch.grad_accum)]
-    if cfg.topology.device == "cpu":
-        argv += ["--threads-per-worker", str(cfg.topology.threads_per_worker)]
-    if cfg.model.activation_checkpointing:
-        argv.append("--activation-checkpointing")
-    against = None
-    if cfg.variant == "tuned":
-        argv.append("--tuned")
-        against = backend.Options(**{k: s.value for k, s in backend.tuned(cfg).items()})
-    return argv + backend.Options.from_dict(cfg.backend_options).to_argv(against)
 
 
 def confirm(rows: list[dict], out: Path, steps: int) -> list[dict]:
