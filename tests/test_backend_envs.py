@@ -21,8 +21,8 @@ from test_device_contract import node_configs
 from backends import backend_names, get_backend, interpreter
 from backends.horovod_torch import Horovod
 from core.records import run_config
+from harness.arguments import worker_python
 from harness.cli import main
-from harness.run.options import worker_python
 from harness.run.runner import isolated_plans, node_plan
 
 BASE_PYTHON = getattr(sys, "_base_executable", None) or sys.executable
@@ -258,6 +258,6 @@ def test_sweep_and_commbench_take_the_interpreter_too(tmp_path, monkeypatch):
     runs, _ = plan(make_parser().parse_args([*argv, "--python", f"tf-mwms={tf}", "--python", torch]))
     assert {r.cfg.backend: r.cfg.topology.python for r in runs} == {"torch-ddp": torch, "tf-mwms": tf}
     bench = make_parser().parse_args(["commbench", "--backend", "tf-mwms", "--gpus", "2", "--device", "cpu"])
-    assert build_commbench_config(bench).topology.python == sys.executable
+    assert build_commbench_config(bench, get_backend("tf-mwms")).topology.python == sys.executable
     bench.python = [tf]
-    assert build_commbench_config(bench).topology.python == tf
+    assert build_commbench_config(bench, get_backend("tf-mwms")).topology.python == tf

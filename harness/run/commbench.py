@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from backends import backend_names, get_backend
+from backends.base import Backend
 from core.config import COLLECTIVE_OPS, COMMBENCH_DTYPES, DEVICES, CommbenchSpec, InvalidConfig, RunConfig
 from core.process import available_cpus
 from core.records import run_config
@@ -91,9 +92,9 @@ def parse_ops(text: str | None, offered: tuple[str, ...], backend: str) -> tuple
     return tuple(ops)
 
 
-def build_commbench_config(args) -> RunConfig:
-    """Validate the command line into the RunConfig of a commbench run (UsageError on bad input)."""
-    backend = get_backend(choice(args.backend, backend_names(), "backend"))
+def build_commbench_config(args, backend: Backend) -> RunConfig:
+    """Validate the command line into the RunConfig of a commbench run of `backend`, the stack --backend
+    names (UsageError on bad input)."""
     foreign_flags(args, [backend.name])
     choice(args.dtype, list(COMMBENCH_DTYPES), "dtype")
     choice(args.device, DEVICES, "device")
@@ -187,8 +188,8 @@ def print_commbench(record: dict, stream=None) -> None:
 
 
 def cmd_commbench(args) -> int:
-    cfg = build_commbench_config(args)
-    backend = get_backend(cfg.backend)
+    backend = get_backend(choice(args.backend, backend_names(), "backend"))
+    cfg = build_commbench_config(args, backend)
     ok, reason = backend.availability(cfg.topology.python)
     if not ok:
         raise UsageError(f"backend {backend.name} is unavailable here: {reason}")

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 from harness.run import commands, sweep
-from harness.run.nodes import LAYOUT_FLAGS, requested_world
-from harness.run.options import build_config
+from harness.run.nodes import LAYOUT_FLAGS
+from harness.run.options import run_request
 from harness.usage import Parser, UsageError
 
 
@@ -58,7 +58,8 @@ def checked_command(command: str, harness_args: list[str], nodes: int, per_node:
     )
     args = command_parser().parse_args([command, *harness_args, *layout])
     if command == "run":
-        args.cfg = build_config(args, args.backend, requested_world(args), check_devices=False)
+        request = run_request(args)
+        args.cfg = request.config(args.backend, request.world, check_devices=False)
     elif max(args.gpus) > per_node:
         raise UsageError(f"the sweep's largest N ({max(args.gpus)}) exceeds --gpus-per-node {per_node}")
     return args
