@@ -48,7 +48,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from harness.analyze.baseline import load_all, trim  # noqa: E402
-from harness.analyze.compare import STATISTICS  # noqa: E402
+from harness.analyze.samples import STATISTICS  # noqa: E402
 from harness.analyze.sequential import CONTINUE, Design, decide  # noqa: E402
 from harness.gate.command import DEFAULT_MAX_PAIRS, DEFAULT_THRESHOLD  # noqa: E402
 from harness.gate.pairs import DEFAULT_MAX_MINUTES, DEFAULT_STATISTIC  # noqa: E402

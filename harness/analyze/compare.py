@@ -1,39 +1,25 @@
 """The comparison behind `harness compare` (its rules are the command's help, in
 harness.analyze.compare_command): per matched configuration, the tests of step time, memory and commbench
-ops and their verdicts, as one JSON-able dict, and its markdown table."""
+ops and their verdicts, as one JSON-able dict."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from scipy.stats import t as student_t
-from scipy.stats import trim_mean
 
-from core.records import ConfigKey, config_key, device_name, run_config
+from core.records import run_config
 from harness.analyze.baseline import InputError
 from harness.analyze.collectives import largest_busbw, op_time_index
+from harness.analyze.samples import check_devices, group, run_samples
 from harness.analyze.summary import fmt_bytes
 
 DEFAULT_THRESHOLD = 0.03
 DEFAULT_ALPHA = 0.05
 DEFAULT_MEMORY_THRESHOLD = 0.05
-# The per-run statistics of the step times: compare's samples and the gate's paired log-ratios
-# (harness.analyze.paired) are both taken with per_run. min is steadier under contention (which only adds
-# time) but blind to slowdowns that hit only some steps (stragglers, periodic stalls). Each verb has its own
-# default: compare's is the median, the yardstick's t_step; the gate's is min, the least noisy of the four
-# in the A/A spread measured for it (docs/ci-gate.md, "Which statistic"). compare offers the median and min
-# (COMPARE_STATISTICS), the two its documentation describes.
-STATISTICS: dict[str, Callable[[Sequence[float]], float]] = {
-    "median": np.median,
-    "min": np.min,
-    "mean": np.mean,
-    "trimmed-mean": lambda v: trim_mean(v, 0.1),  # 10% cut at each end
-}
-COMPARE_STATISTICS = ("median", "min")
 # Settings and versions that, when they differ between the sides, are named next to the result: either the
 # environment changed (the comparison may be measuring it) or the work itself did.
 ENV_FIELDS = ("device_kind", "python", "cpu_count", "threads_per_worker")
@@ -55,52 +41,6 @@ def hook_value(run: dict, name: str):
     from before they left the configuration)."""
     hooks = run.get("test_hooks") or {}
     return hooks.get(name, HOOK_DEFAULTS[name])
-
-
-# ---- matching -----------------------------------------------------------------------------------------
-
-
-def run_key(run: dict, device: str | None = None) -> ConfigKey:
-    """The match key; `device` overrides the run's own ("*" to match across devices)."""
-    return config_key(run, device)
-
-
-def group(base: list[dict], cand: list[dict], any_device: bool) -> tuple[dict, dict]:
-    """Both sides' runs by match key. A run that failed before any rank named its device has no device
-    kind; it joins its configuration's runs when those ran on a single device kind, so a candidate that
-    crashes where the baseline ran is still matched (and reported as newly failing)."""
-    kinds: dict[ConfigKey, set] = {}
-    for r in base + cand:
-        if device_name(r):
-            kinds.setdefault(run_key(r, "*"), set()).add(device_name(r))
-
-    def key(r):
-        if any_device:
-            return run_key(r, "*")
-        known = kinds.get(run_key(r, "*"), set())
-        return run_key(r, None if device_name(r) or len(known) != 1 else next(iter(known)))
-
-    def by_key(runs):
-        out: dict[ConfigKey, list[dict]] = {}
-        for r in runs:
-            out.setdefault(key(r), []).append(r)
-        return out
-
-    return by_key(base), by_key(cand)
-
-
-def check_devices(base: list[dict], cand: list[dict]) -> None:
-    """Timings from different device kinds are not a regression signal: refuse unless --force."""
-    b, c = group(base, cand, any_device=True)
-    for key in sorted(b.keys() & c.keys()):
-        kinds_b = {d for r in b[key] if (d := device_name(r)) is not None}
-        kinds_c = {d for r in c[key] if (d := device_name(r)) is not None}
-        if kinds_b and kinds_c and not kinds_b & kinds_c:
-            raise InputError(
-                f"{key.text()}: baseline ran on {', '.join(sorted(kinds_b))} but candidate on "
-                f"{', '.join(sorted(kinds_c))}; timings from different devices are not comparable "
-                f"(pass --force to compare anyway)"
-            )
 
 
 # ---- statistics ---------------------------------------------------------------------------------------
@@ -147,23 +87,6 @@ def significance(base: list[float], cand: list[float], alpha: float, power: floa
     ci = (float(np.exp(d - q * se) - 1), float(np.exp(d + q * se) - 1))
     mdc = float(np.exp((q + student_t.ppf(power, df)) * se) - 1)
     return Significance("welch-t (log per-run values)", p, p < alpha, change, ci, mdc)
-
-
-def per_run(record: dict, statistic: str) -> float:
-    """One run's `statistic` (a key of STATISTICS) of its step times, the slowest rank's per step (a
-    trimmed record's step_times_s, harness.analyze.baseline.trim)."""
-    return float(STATISTICS[statistic](record["step_times_s"]))
-
-
-def run_samples(
-    base_runs: list[dict], cand_runs: list[dict], statistic: str
-) -> tuple[list[float], list[float]]:
-    """One step-time sample per run that measured steps: its per_run statistic."""
-
-    def samples(runs):
-        return [per_run(r, statistic) for r in runs if r["step_times_s"]]
-
-    return samples(base_runs), samples(cand_runs)
 
 
 def verdict(

@@ -34,14 +34,9 @@ from pathlib import Path
 
 from core.records import write_json_atomic
 from harness.analyze.baseline import InputError, load_all
-from harness.analyze.compare import (
-    COMPARE_STATISTICS,
-    DEFAULT_ALPHA,
-    DEFAULT_MEMORY_THRESHOLD,
-    DEFAULT_THRESHOLD,
-    compare_runs,
-)
+from harness.analyze.compare import DEFAULT_ALPHA, DEFAULT_MEMORY_THRESHOLD, DEFAULT_THRESHOLD, compare_runs
 from harness.analyze.compare_table import markdown
+from harness.analyze.samples import COMPARE_STATISTICS
 from harness.usage import EXIT_FAILED, EXIT_OK, UsageError, fraction
 
 

@@ -23,7 +23,7 @@ import numpy as np
 from core.records import device_name, run_config, workload_name, write_atomic
 from harness.analyze import changepoints
 from harness.analyze.baseline import InputError, load_all
-from harness.analyze.compare import run_key
+from harness.analyze.samples import run_key
 from harness.usage import EXIT_FAILED, EXIT_OK, UsageError, fraction, int_at_least, positive
 
 DEFAULT_METRIC = "throughput_tokens_per_s"

@@ -1,5 +1,5 @@
 """The figures of `harness gate`'s pairs, computed from the runs' records: what a pair keeps of each run
-(the per-run statistic, compare's per_run, and the median step's CPU time), the paired log-ratio that is
+(the per-run statistic, samples.py's per_run, and the median step's CPU time), the paired log-ratio that is
 tested and its spread, the exact metrics (any change is one), and the CPU-time companion. The decision on
 the log-ratios is harness.analyze.sequential's; peak memory is gated by compare's rule (compare_memory)."""
 
@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from harness.analyze.compare import per_run
+from harness.analyze.samples import per_run
 from harness.analyze.sequential import Design, estimate
 
 # Exact metrics: (label, path in a record's summary). Deterministic for one configuration, so a change is

@@ -40,7 +40,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from harness.analyze.compare import DEFAULT_MEMORY_THRESHOLD, STATISTICS
+from harness.analyze.compare import DEFAULT_MEMORY_THRESHOLD
+from harness.analyze.samples import STATISTICS
 from harness.analyze.sequential import Design
 from harness.gate.launching import Runner, RunOutcome, launch_run, plan_duet
 from harness.gate.pairs import DEFAULT_MAX_MINUTES, DEFAULT_STATISTIC, EXIT_INCONCLUSIVE, Settings, run_gate

@@ -36,7 +36,7 @@ from harness.usage import EXIT_USAGE, UsageError
 
 DEFAULT_MAX_MINUTES = 60.0
 EXIT_INCONCLUSIVE = 3
-# The gate's per-run statistic by default (one of harness.analyze.compare.STATISTICS; compare's own default
+# The gate's per-run statistic by default (one of harness.analyze.samples.STATISTICS; compare's own default
 # is the median): chosen from the A/A spread of each (docs/ci-gate.md, "Which statistic"): the fastest
 # step's was the lowest, and contention, a shared runner's noise, only adds time.
 DEFAULT_STATISTIC = "min"
