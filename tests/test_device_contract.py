@@ -22,9 +22,9 @@ import harness.run.nodes as nodes
 import harness.run.runner as runner
 from backends import backend_names, get_backend
 from backends.base import CUDA_MASK, LaunchPlan
+from harness.arguments import requested_world
 from harness.cli import make_parser
 from harness.run.launch import LaunchResult
-from harness.run.nodes import requested_world
 from harness.run.options import build_config
 from harness.run.runner import isolated_plans, node_plan, run_node
 

@@ -25,8 +25,9 @@ from test_equivalence import ISSUE_SHAPE, ddp_reference
 from backends import backend_names, get_backend
 from core.process import free_port
 from core.records import run_config
+from harness.arguments import read_hosts, requested_world
 from harness.cli import make_parser
-from harness.run.nodes import check_run_id, read_hosts, requested_world
+from harness.run.nodes import check_run_id
 from harness.run.options import build_config
 from harness.usage import UsageError
 

@@ -18,8 +18,8 @@ from conftest import REPO
 
 import harness.run.commands as commands
 from backends import get_backend
+from harness.arguments import requested_world
 from harness.cli import main, make_parser
-from harness.run.nodes import requested_world
 from harness.run.options import build_config
 from harness.usage import UsageError
 from workloads.spec import PRESETS

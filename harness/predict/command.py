@@ -23,7 +23,7 @@ from core.records import SCHEMA_VERSION, git_commit, load_records, now_iso, writ
 from harness.analyze.summary import fmt_bytes
 from harness.arguments import Flag, RunRequest, add_flags, add_stack_options, declared, positive, validated
 from harness.arguments.flags import SHAPE_FLAGS
-from harness.arguments.parsers import gpu_counts, tokens_count, usd  # noqa: F401 (importable from here a while)
+from harness.arguments.parsers import gpu_counts
 from harness.predict import margin
 from harness.predict.calibration import calibrate
 from harness.predict.hardware import CORNERS, ProfileError, catalogue, load_profile, local_profile

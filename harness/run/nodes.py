@@ -23,7 +23,6 @@ from pathlib import Path
 
 from core.config import RunConfig
 from core.records import write_json_atomic
-from harness.arguments.layout import read_hosts, requested_world  # noqa: F401 (importable from here a while)
 from harness.run.launch import LaunchResult, stopped
 from harness.usage import UsageError
 
