@@ -168,10 +168,7 @@ STATED = {
 }
 # Definitions a verb still writes by hand, which it replaces by the shared one (harness.arguments: add_flags,
 # add_document_arguments) as its module moves: a debt, not a difference. Remove an entry when it is paid.
-PENDING = {
-    ("--backend", "gate"),
-    ("--gpus", "gate"),
-}
+PENDING: set[tuple[str, str]] = set()
 
 
 def definition(action: argparse.Action) -> tuple:

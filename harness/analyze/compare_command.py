@@ -29,7 +29,6 @@ Exit codes: 0 no regression; 1 a regression, or a candidate run failing where th
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from core.records import write_json_atomic
@@ -37,6 +36,7 @@ from harness.analyze.baseline import InputError, load_all
 from harness.analyze.compare import DEFAULT_ALPHA, DEFAULT_MEMORY_THRESHOLD, DEFAULT_THRESHOLD, compare_runs
 from harness.analyze.compare_table import markdown
 from harness.analyze.samples import COMPARE_STATISTICS
+from harness.arguments import add_verb
 from harness.usage import EXIT_FAILED, EXIT_OK, UsageError, fraction
 
 
@@ -62,12 +62,7 @@ def cmd_compare(args) -> int:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "compare",
-        help="regression gate: compare candidate runs with a baseline",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = add_verb(subparsers, "compare", "regression gate: compare candidate runs with a baseline", __doc__)
     p.add_argument("baseline", type=Path, help="run record, directory of records, or saved baseline")
     p.add_argument("candidate", type=Path, help="run record, directory of records, or saved baseline")
     p.add_argument(

@@ -14,10 +14,12 @@ from harness.arguments.flags import (
     add_layout_arguments,
     add_run_arguments,
     add_stack_options,
+    add_verb,
     declared,
 )
 from harness.arguments.layout import DEFAULT_MASTER_PORT, Layout, node_layout, read_hosts, requested_world
 from harness.arguments.parsers import (
+    exit_code,
     fault_spec,
     fraction,
     gpu_counts,
@@ -52,7 +54,9 @@ __all__ = [
     "add_layout_arguments",
     "add_run_arguments",
     "add_stack_options",
+    "add_verb",
     "declared",
+    "exit_code",
     "fault_spec",
     "foreign_flags",
     "fraction",

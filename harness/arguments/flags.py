@@ -237,6 +237,18 @@ def add_flags(parser, *flags: str | Flag, **values: str) -> None:
         flag.add(target)
 
 
+def add_verb(subparsers, name: str, help: str, description: str | None, **kwargs) -> argparse.ArgumentParser:
+    """A verb's parser whose --help prints `description` (its module's docstring) as it is written, its
+    lines and paragraphs kept; `kwargs` as argparse's add_parser takes them."""
+    return subparsers.add_parser(
+        name,
+        help=help,
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        **kwargs,
+    )
+
+
 # The flags of a run, in the order `harness run --help` lists them: run, sweep, plan and the gate take all.
 RUN_FLAGS = (
     "--quiet",

@@ -12,6 +12,7 @@ from core.hooks import FAULT_KINDS
 from harness.usage import fraction, int_at_least, non_negative, positive, seconds
 
 __all__ = [
+    "exit_code",
     "fault_spec",
     "fraction",
     "gpu_counts",
@@ -132,3 +133,15 @@ def fault_spec(text: str) -> dict:
     if kind not in FAULT_KINDS:
         raise argparse.ArgumentTypeError(f"unknown fault kind '{kind}'; valid: {', '.join(FAULT_KINDS)}")
     return fault
+
+
+def exit_code(text: str) -> int:
+    """An exit code a verb may be told to end with (`harness gate --inconclusive-exit`): 0 to 125, the codes
+    a shell leaves to a program."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an exit code 0-125, got '{text}'") from None
+    if not 0 <= value <= 125:
+        raise argparse.ArgumentTypeError(f"expected an exit code 0-125, got {value}")
+    return value

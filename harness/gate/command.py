@@ -43,13 +43,14 @@ from pathlib import Path
 from harness.analyze.compare import DEFAULT_MEMORY_THRESHOLD
 from harness.analyze.samples import STATISTICS
 from harness.analyze.sequential import Design
+from harness.arguments import add_flags, add_run_arguments, add_verb
+from harness.arguments.parsers import exit_code, fraction, int_at_least, seconds
 from harness.gate.launching import Runner, RunOutcome, launch_run, plan_duet
 from harness.gate.pairs import DEFAULT_MAX_MINUTES, DEFAULT_STATISTIC, EXIT_INCONCLUSIVE, Settings, run_gate
 from harness.gate.trees import SIDES, checked_out, probe_tree, repository, resolve_tree
 from harness.run.devices import visible_gpus
 from harness.run.launch import stop_on_sigterm
-from harness.run.options import add_run_arguments
-from harness.usage import Parser, UsageError, fraction, int_at_least, seconds
+from harness.usage import Parser, UsageError
 
 DEFAULT_THRESHOLD = 0.05
 DEFAULT_MAX_PAIRS = 40
@@ -129,22 +130,14 @@ def add_gate_options(p: argparse.ArgumentParser) -> None:
 
 
 def pairs_budget(text: str) -> int:
-    """--max-pairs: from the design's first look (fewer could never decide) to MAX_PAIRS_LIMIT."""
+    """--max-pairs: from the design's first look (fewer could never decide) to MAX_PAIRS_LIMIT. Here, not
+    with the other types in harness.arguments.parsers: its lower bound is the sequential design's
+    (harness.analyze.sequential.Design), which the arguments do not import."""
     lowest = Design().min_pairs
     what = f"a number of pairs from {lowest} (the first look) to {MAX_PAIRS_LIMIT}"
     value = int_at_least(lowest, what)(text)
     if value > MAX_PAIRS_LIMIT:
         raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
-    return value
-
-
-def exit_code(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an exit code 0-125, got '{text}'") from None
-    if not 0 <= value <= 125:
-        raise argparse.ArgumentTypeError(f"expected an exit code 0-125, got {value}")
     return value
 
 
@@ -245,16 +238,15 @@ def cmd_gate(args, runner: Runner | None = None) -> int:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser(
+    p = add_verb(
+        subparsers,
         "gate",
-        help="regression gate that runs its own experiment: base and head in pairs until it decides",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "regression gate that runs its own experiment: base and head in pairs until it decides",
+        __doc__,
         conflict_handler="resolve",  # the gate's --out (pairs and records) replaces the run's
         allow_abbrev=False,
     )
-    p.add_argument("--backend", required=True, help="run argument: the backend both sides run")
-    p.add_argument("--gpus", type=int_at_least(1, "a positive integer"), help="run argument: ranks in all")
+    add_flags(p, "--backend", "--gpus")
     add_run_arguments(p)
     add_gate_options(p)
     p.set_defaults(func=cmd_gate)
