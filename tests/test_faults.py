@@ -568,7 +568,7 @@ def test_a_run_with_test_hooks_says_so_in_its_record_summary_and_comparison(tmp_
     from core.records import migrate
     from harness.analyze.compare import env_differences
     from harness.analyze.summary import print_summary
-    from harness.run.options import hooks_from_args
+    from harness.arguments import hooks_from_args
     from harness.run.record import assemble_record
 
     hooks = TestHooks(fault={"rank": 1, "step": 2, "kind": "hang"}, step_delay_s=0.05)

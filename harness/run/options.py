@@ -12,8 +12,6 @@ from pathlib import Path
 
 from core.config import RunConfig
 from harness.arguments import RunRequest
-from harness.arguments.flags import add_run_arguments  # noqa: F401 (the gate imports it from here)
-from harness.arguments.request import hooks_from_args, worker_python  # noqa: F401 (importable from here a while)
 from harness.run.devices import resolve_device
 from harness.usage import UsageError
 
