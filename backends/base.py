@@ -353,6 +353,14 @@ class Backend(ABC, Generic[OptionsT]):
         """The framework's own configuration this run hands it (e.g. DeepSpeed's config), for the record."""
         return {}
 
+    def timeouts(self, cfg: RunConfig) -> dict[str, float]:
+        """The stack's own collective and rendezvous waits, each by the knob that sets it, in seconds: every
+        one follows the run's collective timeout (cfg.collective_timeout, the run's --timeout unless
+        --collective-timeout says otherwise), so that a busy or oversubscribed node waits as long as the run
+        allows instead of failing at a framework default well before it. The adapter's launch and the
+        worker set each knob from here; tests/test_timeouts.py holds every stack to it."""
+        return {}
+
     def optimizer_kernel(self, cfg: RunConfig) -> str:
         """This configuration's optimizer kernel (Options.optimizer_kernel)."""
         return self.options(cfg).optimizer_kernel()

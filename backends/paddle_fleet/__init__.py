@@ -5,6 +5,7 @@ Fleet's hybrid topology (sharding_degree = world size: DygraphShardingOptimizer)
 paddle.distributed.sharding.group_sharded_parallel, which Paddle 3.3.1 supports on GPU/XPU only.
 """
 
+import math
 import socket
 from dataclasses import dataclass
 from typing import Literal
@@ -27,6 +28,9 @@ from core.precision import LOW_PRECISIONS, autocast_numerics, low_precision_modu
 from core.process import Process
 
 SHARDING = {0: "none", 1: "optimizer", 2: "gradients", 3: "parameters"}
+# Paddle's own waits that can be set (PaddleFleet.timeouts)
+PADDLE_NCCL_TIMEOUT = "PADDLE_PG_TIMEOUT"
+PADDLE_GLOO_GROUP_STORE = "TCPStore(timeout) of each gloo topology group (backends.paddle_fleet.groups)"
 AMP_LEVELS = ("O1", "O2")
 
 
@@ -165,6 +169,16 @@ class PaddleFleet(Backend[PaddleOptions]):
             return super().collective_ops(cfg)
         return ("all_reduce", "all_gather", "broadcast")
 
+    def timeouts(self, cfg):
+        """Paddle's NCCL process groups (GPU) give up on a collective after PADDLE_PG_TIMEOUT ms (30 min by
+        default), and each gloo group Fleet's topology makes (CPU) meets over a store of its own
+        (backends.paddle_fleet.groups says why) that waits as long as the run's collective timeout. Paddle
+        3.3.1 lets nothing set its other waits: a gloo context's 30 s (gloo's default; Paddle never calls its
+        setTimeout), which bounds one collective's wait for a peer and each connection of a group's full
+        mesh once the peer's address is in the store, and the job's own store (init_parallel_env's
+        create_or_get_global_tcp_store: TCPStore's 900 s)."""
+        return {PADDLE_NCCL_TIMEOUT: cfg.collective_timeout, PADDLE_GLOO_GROUP_STORE: cfg.collective_timeout}
+
     def launch(self, cfg, run_dir, port, devices):
         """One launcher per node. Alone (one node, or an isolated worker): --ips 127.0.0.1 --start_port
         makes `port` the rendezvous store's port, so concurrent runs never share one. Several nodes: the
@@ -188,11 +202,9 @@ class PaddleFleet(Backend[PaddleOptions]):
             argv += ["--ips=127.0.0.1", f"--start_port={port}"]
         if devices:
             argv.append(f"--devices={','.join(devices)}")
-        # Paddle's NCCL process groups time out after PADDLE_PG_TIMEOUT ms;
-        # its gloo ones (CPU) cannot be told.
         env = {
             **self.worker_env(cfg),
             **device_mask(devices),
-            "PADDLE_PG_TIMEOUT": str(int(cfg.collective_timeout * 1000)),
+            PADDLE_NCCL_TIMEOUT: str(math.ceil(self.timeouts(cfg)[PADDLE_NCCL_TIMEOUT] * 1000)),  # in ms
         }
         return LaunchPlan([Process(argv + [str(WORKER_SCRIPT), str(run_dir)], env)])

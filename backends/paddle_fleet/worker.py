@@ -19,7 +19,8 @@ from paddle.distributed import fleet
 from backends import get_backend
 from backends.comm_trace import tcp_counters, wire_bytes
 from backends.loop import Trainer, cpu_name
-from backends.paddle_fleet import PaddleOptions
+from backends.paddle_fleet import PADDLE_GLOO_GROUP_STORE, PaddleOptions
+from backends.paddle_fleet.groups import gloo_groups_with_own_stores
 from backends.paddle_fleet.trace import (
     captured_stderr,
     glog_levels,
@@ -121,6 +122,8 @@ class FleetTrainer(Trainer):
         strategy = fleet.DistributedStrategy()
         if self.stage == 1:
             strategy.hybrid_configs = {"dp_degree": 1, "sharding_degree": cfg.process_group_size}
+        # Fleet's topology groups, each over a store of its own: groups.py says why
+        gloo_groups_with_own_stores(get_backend(cfg.backend).timeouts(cfg)[PADDLE_GLOO_GROUP_STORE])
         fleet.init(is_collective=True, strategy=strategy)
 
         model = GPT(cfg.model.spec, cfg.model.activation_checkpointing).load_spec_weights(cfg.model.seed)
