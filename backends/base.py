@@ -423,10 +423,24 @@ def device_mask(devices: list[str]) -> dict[str, str]:
 TORCH_DISTRIBUTED_PEER_LOST = ("communicator was aborted",)
 
 
+# torchrun's static rendezvous: the agents' TCPStore waits this long for the other nodes' agents and for
+# its keys (torch.distributed.elastic.rendezvous.static_tcp_rendezvous: 600 s unless --rdzv-conf says)
+TORCHRUN_RENDEZVOUS = "torchrun --rdzv-conf timeout"
+TORCH_PROCESS_GROUP = "torch.distributed.init_process_group(timeout)"
+
+
+def torchrun_timeouts(cfg: RunConfig) -> dict[str, float]:
+    """The waits of a stack torchrun launches (Backend.timeouts): the agents' rendezvous store, and the
+    workers' process group (its collectives and the store it meets over; torch's default: 30 min for gloo, 10
+    for NCCL), both the run's collective timeout."""
+    return {TORCHRUN_RENDEZVOUS: cfg.collective_timeout, TORCH_PROCESS_GROUP: cfg.collective_timeout}
+
+
 def torchrun(backend: Backend, cfg: RunConfig, run_dir: Path, port: int, devices: list[str]) -> LaunchPlan:
     """torchrun (torch.distributed.run) for this node: one worker per device, static rendezvous at the
-    master on `port` (an isolated-counterfactual worker is a 1-node, 1-process run on localhost). Local
-    rank i uses cuda:i inside the mask, which is devices[i]."""
+    master on `port` (an isolated-counterfactual worker is a 1-node, 1-process run on localhost), its store
+    waiting as long as the run's collective timeout (Backend.timeouts), not torch's 600 s. Local rank i uses
+    cuda:i inside the mask, which is devices[i]."""
     nodes, node_rank, master = (
         (1, 0, "127.0.0.1")
         if cfg.role.isolated_index is not None
@@ -442,6 +456,7 @@ def torchrun(backend: Backend, cfg: RunConfig, run_dir: Path, port: int, devices
         f"--master-addr={master}",
         f"--master-port={port}",
         "--max-restarts=0",
+        f"--rdzv-conf=timeout={math.ceil(backend.timeouts(cfg)[TORCHRUN_RENDEZVOUS])}",
         str(WORKER_SCRIPT),
         str(run_dir),
     ]

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from backends import get_backend
+from backends.base import TORCH_PROCESS_GROUP
 from backends.loop import Trainer, cpu_name
 from backends.torch_trace import torch_collectives
 from backends.torch_tuning import TorchTuning
@@ -91,12 +92,12 @@ class TorchTrainer(Trainer):
         self.seen = Seen()  # dtypes the first forward showed (watch_numerics)
 
     def init_process_group(self) -> None:
-        """NCCL on GPU, gloo on CPU; with the run's collective timeout, so a dead or hung peer ends the
-        run."""
+        """NCCL on GPU, gloo on CPU; with the run's collective timeout (the adapter's timeouts()), so a dead
+        or hung peer ends the run, and a busy node's slow peer is waited for as long as the run allows."""
         if not dist.is_initialized():
+            timeout = get_backend(self.cfg.backend).timeouts(self.cfg)[TORCH_PROCESS_GROUP]
             dist.init_process_group(
-                "nccl" if self.device.type == "cuda" else "gloo",
-                timeout=timedelta(seconds=self.cfg.collective_timeout),
+                "nccl" if self.device.type == "cuda" else "gloo", timeout=timedelta(seconds=timeout)
             )
 
     def build_model(self) -> GPT:

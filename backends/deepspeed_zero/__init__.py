@@ -224,6 +224,10 @@ def ds_config(cfg) -> dict:
     return config
 
 
+DS_INIT_DISTRIBUTED = "deepspeed.init_distributed(timeout)"
+DS_WORLD_GROUP = "ZeRO's world group: torch.distributed.new_group(timeout)"
+
+
 class DeepSpeed(Backend[DeepSpeedOptions]):
     """t_compute: engine.no_sync() refuses stages 2 and 3, and at stage 1 the step needs the reduced gradient
     partitions and all-gathers the updated ones; so, for every stage alike, the isolated counterfactual.
@@ -352,6 +356,14 @@ class DeepSpeed(Backend[DeepSpeedOptions]):
     def settings(self, cfg):
         """The engine's configuration, as handed to deepspeed.initialize (gradient_clipping included)."""
         return ds_config(cfg)
+
+    def timeouts(self, cfg):
+        """The process group deepspeed.init_distributed makes (torch's: its collectives and its store), and
+        the clone of the world group ZeRO's collectives run on, which DeepSpeed makes with dist.new_group()
+        and so torch's default (30 min), not init_distributed's: the worker makes that clone itself with
+        this one. DeepSpeed's launcher has no rendezvous of its own (it starts the ranks; they meet in
+        torch)."""
+        return {DS_INIT_DISTRIBUTED: cfg.collective_timeout, DS_WORLD_GROUP: cfg.collective_timeout}
 
     def worker_env(self, cfg):
         env = super().worker_env(cfg)

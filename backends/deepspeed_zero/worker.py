@@ -21,7 +21,8 @@ from deepspeed import DeepSpeedEngine
 from deepspeed.runtime.base_optimizer import DeepSpeedOptimizer
 from deepspeed.utils import groups
 
-from backends.deepspeed_zero import DeepSpeedOptions, ds_config
+from backends import get_backend
+from backends.deepspeed_zero import DS_INIT_DISTRIBUTED, DS_WORLD_GROUP, DeepSpeedOptions, ds_config
 from backends.torch_common import TorchTrainer, joined
 from workloads.spec import OPTIMIZER
 from workloads.torch_model import make_optimizer, optimizer_groups
@@ -48,15 +49,17 @@ class DeepSpeedTrainer(TorchTrainer):
         super().__init__(cfg)
         self.ds_options = DeepSpeedOptions.from_dict(cfg.backend_options)
         self.scaler = None  # fp16 loss scaling is the engine's own
-        timeout = timedelta(seconds=cfg.collective_timeout)
+        timeouts = get_backend(cfg.backend).timeouts(cfg)
         deepspeed.init_distributed(
-            dist_backend="nccl" if self.device.type == "cuda" else "gloo", timeout=timeout
+            dist_backend="nccl" if self.device.type == "cuda" else "gloo",
+            timeout=timedelta(seconds=timeouts[DS_INIT_DISTRIBUTED]),
         )
         # ZeRO's collectives run on DeepSpeed's clone of the world group, which it makes with
         # dist.new_group() and so torch's default timeout (30 min), not init_distributed's. Make that clone
         # here, with the run's collective timeout, so a hung peer ends the run on time.
         groups._WORLD_GROUP = torch.distributed.new_group(
-            ranks=range(torch.distributed.get_world_size()), timeout=timeout
+            ranks=range(torch.distributed.get_world_size()),
+            timeout=timedelta(seconds=timeouts[DS_WORLD_GROUP]),
         )
         model = self.build_model()
         # parameter groups built before ZeRO-3 partitions the parameters

@@ -8,6 +8,7 @@ Horovod is built from source by scripts/install_horovod.sh; when that fails, set
 <venv>/distbench/horovod-unavailable, and the backend reports it instead of failing at launch.
 """
 
+import math
 import sys
 from pathlib import Path
 
@@ -32,6 +33,12 @@ def local_rank(environ) -> str:
     torchrun, Slurm or Kubernetes parent), which horovodrun passes on to every worker unchanged and which
     would put every rank of this node on that one GPU."""
     return environ.get("HOROVOD_LOCAL_RANK", "0")
+
+
+# horovodrun's own waits (Horovod.timeouts): its gloo context, for the rendezvous and every collective (30 s
+# by default), and its start-up checks and the workers' registration with its driver (30 s by default)
+HOROVOD_GLOO_TIMEOUT = "horovodrun --gloo-timeout-seconds"
+HOROVOD_START_TIMEOUT = "horovodrun --start-timeout"
 
 
 class Horovod(Backend[HorovodOptions]):
@@ -118,6 +125,13 @@ class Horovod(Backend[HorovodOptions]):
             env["HOROVOD_TIMELINE"] = "DYNAMIC"
         return env
 
+    def timeouts(self, cfg):
+        """horovodrun's gloo timeout (HOROVOD_GLOO_TIMEOUT_SECONDS in the workers: the rendezvous with its
+        server and every gloo collective) and its start timeout (the hosts' checks and the task services'
+        registration with the driver, before any worker starts), both 30 s by default: on a busy node or
+        many hosts a start or a slow peer would end the run well inside its own timeout."""
+        return {HOROVOD_GLOO_TIMEOUT: cfg.collective_timeout, HOROVOD_START_TIMEOUT: cfg.collective_timeout}
+
     def launch(self, cfg, run_dir, port, devices):
         """horovodrun is Horovod's multi-node launcher too: on node 0 it starts every node's workers
         (`-H h1:G,h2:G`; over ssh for remote hosts, directly for this machine's own addresses), so the
@@ -129,6 +143,7 @@ class Horovod(Backend[HorovodOptions]):
         if multi and cfg.topology.node_rank != 0:
             return LaunchPlan([])
         n = cfg.local_procs
+        timeouts = self.timeouts(cfg)
         hosts = ",".join(f"{h}:{n}" for h in cfg.topology.hosts) if multi else f"localhost:{n}"
         argv = [
             str(self.horovodrun(worker_python(cfg))),
@@ -136,9 +151,11 @@ class Horovod(Backend[HorovodOptions]):
             str(n * (cfg.topology.nodes if multi else 1)),
             "-H",
             hosts,
+            "--start-timeout",
+            str(math.ceil(timeouts[HOROVOD_START_TIMEOUT])),
             "--gloo",
             "--gloo-timeout-seconds",
-            str(int(cfg.collective_timeout)),
+            str(math.ceil(timeouts[HOROVOD_GLOO_TIMEOUT])),
             worker_python(cfg),
             str(WORKER_SCRIPT),
             str(run_dir),

@@ -28,6 +28,11 @@ from core.precision import LOW_PRECISIONS, autocast_numerics
 from core.process import Process, free_port
 
 COLLECTIVES = ("auto", "ring", "nccl")
+# MWMS's own waits (TFMultiWorkerMirrored.timeouts), the last two CollectiveAllReduceExtended's attributes
+TF_COLLECTIVES = "CommunicationOptions(timeout_seconds)"
+TF_CLUSTER_WAIT = "CollectiveAllReduceExtended._check_health_initial_timeout"
+TF_PEER_CHECK = "CollectiveAllReduceExtended._check_health_timeout"
+TF_PEER_CHECK_TRIES = 3  # CollectiveAllReduceExtended._check_health_retry_limit, TensorFlow's, unchanged
 # The C++ collective TensorFlow runs for an all-reduce, by the implementation MWMS is given, on a GPU: TF's
 # CollectiveParamResolverLocal::AssignCollectiveType picks NcclReduce only for the "nccl" communication
 # hint (or ConfigProto's collective_nccl, which MWMS sets only for NCCL and only outside eager), and
@@ -188,6 +193,16 @@ class TFMultiWorkerMirrored(Backend[TFOptions]):
         """What MWMS is handed and what it resolves it to (communication), and what the attention costs in
         memory (attention_memory; analytic): the two ways TF differs from the other stacks on a GPU."""
         return {"communication": communication_settings(cfg), "attention": attention_memory(cfg)}
+
+    def timeouts(self, cfg):
+        """MWMS's collectives (CommunicationOptions.timeout_seconds; none by default), and its health check
+        of the cluster (CollectiveAllReduceExtended): the first check, a ring all-reduce that waits for every
+        worker (for ever by default), and each later ping of a peer, which declares the peer down, and aborts
+        every collective, after 3 unanswered tries of 10 s each by default: a peer starved of CPU on a busy
+        node would end the run within 30 s. Each try waits a third of the run's collective timeout, so a peer
+        is given up after the run's timeout, as a collective is."""
+        t = cfg.collective_timeout
+        return {TF_COLLECTIVES: t, TF_CLUSTER_WAIT: t, TF_PEER_CHECK: t / TF_PEER_CHECK_TRIES}
 
     def numerics(self, cfg):
         """Keras's mixed policy (mixed_bfloat16 / mixed_float16): fp32 variables, cast inside each layer

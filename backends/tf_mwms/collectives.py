@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from backends.commbench import Collectives, message_elements
 from backends.loop import cpu_name
-from backends.tf_mwms.worker import communication_options, sync_worker_devices
+from backends.tf_mwms.worker import communication_options, set_health_check_timeouts, sync_worker_devices
 
 DTYPES = {"fp32": tf.float32, "bf16": tf.bfloat16}
 
@@ -23,6 +23,7 @@ class TFCollectives(Collectives):
         super().__init__(cfg)
         tf.config.threading.set_intra_op_parallelism_threads(cfg.topology.threads_per_worker)
         tf.config.threading.set_inter_op_parallelism_threads(1)
+        set_health_check_timeouts(cfg)
         self.strategy = tf.distribute.MultiWorkerMirroredStrategy(
             communication_options=communication_options(cfg)
         )

@@ -9,6 +9,7 @@ them, so the all-reduce runs once per step.
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 import time
@@ -20,11 +21,19 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from tensorflow.python.distribute import collective_all_reduce_strategy  # noqa: E402
 from tensorflow.python.eager import context as tf_context  # noqa: E402
 
 from backends import get_backend  # noqa: E402
 from backends.loop import Trainer, cpu_name  # noqa: E402
-from backends.tf_mwms import TFOptions, communication  # noqa: E402
+from backends.tf_mwms import (  # noqa: E402
+    TF_CLUSTER_WAIT,
+    TF_COLLECTIVES,
+    TF_PEER_CHECK,
+    TF_PEER_CHECK_TRIES,
+    TFOptions,
+    communication,
+)
 from backends.tf_mwms.trace import TF_OPS, tf_collectives  # noqa: E402
 from core.config import RunConfig  # noqa: E402
 from core.precision import checked, dtype_name, master_weights, tf32_switches  # noqa: E402
@@ -49,8 +58,23 @@ def communication_options(cfg: RunConfig):
     is NCCL: backends.tf_mwms.communication says why) and the run's collective timeout."""
     return tf.distribute.experimental.CommunicationOptions(
         implementation=tf.distribute.experimental.CommunicationImplementation[communication(cfg)],
-        timeout_seconds=cfg.collective_timeout,
+        timeout_seconds=get_backend(cfg.backend).timeouts(cfg)[TF_COLLECTIVES],
     )
+
+
+def set_health_check_timeouts(cfg: RunConfig) -> None:
+    """MWMS's health check waits as the adapter's timeouts() say (why: there). They are class attributes of
+    CollectiveAllReduceExtended, read when the strategy starts its check thread, so set before it is made;
+    TensorFlow's own multi-worker tests set them the same way."""
+    timeouts = get_backend(cfg.backend).timeouts(cfg)
+    extended = collective_all_reduce_strategy.CollectiveAllReduceExtended
+    extended._check_health_initial_timeout = timeouts[TF_CLUSTER_WAIT]
+    extended._check_health_timeout = math.ceil(timeouts[TF_PEER_CHECK])  # TensorFlow multiplies it to ms
+    if extended._check_health_retry_limit != TF_PEER_CHECK_TRIES:
+        raise RuntimeError(
+            f"TensorFlow {tf.__version__} tries a peer {extended._check_health_retry_limit} times, not "
+            f"{TF_PEER_CHECK_TRIES}: backends/tf_mwms TF_PEER_CHECK_TRIES is out of date"
+        )
 
 
 def sync_worker_devices(strategy) -> None:
@@ -100,6 +124,7 @@ class MWMSTrainer(Trainer):
             keras.mixed_precision.set_global_policy(POLICIES[cfg.model.precision])
         self.tf32 = any(apply_tf32_rule(cfg).values())
         opts = TFOptions.from_dict(cfg.backend_options)
+        set_health_check_timeouts(cfg)
         self.strategy = tf.distribute.MultiWorkerMirroredStrategy(
             communication_options=communication_options(cfg)
         )

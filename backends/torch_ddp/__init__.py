@@ -1,6 +1,6 @@
 """torch-ddp adapter: DistributedDataParallel launched by torchrun, one process per device."""
 
-from backends.base import TORCH_DISTRIBUTED_PEER_LOST, Backend, Tuned, torchrun
+from backends.base import TORCH_DISTRIBUTED_PEER_LOST, Backend, Tuned, torchrun, torchrun_timeouts
 from backends.schedule import MiB
 from backends.torch_ddp.options import DDP_DOCSTRING, DDPOptions
 from backends.torch_ddp.schedule import ddp_schedule
@@ -69,6 +69,10 @@ class TorchDDP(Backend[DDPOptions]):
     def schedule(self, cfg):
         """DDP's fp32 gradient buckets, all-reduced during backward: schedule.py."""
         return ddp_schedule(cfg)
+
+    def timeouts(self, cfg):
+        """torchrun's rendezvous and the process group: backends.base.torchrun_timeouts."""
+        return torchrun_timeouts(cfg)
 
     def launch(self, cfg, run_dir, port, devices):
         return torchrun(self, cfg, run_dir, port, devices)

@@ -14,6 +14,7 @@ from backends.base import (
     Backend,
     switch,
     torchrun,
+    torchrun_timeouts,
 )
 from backends.torch_fsdp.schedule import fsdp_schedule
 from backends.torch_tuning import TORCHTITAN, TorchTuning, torch_tuned
@@ -99,6 +100,10 @@ class TorchFSDP(Backend[FSDPOptions]):
         return fsdp_schedule(
             cfg, ELEMENT_BYTES[cfg.model.precision], self.reduce_bytes(cfg), opts.reshard_after_forward
         )
+
+    def timeouts(self, cfg):
+        """torchrun's rendezvous and the process group: backends.base.torchrun_timeouts."""
+        return torchrun_timeouts(cfg)
 
     def launch(self, cfg, run_dir, port, devices):
         return torchrun(self, cfg, run_dir, port, devices)
