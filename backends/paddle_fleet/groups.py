@@ -65,9 +65,29 @@ def gloo_groups_with_own_stores(collective_timeout: float) -> None:
     create: Callable = getattr(impl, "__wrapped__", impl)  # Paddle's own, if this ran before
     timeout_s = store_timeout_s(collective_timeout)
 
-    def new_process_group(backend, store, rank, world_size, group_name, pg_options, group_id=0, **kw):
+    def new_process_group(
+        backend,
+        store,
+        rank,
+        world_size,
+        group_name,
+        pg_options,
+        group_id=0,
+        nccl_comm_init_option=0,
+        nccl_config=None,
+    ):  # Paddle 3.3.1's signature
         if backend != "gloo":
-            return create(backend, store, rank, world_size, group_name, pg_options, group_id=group_id, **kw)
+            return create(
+                backend,
+                store,
+                rank,
+                world_size,
+                group_name,
+                pg_options,
+                group_id=group_id,
+                nccl_comm_init_option=nccl_comm_init_option,
+                nccl_config=nccl_config,
+            )
         own = group_store(store, rank, world_size, group_id, timeout_s)
         return core.ProcessGroupGloo.create(own, rank, world_size, group_id)
 
