@@ -65,29 +65,12 @@ def gloo_groups_with_own_stores(collective_timeout: float) -> None:
     create: Callable = getattr(impl, "__wrapped__", impl)  # Paddle's own, if this ran before
     timeout_s = store_timeout_s(collective_timeout)
 
-    def new_process_group(
-        backend,
-        store,
-        rank,
-        world_size,
-        group_name,
-        pg_options,
-        group_id=0,
-        nccl_comm_init_option=0,
-        nccl_config=None,
-    ):  # Paddle 3.3.1's signature
+    def new_process_group(backend, store, rank, world_size, *args, group_id=0, **kwargs):
+        """Paddle 3.3.1's _new_process_group_impl(backend, store, rank, world_size, group_name, pg_options,
+        group_id=0, nccl_comm_init_option=0, nccl_config=None): every argument but the gloo case's passes
+        through as given."""
         if backend != "gloo":
-            return create(
-                backend,
-                store,
-                rank,
-                world_size,
-                group_name,
-                pg_options,
-                group_id=group_id,
-                nccl_comm_init_option=nccl_comm_init_option,
-                nccl_config=nccl_config,
-            )
+            return create(backend, store, rank, world_size, *args, group_id=group_id, **kwargs)
         own = group_store(store, rank, world_size, group_id, timeout_s)
         return core.ProcessGroupGloo.create(own, rank, world_size, group_id)
 
