@@ -154,3 +154,21 @@ def test_overridden_workload_is_its_own_group():
     deeper["config"]["model"]["spec"]["n_layers"] = 8
     runs = runs_table([base, deeper])
     assert sorted(runs["workload"]) == ["tiny", "tiny(n_layers=8)"]
+
+
+def test_groups_whose_cpu_workers_exceed_the_cpus_are_oversubscribed():
+    # The factory's machine: 2 CPUs, 1 thread per worker. 4 workers oversubscribe it, 2 do not.
+    records = [make_record("torch-ddp", n) for n in (1, 2, 4)]
+    failed = make_record("torch-ddp", 8, status="failed")
+    agg = aggregate(runs_table([*records, failed]))
+    assert [bool(row(agg, "torch-ddp", n)["oversubscribed"]) for n in (1, 2, 4, 8)] == [
+        False,
+        False,
+        True,
+        True,  # a failed run under contention is marked too
+    ]
+    assert row(agg, "torch-ddp", 4)["cpus"] == 2 and np.isnan(row(agg, "torch-ddp", 2)["cpus"])
+    # The CPUs the workers may use (affinity, quota) decide, where the record has them.
+    wide = make_record("torch-ddp", 4, run_id="wide")
+    wide["environment"]["cpus_available"] = 4
+    assert not row(aggregate(runs_table([wide])), "torch-ddp", 4)["oversubscribed"]

@@ -62,6 +62,7 @@ def test_md_report_lists_every_backends_scaling_figures(results_dir, capsys):
     assert ddp[10] == "20.0%"
     assert "2 ok, 1 failed" in rows["horovod"]
     assert "RuntimeError: injected fault at step 1" in md  # the failed run is listed with its error
+    assert "OVERSUBSCRIBED" not in md  # 2 workers x 1 thread fit the factory's 2 CPUs
 
 
 def test_selection_sentences_follow_the_numbers(results_dir, capsys):
@@ -168,3 +169,142 @@ def test_no_records_is_a_usage_error(tmp_path, capsys):
     assert len(err) == 1 and err[0].startswith("harness: error: no run records")
     assert main(["report", str(tmp_path), "--noise-cv", "5"]) == 2
     assert main(["report", str(tmp_path), "--format", "pdf"]) == 2
+
+
+# A sweep of N = 1..32 on the factory's 2-core machine (1 thread per worker): N >= 4 oversubscribes it.
+SWEEP_NS = (1, 2, 4, 8, 16, 32)
+CROWDED = {4, 8, 16, 32}
+SWEEP_LABELS = ("torch-ddp", "torch-fsdp")
+
+
+def sweep_records(ns=SWEEP_NS) -> list[dict]:
+    return [
+        make_record(label, n, 0.1 * (1 + 0.1 * i) * max(1.0, n / 2), compute_time=0.09 * max(1.0, n / 2))
+        for i, label in enumerate(SWEEP_LABELS)
+        for n in ns
+    ]
+
+
+@pytest.fixture
+def sweep_dir(tmp_path):
+    for rec in sweep_records():
+        write_json_atomic(tmp_path / f"{rec['run_id']}.json", rec)
+    return tmp_path
+
+
+def scaling_n_cells(rows) -> dict[tuple[str, int], str]:
+    """(label, N) -> the N cell of every scaling-table row (rows: lists of cells)."""
+    return {
+        (row[0], int(row[1].split()[0])): row[1]
+        for row in rows
+        if len(row) > 3 and row[0] in SWEEP_LABELS and row[1].split()[0].isdigit() and "ok" in row[2]
+    }
+
+
+def assert_marked_exactly_the_crowded(cells):
+    assert set(cells) == {(label, n) for label in SWEEP_LABELS for n in SWEEP_NS}
+    for (label, n), cell in cells.items():
+        assert cell == (f"{n} OVERSUBSCRIBED" if n in CROWDED else str(n)), (label, n, cell)
+
+
+def test_markdown_marks_every_oversubscribed_row_and_sentence(sweep_dir, capsys):
+    md = report_md(capsys, sweep_dir)
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in md.splitlines() if line.startswith("| ")]
+    assert_marked_exactly_the_crowded(scaling_n_cells(rows))
+    legend = next(line for line in md.splitlines() if line.startswith("OVERSUBSCRIBED (rows marked so"))
+    assert "at N = 4, 8, 16, 32" in legend and "than the 2 CPU(s) they may use" in legend
+    # The ranking defaults to the largest N that fits the CPUs, and says why.
+    assert "### Framework selection at N=2: tiny" in md
+    assert "Ranked at N=2, the largest N whose runs fit the CPUs: at N = 4, 8, 16, 32" in md
+    sentences = [line for line in md.splitlines() if line.split(":")[0] in SWEEP_LABELS]
+    assert len(sentences) == 2 and not any("OVERSUBSCRIBED" in line for line in sentences)
+
+    # Ranked where every run is oversubscribed: the title, each ranked row and each sentence say so.
+    md = report_md(capsys, sweep_dir, "--at-gpus", "32")
+    assert "### Framework selection at N=32 (OVERSUBSCRIBED): tiny" in md
+    ranking = re.findall(r"^\| (\d) \| ([^|]+) \|", md, re.M)
+    assert [cell.strip() for _, cell in ranking] == [f"{label} OVERSUBSCRIBED" for label in SWEEP_LABELS]
+    sentences = [line for line in md.splitlines() if line.split(":")[0] in SWEEP_LABELS]
+    assert len(sentences) == 2
+    assert all("(OVERSUBSCRIBED at N=32: these figures measure contention" in line for line in sentences)
+
+
+class Cells(HTMLParser):
+    """The rows of every <table>, as lists of cell texts; and the paragraphs."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows, self.paragraphs, self.where = [], [], None
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "tr":
+            self.rows.append([])
+        elif tag in ("td", "th"):
+            self.rows[-1].append("")
+            self.where = "cell"
+        elif tag == "p":
+            self.paragraphs.append("")
+            self.where = "p"
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th", "p"):
+            self.where = None
+
+    def handle_data(self, data):
+        if self.where == "cell":
+            self.rows[-1][-1] += data
+        elif self.where == "p":
+            self.paragraphs[-1] += data
+
+
+def test_html_marks_every_oversubscribed_row(sweep_dir, tmp_path):
+    out = tmp_path / "report.html"
+    assert main(["report", str(sweep_dir), "--html", str(out)]) == 0
+    page = Cells()
+    page.feed(out.read_text())
+    assert_marked_exactly_the_crowded(scaling_n_cells(page.rows))
+    assert any(p.startswith("OVERSUBSCRIBED (rows marked so; hollow / hatched") for p in page.paragraphs)
+
+
+def test_plots_mark_every_oversubscribed_point_on_a_log2_axis():
+    import matplotlib.pyplot as plt
+    from matplotlib.container import BarContainer
+
+    from harness.analyze.analysis import aggregate, runs_table
+    from harness.analyze.report.training import HOLLOW, plots
+
+    figs = dict(plots(aggregate(runs_table(sweep_records()))))
+    assert len(figs) == 5
+    for title, fig in figs.items():
+        ax = fig.axes[0]
+        legend = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert HOLLOW in legend and set(SWEEP_LABELS) <= set(legend), title
+        gids = {}
+        for artist in [*ax.get_lines(), *ax.patches]:
+            gids.setdefault(artist.get_gid(), []).append(artist)
+        if title == "Throughput by backend":  # categorical N: bars hatched where oversubscribed
+            assert [t.get_text() for t in ax.get_xticklabels()] == list(map(str, SWEEP_NS))
+            bars = {c.get_label(): c.patches for c in ax.containers if isinstance(c, BarContainer)}
+            for label in SWEEP_LABELS:
+                assert [bool(b.get_hatch()) for b in bars[label]] == [n in CROWDED for n in SWEEP_NS], label
+                assert len(gids[f"oversubscribed {label}"]) == len(CROWDED)
+            continue
+        assert ax.get_xscale() == "log"
+        assert list(ax.get_xticks()) == list(SWEEP_NS)
+        assert [t.get_text() for t in ax.get_xticklabels()] == list(map(str, SWEEP_NS))
+        for label in SWEEP_LABELS:
+            (hollow,) = gids[f"oversubscribed {label}"]
+            (filled,) = gids[f"fits {label}"]
+            assert set(hollow.get_xdata()) == CROWDED and hollow.get_markerfacecolor() in ("white", "w")
+            assert set(filled.get_xdata()) == set(SWEEP_NS) - CROWDED
+            assert filled.get_markerfacecolor() == filled.get_color()
+    for fig in figs.values():
+        plt.close(fig)
+
+    # Nothing oversubscribed (N = 1, 2 on 2 CPUs): no mark, and no legend entry for one.
+    for _, fig in plots(aggregate(runs_table(sweep_records((1, 2))))):
+        ax = fig.axes[0]
+        assert HOLLOW not in [t.get_text() for t in ax.get_legend().get_texts()]
+        assert not any(str(a.get_gid()).startswith("oversubscribed") for a in [*ax.get_lines(), *ax.patches])
+        assert not any(p.get_hatch() for p in ax.patches)
+        plt.close(fig)

@@ -32,6 +32,7 @@ def run_row(record: dict) -> dict:
     # which includes the framework runtime, so CPU memory ratios stay near 1 by construction.
     allocated = s["peak_allocated_bytes"]
     key = config_key(record)
+    over = s["cpu_oversubscribed"]
     return {
         "run_id": record["run_id"],
         "status": record["status"],
@@ -54,6 +55,10 @@ def run_row(record: dict) -> dict:
         "settings": key.settings,
         "world_size": key.world_size,
         "threads_per_worker": cfg.topology.threads_per_worker,
+        # CPU workers x threads beyond the CPUs they may use (metrics.cpu_oversubscription): the step times
+        # measure contention, and every table, plot and sentence built on this run says so
+        "oversubscribed": over is not None,
+        "cpus": over["cpus"] if over else np.nan,
         "steps": cfg.measurement.steps,
         "throughput": s["throughput_tokens_per_s"],
         "per_device_throughput": s["per_device_tokens_per_s"],
@@ -110,6 +115,10 @@ def group_row(runs: pd.DataFrame) -> pd.Series:
             "sharding": runs["sharding"].iloc[0],
             "runs": len(ok),
             "failed": len(runs) - len(ok),
+            "threads_per_worker": runs["threads_per_worker"].iloc[0],
+            # any repeat, failed ones too: a failure under contention is no verdict on the stack either
+            "oversubscribed": bool(runs["oversubscribed"].any()),
+            "cpus": runs["cpus"].min(),
             "throughput": median(tput),
             "throughput_min": tput.min() if len(tput) else np.nan,
             "throughput_max": tput.max() if len(tput) else np.nan,
@@ -134,12 +143,14 @@ def aggregate(runs: pd.DataFrame, noise_cv: float = DEFAULT_NOISE_CV) -> pd.Data
     """One row per GROUP_KEYS: median throughput and spread over repeats, speedup and efficiency against
     the same backend's N = 1 row in the same context, memory ratio, model state vs analytic, and `noisy`
     where the repeats' coefficient of variation exceeds `noise_cv` (the median is then not trustworthy,
-    and neither is any speedup computed from it: `speedup_noisy`)."""
+    and neither is any speedup computed from it: `speedup_noisy`); `oversubscribed` where a run of the group
+    had more CPU workers x threads than `cpus` (its figures measure contention)."""
     if runs.empty:
         return pd.DataFrame(columns=GROUP_KEYS)
     groups = runs.groupby(GROUP_KEYS, sort=True, dropna=False)
     agg = pd.DataFrame([group_row(g) for _, g in groups], index=groups.size().index).reset_index()
     agg["noisy"] = agg["throughput_cv"] > noise_cv
+    agg["oversubscribed"] = agg["oversubscribed"].astype(bool)
     agg["model_state_vs_analytic"] = agg["model_state_bytes"] / agg["model_state_analytic"]
 
     base = agg[agg["world_size"] == 1].set_index(["label", *CONTEXT_KEYS])

@@ -1,7 +1,7 @@
 """The report's sections on training runs: per context (workload, precision, device, scaling) the scaling
-table, the numerics each backend ran and (html) five plots; failed runs and incidents; the environment;
-the framework selection, one ranking per context with a sentence of advice per backend; each adapter's
-features.
+table, the numerics each backend ran and (html) five plots, every figure of an oversubscribed CPU run marked
+so (a table row, a hollow point or hatched bar, a sentence); failed runs and incidents; the environment; the
+framework selection, one ranking per context with a sentence of advice per backend; each adapter's features.
 
 Every number comes from harness.analyze.analysis (which builds on harness.analyze.metrics.summarize); this
 module only formats. The selection advice is assembled from the measured figures, never canned per backend.
@@ -47,6 +47,36 @@ SCALING_HEADERS = [
 ]
 
 
+# The mark of a table row, a plot's point and a selection sentence whose runs had more CPU workers x threads
+# than the CPUs they may use (harness.analyze.metrics.cpu_oversubscription): their figures measure contention.
+OVERSUBSCRIBED = "OVERSUBSCRIBED"
+HOLLOW = "hollow / hatched: CPU oversubscribed"  # the plots' legend entry for the same mark
+
+
+def n_cell(r) -> str:
+    return f"{r.world_size} {OVERSUBSCRIBED}" if r.oversubscribed else str(r.world_size)
+
+
+def oversubscribed_ns(agg: pd.DataFrame) -> list[int]:
+    return sorted({int(n) for n in agg.loc[agg["oversubscribed"], "world_size"]})
+
+
+def oversubscription_legend(agg: pd.DataFrame) -> str | None:
+    """The legend line of a context whose table and plots carry the mark; None where no row does."""
+    over = agg[agg["oversubscribed"]]
+    if over.empty:
+        return None
+    threads = sorted({int(t) for t in over["threads_per_worker"]})
+    cpus = sorted({int(c) for c in over["cpus"].dropna()})
+    return (
+        f"{OVERSUBSCRIBED} (rows marked so; {HOLLOW} in the plots): at N = "
+        f"{', '.join(map(str, oversubscribed_ns(agg)))} a node's CPU workers, {'/'.join(map(str, threads))} "
+        f"thread(s) each, ask for more threads than the {'/'.join(map(str, cpus))} CPU(s) they may use, so "
+        "their step times measure contention for the cores: throughput, speedup, efficiency, exposed comm "
+        "and first step there say how a stack bears oversubscription, not how it scales."
+    )
+
+
 def scaling_table(agg: pd.DataFrame) -> Table:
     rows = []
     for r in agg.itertuples():
@@ -54,7 +84,7 @@ def scaling_table(agg: pd.DataFrame) -> Table:
             rows.append(
                 [
                     r.label,
-                    str(r.world_size),
+                    n_cell(r),
                     f"0 ok, {r.failed} failed",
                     *["n/a"] * (len(SCALING_HEADERS) - 3),
                 ]
@@ -69,7 +99,7 @@ def scaling_table(agg: pd.DataFrame) -> Table:
         rows.append(
             [
                 r.label,
-                str(r.world_size),
+                n_cell(r),
                 f"{r.runs} ok" + (f", {r.failed} failed" if r.failed else ""),
                 f"{num(r.throughput)} [{num(r.throughput_min)}–{num(r.throughput_max)}]",
                 cv,
@@ -131,40 +161,57 @@ def numerics_table(ctx: dict, labels: list[str], runs: pd.DataFrame, by_id: dict
     return Table(NUMERICS_HEADERS, rows)
 
 
-def figures(agg: pd.DataFrame) -> list[Figure]:
-    """The five plots of one context, one line (or bar group) per backend label."""
+def plots(agg: pd.DataFrame) -> list[tuple[str, object]]:
+    """The five plots of one context as matplotlib figures, one line (or bar group) per backend label: N on
+    a log2 axis ticked at each measured N; an oversubscribed point drawn hollow (gid 'oversubscribed
+    <label>'), an oversubscribed bar hatched, and the legend naming that mark."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import NullLocator
 
-    def png(fig) -> bytes:
-        buf = io.BytesIO()
-        fig.tight_layout()
-        fig.savefig(buf, format="png", dpi=90)
-        plt.close(fig)
-        return buf.getvalue()
-
-    ns = sorted(agg["world_size"].unique())
+    ns = sorted(int(n) for n in agg["world_size"].unique())
     labels = sorted(agg["label"].unique())
+    colors = {label: f"C{i % 10}" for i, label in enumerate(labels)}
+    marked = bool(agg["oversubscribed"].any())
     out = []
 
-    def legend(ax):
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    def legend(ax, handles):
+        ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+
+    def n_axis(ax):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ns, [str(n) for n in ns])
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xlim(ns[0] / 1.3, ns[-1] * 1.3)
 
     def line_plot(title, column, ylabel, ideal=None, scale=1.0, from_zero=True):
         fig, ax = plt.subplots(figsize=(6.5, 3.4))
+        handles = []
         if ideal is not None:
-            ax.plot(ns, ideal, "k--", lw=1, label="ideal")
+            handles += ax.plot(ns, ideal, "k--", lw=1, label="ideal")
         for label in labels:
             g = agg[agg["label"] == label].sort_values("world_size")
-            ax.plot(g["world_size"], g[column] * scale, "o-", label=label)
-        ax.set(title=title, xlabel="N (ranks)", ylabel=ylabel, xticks=ns)
+            x, y, over = g["world_size"], g[column] * scale, g["oversubscribed"].astype(bool)
+            c = colors[label]
+            ax.plot(x, y, "-", color=c)
+            if (~over).any():
+                ax.plot(x[~over], y[~over], "o", color=c, ls="none", gid=f"fits {label}")
+            if over.any():
+                ax.plot(x[over], y[over], "o", color=c, mfc="white", ls="none", gid=f"oversubscribed {label}")
+            handles.append(Line2D([], [], color=c, marker="o", label=label))
+        if marked:
+            handles.append(Line2D([], [], color="0.4", marker="o", mfc="white", ls="none", label=HOLLOW))
+        ax.set(title=title, xlabel="N (ranks, log2)", ylabel=ylabel)
+        n_axis(ax)
         if from_zero:
             ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
-        legend(ax)
-        out.append(Figure(title, png(fig)))
+        legend(ax, handles)
+        out.append((title, fig))
 
     line_plot("Speedup vs N", "speedup", "throughput(N) / throughput(1)", ideal=ns)
     line_plot("Scaling efficiency", "efficiency", "speedup / N", ideal=[1.0] * len(ns))
@@ -173,20 +220,47 @@ def figures(agg: pd.DataFrame) -> list[Figure]:
 
     fig, ax = plt.subplots(figsize=(6.5, 3.4))
     width = 0.8 / len(labels)
+    handles = []
     for i, label in enumerate(labels):
         g = agg[agg["label"] == label].set_index("world_size").reindex(ns)
         err = [
             (g["throughput"] - g["throughput_min"]).fillna(0),
             (g["throughput_max"] - g["throughput"]).fillna(0),
         ]
-        ax.bar(
-            [k + i * width for k in range(len(ns))], g["throughput"], width, yerr=err, capsize=3, label=label
+        bars = ax.bar(
+            [k + i * width for k in range(len(ns))],
+            g["throughput"],
+            width,
+            yerr=err,
+            capsize=3,
+            color=colors[label],
+            label=label,
         )
+        for bar, over in zip(bars, g["oversubscribed"].eq(True)):
+            if over:
+                bar.set(hatch="///", edgecolor="white", gid=f"oversubscribed {label}")
+        handles.append(Patch(color=colors[label], label=label))
+    if marked:
+        handles.append(Patch(facecolor="0.6", edgecolor="white", hatch="///", label=HOLLOW))
     ax.set(title="Throughput by backend", xlabel="N (ranks)", ylabel="tokens/s (median, min–max bars)")
     ax.set_xticks([k + width * (len(labels) - 1) / 2 for k in range(len(ns))], [str(n) for n in ns])
     ax.grid(alpha=0.3, axis="y")
-    legend(ax)
-    out.append(Figure("Throughput by backend", png(fig)))
+    legend(ax, handles)
+    out.append(("Throughput by backend", fig))
+    return out
+
+
+def figures(agg: pd.DataFrame) -> list[Figure]:
+    """The five plots of one context (`plots`), each as an embedded PNG."""
+    import matplotlib.pyplot as plt
+
+    out = []
+    for title, fig in plots(agg):
+        buf = io.BytesIO()
+        fig.tight_layout()
+        fig.savefig(buf, format="png", dpi=90)
+        plt.close(fig)
+        out.append(Figure(title, buf.getvalue()))
     return out
 
 
@@ -247,7 +321,17 @@ def advice(r, at: pd.DataFrame, ref_label: str | None, noise_cv: float) -> str:
             f" and {leanest} holds less model state" if leanest and leanest != r.label else ""
         )
     noisy = f" (noisy: CV {r.throughput_cv:.0%} over repeats, re-measure before deciding)" if r.noisy else ""
-    return f"{r.label}: {', '.join(facts)}: {verdict}{noisy}."
+    crowded = sorted(at.loc[at["oversubscribed"], "label"])
+    if r.oversubscribed:
+        over = (
+            f" ({OVERSUBSCRIBED} at N={r.world_size}: these figures measure contention for the CPUs, not "
+            "how it scales; decide by a ranking at an N that fits them)"
+        )
+    elif crowded:
+        over = f" (beside {OVERSUBSCRIBED} runs of {', '.join(crowded)}: their figures measure contention)"
+    else:
+        over = ""
+    return f"{r.label}: {', '.join(facts)}: {verdict}{noisy}{over}."
 
 
 def memory_reference(at: pd.DataFrame) -> str | None:
@@ -262,7 +346,10 @@ def memory_reference(at: pd.DataFrame) -> str | None:
 
 def selection(ctx: dict, agg: pd.DataFrame, at_gpus: int | None, noise_cv: float) -> Section:
     measured = sorted(agg.loc[agg["runs"] > 0, "world_size"].unique())
-    n = at_gpus or (measured[-1] if measured else None)
+    crowded = oversubscribed_ns(agg[agg["runs"] > 0])
+    # By default the largest N whose runs fit the CPUs: a ranking of oversubscribed runs measures contention.
+    fits = [x for x in measured if x not in crowded]
+    n = at_gpus or (fits[-1] if fits else measured[-1] if measured else None)
     at = agg[(agg["world_size"] == n) & (agg["runs"] > 0)].sort_values("throughput", ascending=False)
     # Best against best: where tuned runs were measured, the ranking holds each stack's tuned variant
     # against the others' (a stack with no tuned run joins with its default, named so by its label).
@@ -272,7 +359,22 @@ def selection(ctx: dict, agg: pd.DataFrame, at_gpus: int | None, noise_cv: float
         with_tuned = set(tuned["backend"])
         at = at[(at["variant"] == "tuned") | ~at["backend"].isin(with_tuned)]
         variant = " (tuned against tuned)"
-    sec = Section(f"Framework selection at N={n}{variant}: {context_title(ctx)}", 3)
+    mark = f" ({OVERSUBSCRIBED})" if at["oversubscribed"].any() else ""
+    sec = Section(f"Framework selection at N={n}{mark}{variant}: {context_title(ctx)}", 3)
+    if crowded and not mark:
+        sec.blocks.append(
+            f"Ranked at N={n}"
+            + (", the largest N whose runs fit the CPUs" if not at_gpus else "")
+            + f": at N = {', '.join(map(str, crowded))} the workers oversubscribed them ({OVERSUBSCRIBED} "
+            "in the scaling table), where a ranking would measure contention"
+            + ("; `--at-gpus N` ranks at another N." if not at_gpus else ".")
+        )
+    elif mark:
+        sec.blocks.append(
+            f"Ranked at N={n}, where runs {OVERSUBSCRIBED} the CPUs (marked in the ranking and in every "
+            "sentence): their figures measure contention for the cores, not how the stacks scale."
+            + (f" N = {', '.join(map(str, fits))} fit the CPUs: `--at-gpus` ranks there." if fits else "")
+        )
     if at.empty:
         sec.blocks.append(
             f"No successful run at N={n}; measured N: {', '.join(map(str, measured)) or 'none'}."
@@ -294,7 +396,7 @@ def selection(ctx: dict, agg: pd.DataFrame, at_gpus: int | None, noise_cv: float
         rows.append(
             [
                 str(rank),
-                r.label,
+                f"{r.label} {OVERSUBSCRIBED}" if r.oversubscribed else r.label,
                 f"{num(r.throughput)} ({r.throughput / best:.2f}x)",
                 pct(r.efficiency),
                 f"{nbytes(r.peak_memory_bytes)} ({num(r.peak_memory_bytes / low_mem, '{:.2f}')}x lowest)",
@@ -415,11 +517,18 @@ def build(records: list[dict], at_gpus: int | None, noise_cv: float, with_figure
             "CPU runs: N counts worker processes sharing one machine's cores, so speedup shows how "
             "a stack shares a CPU, not how it scales on GPUs; per-rank peak memory is process RSS "
             "(framework runtime included); MFU is n/a (no device peak for a CPU)."
+            + (
+                f" Where a node's workers x threads exceed its CPUs, the row, its plotted points and every "
+                f"sentence drawn from it are marked {OVERSUBSCRIBED}."
+                if agg["oversubscribed"].any()
+                else ""
+            )
         )
     sections = [intro, environment_section(records)]
     by_id = {r["run_id"]: r for r in records}
     for ctx, g in contexts(agg):
-        sec = Section(f"Scaling: {context_title(ctx)}", 2, [scaling_table(g)])
+        legend = oversubscription_legend(g)
+        sec = Section(f"Scaling: {context_title(ctx)}", 2, [*([legend] if legend else []), scaling_table(g)])
         sec.blocks += [
             f"Numerics each backend ran, as its workers recorded and checked them. The definition: "
             f"{DEFINITION_TEXT}.",
