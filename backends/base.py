@@ -13,6 +13,7 @@ needs (hostfiles) come back in the plan for the runner to write, so `harness pla
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import sys
@@ -29,6 +30,9 @@ from core.process import REPO_ROOT, Process, process_settings
 from workloads.spec import PRESETS
 
 WORKER_SCRIPT = REPO_ROOT / "backends" / "worker.py"
+# The stack's host-memory footprint, beside its adapter's module (Backend.footprint): written by
+# `python -m harness.run.footprint --backend NAME --write`, read before every launch (harness.run.footprint).
+FOOTPRINT_FILE = "footprint.json"
 CUDA_MASK = "CUDA_VISIBLE_DEVICES"
 # The network interface NCCL and Gloo open their sockets on. On a node with several (an Ethernet for
 # management, InfiniBand or a fast Ethernet for the job, a container bridge) each library picks one by its
@@ -325,6 +329,21 @@ class Backend(ABC, Generic[OptionsT]):
         """The stack's tuned set on cfg's device: its Options fields as its experts set them, each with its
         source (Tuned). Empty: nothing to tune beyond the defaults."""
         return {}
+
+    def footprint_path(self) -> Path:
+        """Where this stack's footprint is kept: FOOTPRINT_FILE beside its adapter's module (in its package
+        for a shipped stack, package data of the wheel; beside the module of a registered one)."""
+        return Path(sys.modules[type(self).__module__].__file__ or "").parent / FOOTPRINT_FILE
+
+    def footprint(self) -> dict | None:
+        """The host memory this stack needs beyond the model, measured once on a real run and kept with it
+        (FOOTPRINT_FILE: bytes per worker, shared by its workers, per launcher, and how they were measured;
+        harness.run.footprint measures and reads it). None where the stack has none: the check before
+        launch then says it cannot estimate and lets the run go."""
+        try:
+            return json.loads(self.footprint_path().read_text())
+        except FileNotFoundError:
+            return None
 
     def sharding(self, cfg: RunConfig) -> str:
         """What this configuration shards across ranks: none | optimizer | gradients | parameters."""

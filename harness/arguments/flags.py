@@ -153,6 +153,12 @@ HARNESS_FLAGS = (
         metavar="RANK:STEP:KIND",
         group="testing",
     ),
+    Flag(
+        "--skip-memory-check",
+        "launch even where this node's ranks, at their stack's measured footprint, would not fit its memory",
+        action="store_true",
+        default=False,
+    ),
     Flag("--step-delay", "seconds of sleep added to every step", type=float, default=0.0, group="testing"),
     Flag(
         "--warmup-transient",
@@ -275,6 +281,7 @@ RUN_FLAGS = (
     "--seed",
     "--timeout",
     "--collective-timeout",
+    "--skip-memory-check",
     "--out",
     "--inject-fault",
     "--step-delay",

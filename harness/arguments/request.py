@@ -163,13 +163,16 @@ def validated(backend: Backend, cfg: RunConfig) -> RunConfig:
 class RunRequest:
     """One command line's run settings, read once. `backends`: the stacks it runs (default: --backend);
     `resolve_device(requested, ranks_per_node)`: the device a run gets here (auto resolved, cuda checked
-    against the GPUs visible), which the running side supplies (harness.run.devices.resolve_device)."""
+    against the GPUs visible), which the running side supplies (harness.run.devices.resolve_device);
+    `check_memory(backend, cfg)`: raises a UsageError where a run's ranks on this node would not fit its
+    memory (harness.run.footprint), for every config of a run made here (check_devices)."""
 
     def __init__(
         self,
         args,
         backends: list[str] | None = None,
         resolve_device: Callable[[str, int], str] | None = None,
+        check_memory: Callable[[Backend, RunConfig], None] | None = None,
     ):
         self.args = args
         names = list(backends) if backends else [args.backend]
@@ -185,6 +188,7 @@ class RunRequest:
         self.layout = Layout.read(args)
         self.pythons = named_pythons(args, names)
         self.resolve_device = resolve_device
+        self.check_memory = check_memory
 
     @property
     def backend(self) -> Backend:
@@ -227,8 +231,8 @@ class RunRequest:
     ) -> RunConfig:
         """The config of a run of `backend_name` on n ranks. `threads`: per worker (default: --threads-per-
         worker, else this machine's cores over the ranks of a node). `check_devices` False: for a plan made
-        elsewhere, do not require the GPUs to be visible here. `variant`: one of VARIANTS (default: "tuned"
-        under --tuned)."""
+        elsewhere, do not require the GPUs to be visible here nor check this node's memory. `variant`: one
+        of VARIANTS (default: "tuned" under --tuned)."""
         args, backend = self.args, self.backends[backend_name]
         micro = micro_batch_for(args, n)
         method, methods = args.compute_method, backend.compute_methods_for(self.options[backend.name])
@@ -267,7 +271,10 @@ class RunRequest:
             launcher_only=launcher_only,
             python=self.python(backend.name, check_devices),
         )
-        return validated(backend, cfg)
+        cfg = validated(backend, cfg)
+        if self.check_memory and check_devices:  # its ranks run here: not a plan, a job file, a launcher
+            self.check_memory(backend, cfg)
+        return cfg
 
 
 def check_launcher_only(backend: Backend, device: str, layout: dict, method: str) -> None:

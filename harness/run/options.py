@@ -1,5 +1,6 @@
 """What `harness run` (and sweep, plan, slurm, k8s and the gate) adds to the one path from arguments to a
-RunConfig (harness.arguments): the devices of this machine, and the checks of where records go.
+RunConfig (harness.arguments): the devices of this machine, whether a run's ranks fit its memory
+(harness.run.footprint), and the checks of where records go.
 
 Everything is checked here, before anything launches: bad input is a UsageError (one line, exit 2).
 """
@@ -7,19 +8,39 @@ Everything is checked here, before anything launches: bad input is a UsageError 
 from __future__ import annotations
 
 import errno
+import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
+from backends.base import Backend
 from core.config import RunConfig
 from harness.arguments import RunRequest
 from harness.run.devices import resolve_device
+from harness.run.footprint import check_fits
 from harness.usage import UsageError
 
 
 def run_request(args, backends: list[str] | None = None) -> RunRequest:
     """The command line of a run on this machine, read once (harness.arguments.RunRequest), its devices
-    those visible here."""
-    return RunRequest(args, backends, resolve_device=resolve_device)
+    those visible here, each config's ranks checked against this node's memory (memory_check)."""
+    return RunRequest(args, backends, resolve_device=resolve_device, check_memory=memory_check(args))
+
+
+def memory_check(args) -> Callable[[Backend, RunConfig], None] | None:
+    """harness.run.footprint.check_fits for each config a command line builds, unless --skip-memory-check;
+    a stack it cannot estimate for is said once, on stderr, and runs."""
+    if getattr(args, "skip_memory_check", False):
+        return None
+    noted: set[str] = set()
+
+    def check(backend: Backend, cfg: RunConfig) -> None:
+        note = check_fits(backend, cfg)
+        if note and backend.name not in noted:
+            noted.add(backend.name)
+            print(f"harness: note: {note}", file=sys.stderr)
+
+    return check
 
 
 def build_config(
