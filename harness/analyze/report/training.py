@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import io
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -20,6 +21,9 @@ from core.records import run_config
 from harness.analyze.analysis import aggregate, contexts, runs_table
 from harness.analyze.metrics import run_numerics
 from harness.document import Figure, Section, Table, nbytes, num, pct, value
+
+if TYPE_CHECKING:  # matplotlib is imported where a plot is drawn, never for a Markdown report
+    from matplotlib.figure import Figure as Plot
 
 
 def context_title(ctx: dict) -> str:
@@ -161,7 +165,7 @@ def numerics_table(ctx: dict, labels: list[str], runs: pd.DataFrame, by_id: dict
     return Table(NUMERICS_HEADERS, rows)
 
 
-def plots(agg: pd.DataFrame) -> list[tuple[str, object]]:
+def plots(agg: pd.DataFrame) -> list[tuple[str, Plot]]:
     """The five plots of one context as matplotlib figures, one line (or bar group) per backend label: N on
     a log2 axis ticked at each measured N; an oversubscribed point drawn hollow (gid 'oversubscribed
     <label>'), an oversubscribed bar hatched, and the legend naming that mark."""
@@ -177,7 +181,7 @@ def plots(agg: pd.DataFrame) -> list[tuple[str, object]]:
     labels = sorted(agg["label"].unique())
     colors = {label: f"C{i % 10}" for i, label in enumerate(labels)}
     marked = bool(agg["oversubscribed"].any())
-    out = []
+    out: list[tuple[str, Plot]] = []
 
     def legend(ax, handles):
         ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
