@@ -271,7 +271,8 @@ def test_plots_mark_every_oversubscribed_point_on_a_log2_axis():
     from matplotlib.container import BarContainer
 
     from harness.analyze.analysis import aggregate, runs_table
-    from harness.analyze.report.training import HOLLOW, plots
+    from harness.analyze.report.contexts import HOLLOW
+    from harness.analyze.report.training import plots
 
     figs = dict(plots(aggregate(runs_table(sweep_records()))))
     assert len(figs) == 5
