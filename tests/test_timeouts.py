@@ -98,9 +98,12 @@ def knob_names(backend: str, knob: str) -> list[str]:
     return [n for m in (module, backends.base) for n, v in vars(m).items() if v == knob and n.isupper()]
 
 
-def worker_sources() -> str:
-    """The worker side: every module under backends/ but the adapters (a stack's __init__.py) and base.py."""
-    files = [p for p in BACKENDS_DIR.rglob("*.py") if p.name != "__init__.py" and p.name != "base.py"]
+def worker_sources(backend: str) -> str:
+    """A stack's worker side: its own package's modules but its adapter (__init__.py), and the worker code
+    the stacks share at the top of backends/ (torch_common.py, loop.py, ...), never another stack's."""
+    package = BACKENDS_DIR / type(get_backend(backend)).__module__.split(".")[1]
+    files = [p for p in package.rglob("*.py") if p.name != "__init__.py"]
+    files += [p for p in BACKENDS_DIR.glob("*.py") if p.name not in ("__init__.py", "base.py")]
     return "\n".join(p.read_text() for p in files)
 
 
@@ -118,7 +121,7 @@ def test_every_other_wait_is_read_by_the_worker(backend):
     """A knob no launcher takes is one the worker sets: the worker side reads it from the adapter's
     timeouts() by its name (`timeouts(cfg)[NAME]`), so a stack whose worker keeps a framework default, or
     sets its own number, fails."""
-    worker = worker_sources()
+    worker = worker_sources(backend)
     for knob in get_backend(backend).timeouts(waits(backend, TIMEOUTS[0])[0][0]):
         names = knob_names(backend, knob)
         assert names, f"{backend}: knob {knob!r} has no name in its adapter"
