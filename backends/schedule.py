@@ -1,6 +1,6 @@
 """One training step's collectives as a stack issues them: the single declaration that the analytic
 communication volume (Backend.comm_pattern, which harness.analyze.metrics turns into bytes per rank) and the
-prediction's replay (harness.predict.model) both read, so the two cannot disagree. Framework-free: each
+prediction's replay (harness.predict.replay) both read, so the two cannot disagree. Framework-free: each
 adapter builds its Schedule from the RunConfig alone (backends/<stack>/schedule.py).
 
 A step is compute segments in order (Steps): for each micro-batch the embedding, each block and the head

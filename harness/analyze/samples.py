@@ -1,6 +1,6 @@
 """What a comparison compares: the runs of the two sides matched by their configuration
 (core.records.ConfigKey), and the one value each run gives, its per-run statistic of the step times. One
-definition, shared by `harness compare` (harness.analyze.compare) and `harness gate`'s paired figures
+definition, shared by `harness compare` (harness.analyze.compare_command) and `harness gate`'s paired figures
 (harness.analyze.paired)."""
 
 from __future__ import annotations

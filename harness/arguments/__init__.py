@@ -17,7 +17,7 @@ from harness.arguments.flags import (
     add_verb,
     declared,
 )
-from harness.arguments.layout import DEFAULT_MASTER_PORT, Layout, node_layout, read_hosts, requested_world
+from harness.arguments.layout import DEFAULT_MASTER_PORT, Layout, read_hosts, requested_world
 from harness.arguments.parsers import (
     exit_code,
     fault_spec,
@@ -67,7 +67,6 @@ __all__ = [
     "hours",
     "int_at_least",
     "micro_batch_for",
-    "node_layout",
     "non_negative",
     "positive",
     "read_hosts",

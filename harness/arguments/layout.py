@@ -139,8 +139,3 @@ class Layout:
 def requested_world(args) -> int:
     """Ranks in all: --gpus, else nodes x ranks per node."""
     return Layout.read(args).world(getattr(args, "gpus", None))
-
-
-def node_layout(args, world: int, node_rank: int | None = None) -> dict:
-    """RunConfig's multi-node settings from the command line (Layout.settings)."""
-    return Layout.read(args).settings(world, node_rank)

@@ -4,8 +4,8 @@ named as every verb that writes a document names them (harness.arguments.documen
 --html FILE); `harness results`: the tidy table itself, as CSV or Parquet, or exported (TensorBoard,
 github-benchmark).
 
-The commands only: they load the records, pick the sections (training.py, commbench.py, prediction.py),
-render them (harness/document.py) and write the output.
+The commands only: they load the records, pick the sections (training.py, selection.py, commbench.py,
+prediction.py), render them (harness/document.py) and write the output.
 """
 
 from __future__ import annotations
@@ -184,7 +184,9 @@ def register(subparsers) -> None:
     p.add_argument("--format", choices=FORMATS, help=argparse.SUPPRESS)
     p.add_argument("--output", type=Path, help=argparse.SUPPRESS)
     p.add_argument(
-        "--at-gpus", type=positive, help="N for the framework selection (default: the largest measured)"
+        "--at-gpus",
+        type=positive,
+        help="N for the framework selection (default: the largest that fits the CPUs, else the largest)",
     )
     p.set_defaults(func=cmd_report)
 
