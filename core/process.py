@@ -21,9 +21,10 @@ class Process:
     env: dict[str, str] = field(default_factory=dict)
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now at `host` ("" for every interface, where the server binds them all)."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 

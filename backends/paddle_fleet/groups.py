@@ -19,22 +19,16 @@ from __future__ import annotations
 
 import math
 import os
-import socket
 from collections.abc import Callable
 
 from paddle.base import core
 from paddle.distributed import collective
 
+from core.process import free_port
+
 STORE_ADDRESS_KEY = "distbench/gloo_group_store/{}"  # in the job's store: where group <id>'s own store is
 
 _stores: list = []  # every group's store, held for the life of the process (its rank 0 serves it)
-
-
-def free_port() -> int:
-    """A port nothing listens on now, for a store's server (Paddle's binds it on every interface)."""
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def store_timeout_s(collective_timeout: float) -> int:
@@ -49,7 +43,7 @@ def group_store(job_store, rank: int, size: int, group_id: int, timeout_s: int):
     key = STORE_ADDRESS_KEY.format(group_id)
     if rank == 0:
         host = os.environ.get("PADDLE_CURRENT_ENDPOINT", "127.0.0.1:0").rsplit(":", 1)[0]
-        job_store.set(key, f"{host}:{free_port()}")
+        job_store.set(key, f"{host}:{free_port('')}")  # Paddle's store binds every interface
     job_store.wait(key)
     host, port = bytes(job_store.get(key)).decode().rsplit(":", 1)
     store = core.TCPStore(host, int(port), rank == 0, size, timeout_s)
