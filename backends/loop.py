@@ -39,6 +39,7 @@ class Trainer(ABC):
 
     framework = ""
     can_skip_grad_sync = False  # True if step(sync_grads=False) really skips gradient synchronisation
+    sync_off_switch = ""  # the framework's own switch step(sync_grads=False) uses, where it has one
 
     def __init__(self, cfg: RunConfig):
         self.cfg = cfg
@@ -48,23 +49,45 @@ class Trainer(ABC):
         # The rank's index among its node's ranks, where the stack picks its device by it (cuda:<local
         # rank> inside the launcher's mask); recorded, so a rank on the wrong device shows.
         self.local_rank: int | None = None
-        self.optimizer_times: list[float] = []  # seconds per optimizer step, in the optimizer-timed steps
-        self.time_optimizer = False  # set by run_training for its optimizer-timed steps only
+        self.time_parts = False  # set by run_training for its anatomy steps only
+        self.part_times: dict[str, float] = {}  # seconds per part of the current anatomy step
+        self.hooks: TestHooks = NO_HOOKS  # the test hooks of the run (run_training sets them)
 
-    def timed_optimizer_step(self, optimizer_step) -> None:
-        """Run `optimizer_step()`; in the optimizer-timed steps also time it between device
-        synchronisations. An isolated-counterfactual worker steps the optimizer over all P parameters where
-        a rank of a sharded stack steps P/N, and t_compute discounts the difference
-        (harness.analyze.metrics); a 1-rank run's optimizer time calibrates `harness predict`. The
-        measured steps are never touched: a synchronisation inside them would change what they overlap."""
-        if not self.time_optimizer:
-            optimizer_step()
-            return
+    # What each part of the step is, in this framework's own calls, for the record (`anatomy_methods`):
+    # forward, backward, optimizer -> the call timed. A part this worker cannot time apart is absent, and
+    # the record says why in `anatomy_unsplit` (part -> reason).
+    anatomy_methods: dict[str, str] = {}
+    anatomy_unsplit: dict[str, str] = {}
+
+    def timed_part(self, part: str, run, includes: tuple[str, ...] = ()):
+        """Run `run()`, one part of a step ("forward", "backward", "optimizer"), and return its result; in
+        the anatomy steps also time it between device synchronisations and add the time to
+        `part_times[part]` (a part that runs once per micro-batch adds up over the step). The measured steps
+        are never timed inside: a synchronisation there would change what they overlap.
+
+        A test hook's delay of the part (core.hooks.TestHooks.part_delays) is slept here in every step, the
+        measured ones too; `includes` names the parts a call holds where a framework cannot call them apart
+        (a traced function that runs forward and backward), whose delays it then sleeps."""
+        delay = sum(self.hooks.part_delay(p) for p in includes or (part,))
+        if not self.time_parts:
+            result = run()
+            if delay:
+                time.sleep(delay)
+            return result
         self.synchronize()
         t0 = time.perf_counter()
-        optimizer_step()
+        result = run()
+        if delay:
+            time.sleep(delay)
         self.synchronize()
-        self.optimizer_times.append(time.perf_counter() - t0)
+        self.part_times[part] = self.part_times.get(part, 0.0) + time.perf_counter() - t0
+        return result
+
+    def timed_optimizer_step(self, optimizer_step) -> None:
+        """The optimizer part of the step (timed_part): an isolated-counterfactual worker steps the optimizer
+        over all P parameters where a rank of a sharded stack steps P/N, and t_compute discounts the
+        difference (harness.analyze.metrics); a 1-rank run's optimizer time calibrates `harness predict`."""
+        self.timed_part("optimizer", optimizer_step)
 
     def reset_peak_memory(self) -> None:
         """Reset the framework allocator's peak counters: called after warm-up, so peaks exclude model
@@ -211,17 +234,34 @@ def data_shard(cfg: RunConfig, rank: int) -> Shard:
     return Shard(rank, cfg.topology.world_size, cfg.batch.micro_batch, cfg.batch.grad_accum)
 
 
-def optimizer_timed_steps(cfg: RunConfig) -> int:
-    """How many steps a process with no peer runs after its measured ones to time its optimizer step
-    (each between device synchronisations): as many as the measured steps, at most 5; none for an
-    isolated worker of a stack that does not shard its optimizer, whose optimizer time nothing uses, and
-    none for a stack whose worker cannot time its optimizer apart (tf-mwms)."""
-    backend = get_backend(cfg.backend)
-    if not backend.times_optimizer or (
-        cfg.role.isolated_index is not None and backend.sharding(cfg) == "none"
-    ):
+def anatomy_steps(cfg: RunConfig, can_skip_grad_sync: bool) -> int:
+    """How many steps a process runs after its measured ones to time the parts of its step (forward,
+    backward, optimizer, each between device synchronisations): --anatomy-steps, in the launch that
+    measures the step without communication, so that its parts are free of it. That is a process with no
+    peer (a 1-rank run, an isolated worker) or, under the no_sync method, every rank of the run with its
+    sync off; a run whose t_compute comes from isolated workers leaves the parts to them. An isolated worker
+    of a stack that shards its optimizer times it in at least min(steps, 5) steps whatever the setting,
+    since t_compute's discount needs it."""
+    m = cfg.measurement
+    if cfg.role.trace_launch == "only":
         return 0
-    return min(cfg.measurement.steps, 5)
+    if cfg.process_group_size > 1:
+        return m.anatomy_steps if (m.compute_method == "no_sync" and can_skip_grad_sync) else 0
+    backend = get_backend(cfg.backend)
+    sharded = backend.sharding(cfg) != "none" and backend.times_optimizer
+    needed = cfg.role.isolated_index is not None and sharded
+    return max(m.anatomy_steps, min(m.steps, 5) if needed else 0)
+
+
+# The per-step event field each timed part of a step is written to (Trainer.part_times).
+PART_FIELDS = {"forward": "forward_s", "backward": "backward_s", "optimizer": "optimizer_step_time_s"}
+
+
+def anatomy_sync(trainer: Trainer, cfg: RunConfig) -> str:
+    """How the anatomy steps of this process ran free of gradient synchronisation, for the record."""
+    if cfg.process_group_size == 1:
+        return "alone: no peer to synchronise with"
+    return f"gradient sync off ({trainer.sync_off_switch})"
 
 
 # What a rank's measured record says of its trace until the trace is done: a rank that dies while tracing
@@ -236,13 +276,14 @@ class Phase:
     Announced in the rank's events (core.events.PHASE_START) with this description."""
 
     name: str
-    """warm-up | measured | optimizer-timed | compute-only | traced: the events' `phase`."""
+    """warm-up | measured | compute-only | anatomy | traced: the events' `phase`."""
     steps: int
     """Steps it runs, its `settle` steps included; 0 where it does not apply to this rank."""
     sync_grads: bool = True
     """False: gradient synchronisation switched off (Trainer.step's sync_grads), for t_compute."""
-    time_optimizer: bool = False
-    """Trainer.timed_optimizer_step times each optimizer step between device synchronisations."""
+    time_parts: bool = False
+    """Trainer.timed_part times each part of the step (forward, backward, optimizer) between device
+    synchronisations."""
     traced: bool = False
     """Its kept steps run under the stack's profiler (Trainer.trace_collectives), after the record of
     everything measured is on file (core.events.MEASURED): profiling slows steps, so nothing else is taken
@@ -259,9 +300,9 @@ class Phase:
 
 
 def training_phases(trainer: Trainer, cfg: RunConfig) -> list[Phase]:
-    """The timed loop of this rank, in order. Compute-only steps come after the measured ones, since they
-    let replicas drift; a process with no peer times its optimizer in steps of its own, so no
-    synchronisation enters its measured steps; the collective trace comes last. A launch that only traces
+    """The timed loop of this rank, in order. Compute-only and anatomy steps come after the measured ones,
+    since sync-off steps let replicas drift and the anatomy's synchronisations would change what the
+    measured steps overlap; the collective trace comes last. A launch that only traces
     (RoleConfig.trace_launch "only") runs the warm-up and the traced steps; the launch that measures beside
     it traces nothing."""
     alone = cfg.process_group_size == 1
@@ -273,6 +314,7 @@ def training_phases(trainer: Trainer, cfg: RunConfig) -> list[Phase]:
         and cfg.measurement.compute_steps
         and not only_trace
     )
+    anatomy = anatomy_steps(cfg, trainer.can_skip_grad_sync)
     trace = bool(
         cfg.measurement.trace_comm
         and cfg.measurement.trace_steps
@@ -297,15 +339,6 @@ def training_phases(trainer: Trainer, cfg: RunConfig) -> list[Phase]:
             },
         ),
         Phase(
-            "optimizer-timed",
-            optimizer_timed_steps(cfg) if alone else 0,
-            time_optimizer=True,
-            keeps={
-                "step_time_s": "optimizer_timed_step_times",
-                "optimizer_step_time_s": "optimizer_step_times",
-            },
-        ),
-        Phase(
             "compute-only",
             cfg.measurement.compute_steps + 1 if compute else 0,
             sync_grads=False,
@@ -313,10 +346,23 @@ def training_phases(trainer: Trainer, cfg: RunConfig) -> list[Phase]:
             keeps={"step_time_s": "compute_only_step_times"},
         ),
         Phase(
+            "anatomy",
+            anatomy + (1 if anatomy and not alone and not compute else 0),
+            sync_grads=alone,  # alone there is nothing to sync; with peers, the sync is switched off
+            time_parts=True,
+            settle=1 if anatomy and not alone and not compute else 0,
+            keeps={
+                "step_time_s": "anatomy_step_times",
+                "forward_s": "forward_times",
+                "backward_s": "backward_times",
+                "optimizer_step_time_s": "optimizer_step_times",
+            },
+        ),
+        Phase(
             "traced",
-            cfg.measurement.trace_steps + compute if trace else 0,
+            cfg.measurement.trace_steps + (compute or bool(anatomy and not alone)) if trace else 0,
             traced=True,
-            settle=int(compute and trace),
+            settle=int((compute or bool(anatomy and not alone)) and trace),
         ),
     ]
     return [p for p in phases if p.name in ("warm-up", "traced")] if only_trace else phases
@@ -353,6 +399,7 @@ def run_training(
     group_tokens = cfg.tokens_per_step * cfg.process_group_size / cfg.topology.world_size
     next_step = 0
     measured: dict = {"peak_rss_scope": "process lifetime"}
+    trainer.hooks = hooks
     if hooks.warmup_transient_bytes:  # before the first warm-up step, so only a reset peak excludes it
         measured["warmup_transient"] = trainer.hold_transient(hooks.warmup_transient_bytes)
 
@@ -369,6 +416,8 @@ def run_training(
         loss = trainer.step(batches, sync_grads=sync_grads)
         if hooks.step_delay_s:
             time.sleep(hooks.step_delay_s)
+        if sync_grads and trainer.world_size > 1 and hooks.part_delay("comm"):
+            time.sleep(hooks.part_delay("comm"))  # a slower gradient synchronisation: synced steps only
         trainer.synchronize()
         t = time.perf_counter() - t0
         return t, loss, t_prep, time.process_time() - c0
@@ -378,7 +427,7 @@ def run_training(
         times = []
         for step in range(next_step, next_step + count):
             inject_fault(hooks, trainer.rank, step)
-            timed_before = len(trainer.optimizer_times)
+            trainer.part_times = {}
             t, loss, t_prep, cpu = timed_step(step, phase.sync_grads)
             next_step = step + 1
             step_event = {
@@ -392,8 +441,9 @@ def run_training(
                 "rss_bytes": rss_bytes(),
                 "kept": kept,
             }
-            if len(trainer.optimizer_times) > timed_before:
-                step_event["optimizer_step_time_s"] = sum(trainer.optimizer_times[timed_before:])
+            for part, key in PART_FIELDS.items():
+                if part in trainer.part_times:
+                    step_event[key] = trainer.part_times[part]
             events.emit(STEP, **step_event)
             times.append(t)
         return times
@@ -421,6 +471,11 @@ def run_training(
             "interpreter": sys.executable,  # the environment this rank ran in (RunConfig.python)
             "threads": cfg.topology.threads_per_worker,
             "process_settings": seen_process_settings(),
+            "anatomy_methods": {
+                "sync": anatomy_sync(trainer, cfg),
+                **trainer.anatomy_methods,
+                **{part: f"not split: {why}" for part, why in trainer.anatomy_unsplit.items()},
+            },
         }
 
     record: dict | None = None
@@ -434,7 +489,7 @@ def run_training(
             trainer.reset_peak_memory()
             measured["peak_rss_scope"] = "after warm-up" if reset_peak_rss() else "process lifetime"
             faults_at_start = minor_page_faults()
-        trainer.time_optimizer = phase.time_optimizer
+        trainer.time_parts = phase.time_parts
         run_steps(phase, phase.settle, kept=False)
         if phase.traced and phase.steps and record is not None:
             record["comm_trace"] = trainer.trace_collectives(
@@ -444,7 +499,7 @@ def run_training(
             events.emit(MEASURED, record=record)
         else:
             run_steps(phase, phase.steps - phase.settle, kept=True)
-        trainer.time_optimizer = False
+        trainer.time_parts = False
         if phase.measured:
             measured["minor_faults_per_step"] = (minor_page_faults() - faults_at_start) / phase.steps
             state = trainer.model_state_bytes()  # after a full step, so gradients and moments exist

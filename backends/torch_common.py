@@ -195,12 +195,23 @@ class TorchTrainer(Trainer):
             torch.from_numpy(y).to(self.device, non_blocking=True),
         )
 
+    anatomy_methods = {
+        "forward": "model(x, y): forward and loss, per micro-batch",
+        "backward": "loss.backward(), per micro-batch",
+        "optimizer": "optimizer.step() (GradScaler's step and update under fp16)",
+    }
+
     def backward(self, model, x, y, n_micro: int) -> torch.Tensor:
-        """Forward and backward of one micro-batch; the loss is scaled by 1/n_micro for accumulation."""
+        """Forward and backward of one micro-batch, each a part of the step (Trainer.timed_part); the loss
+        is scaled by 1/n_micro for accumulation."""
         x, y = self.inputs(x, y)
-        with self.autocast():
-            loss = model(x, y) / n_micro
-        (self.scaler.scale(loss) if self.scaler else loss).backward()
+
+        def forward() -> torch.Tensor:
+            with self.autocast():
+                return model(x, y) / n_micro
+
+        loss = self.timed_part("forward", forward)
+        self.timed_part("backward", (self.scaler.scale(loss) if self.scaler else loss).backward)
         return loss.detach()
 
     def step(self, batches, sync_grads=True):

@@ -158,6 +158,15 @@ class MeasurementConfig:
         5, "--compute-steps", "sync-off steps for t_compute (no_sync method)", parse="non_negative"
     )
     """Steps with gradient sync off that time t_compute (the no_sync method), after the measured ones."""
+    anatomy_steps: int = setting(
+        3,
+        "--anatomy-steps",
+        "steps after the measured ones whose forward, backward and optimizer are each timed between device "
+        "synchronisations, for the step's anatomy (0: none)",
+        parse="non_negative",
+    )
+    """Steps that time the parts of a step (backends.loop.anatomy_steps), in the launch that measures
+    t_compute: sync off where the stack can switch it off, alone in an isolated worker or a 1-rank run."""
     compute_method: str = setting(
         "auto",
         "--compute-method",

@@ -26,14 +26,15 @@ RUN_START = "run_start"
 test_hooks (core.hooks: the hooks set, or None)."""
 PHASE_START = "phase_start"
 """phase (its name), first_step, and the rest of the phase's description (backends.loop.Phase): steps,
-sync_grads, time_optimizer, traced, measured, settle, keeps. Every phase of the loop is announced, one
+sync_grads, time_parts, traced, measured, settle, keeps. Every phase of the loop is announced, one
 that does not apply to this rank with steps 0."""
 STEP = "step"
 """phase, step (its index over the whole run), loss, step_time_s, tokens_per_s (the tokens this process's
 group steps over, per second of this rank's step), data_prep_s (preparing its batch, before the clock),
 cpu_time_s (the process's CPU time over the step, all its threads), rss_bytes (the process's resident
 memory after the step), kept (False: a settle step, run and dropped);
-optimizer_step_time_s in a phase that times the optimizer."""
+forward_s, backward_s and optimizer_step_time_s in a phase that times the step's parts (anatomy), each
+where the worker times that part."""
 PHASE_END = "phase_end"
 """phase, steps (run), elapsed_s (wall time of the phase), memory (rss_bytes and the framework allocator's
 peaks so far)."""

@@ -11,13 +11,16 @@ workers the harness's environment (horovodrun and mpirun over ssh pass only what
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from core.records import write_json_atomic
 
 HOOKS_FILE = "test_hooks.json"
 FAULT_KINDS = ("raise", "exit", "sigkill", "sigstop", "hang", "oom")
+# The parts of a step a test can delay (TestHooks.part_delays): the three a trainer times itself
+# (backends.loop.Trainer.timed_part) and the gradient synchronisation of a synced step.
+DELAYABLE_PARTS = ("forward", "backward", "optimizer", "comm")
 
 
 @dataclass(frozen=True)
@@ -25,17 +28,24 @@ class TestHooks:
     """`fault`: {"rank", "step", "kind"} (kind one of FAULT_KINDS; a commbench run counts its (op, size)
     points as steps); `step_delay_s`: seconds of sleep inside every timed step; `warmup_transient_bytes`:
     memory each rank takes and frees before its first warm-up step (Trainer.hold_transient), so a test can
-    tell a peak reset after warm-up from one that was not."""
+    tell a peak reset after warm-up from one that was not; `part_delays`: {part: seconds} slept inside one
+    part of every step (DELAYABLE_PARTS), so a test can check that the step's anatomy moves that part by
+    the delay and leaves the others."""
 
     __test__ = False  # a name pytest would otherwise take for a test class
 
     fault: dict | None = None
     step_delay_s: float = 0.0
     warmup_transient_bytes: int = 0
+    part_delays: dict[str, float] = field(default_factory=dict)
 
     @property
     def active(self) -> bool:
-        return bool(self.fault) or bool(self.step_delay_s) or bool(self.warmup_transient_bytes)
+        return bool(self.fault or self.step_delay_s or self.warmup_transient_bytes or self.part_delays)
+
+    def part_delay(self, part: str) -> float:
+        """Seconds to sleep in `part` of every step (0 where no test asked)."""
+        return self.part_delays.get(part, 0.0)
 
     def to_dict(self) -> dict | None:
         """What the record and the run directory hold: the hooks set, None when none is."""
@@ -45,6 +55,7 @@ class TestHooks:
             **({"fault": self.fault} if self.fault else {}),
             **({"step_delay_s": self.step_delay_s} if self.step_delay_s else {}),
             **({"warmup_transient_bytes": n} if (n := self.warmup_transient_bytes) else {}),
+            **({"part_delays": dict(self.part_delays)} if self.part_delays else {}),
         }
 
     @classmethod
@@ -54,6 +65,7 @@ class TestHooks:
             fault=d.get("fault"),
             step_delay_s=float(d.get("step_delay_s") or 0.0),
             warmup_transient_bytes=int(d.get("warmup_transient_bytes") or 0),
+            part_delays={k: float(v) for k, v in (d.get("part_delays") or {}).items()},
         )
 
     def write(self, run_dir: Path) -> None:

@@ -73,9 +73,16 @@ def test_exposed_comm_ratio_and_bus_bandwidth():
     volume = 2 * 1 / 2 * TINY_PARAMS * 4  # ring all-reduce of fp32 gradients at N=2
     assert s["comm_bytes_per_rank_per_step"] == pytest.approx(volume)
     assert s["volume_per_exposed_s"] == pytest.approx(volume / 0.05)
-    # compute slower than the synced step (noise): clamped at 0, no bandwidth claimed
-    s = summarize(record(compute=[[0.3] * 3] * 2))
-    assert s["exposed_comm_ratio"] == 0.0 and s["volume_per_exposed_s"] is None
+    # compute slower than the synced step beyond its noise: unresolved, never clamped to 0, no bandwidth
+    s = summarize(record(step_times=[[0.2] * 3] * 2, compute=[[0.3] * 3] * 2))
+    exposed = s["anatomy"]["parts"]["exposed_comm"]
+    assert s["exposed_comm_ratio"] is None and s["volume_per_exposed_s"] is None
+    assert exposed["status"] == "unresolved" and exposed["s"] == pytest.approx(-0.1)
+    # slower within its noise: the small negative difference is shown as it is, consistent with none
+    s = summarize(record(compute=[[0.15, 0.21, 0.26], [0.15, 0.2, 0.25]]))
+    exposed = s["anatomy"]["parts"]["exposed_comm"]
+    assert exposed["status"] == "derived" and exposed["ci"][0] < 0 < exposed["ci"][1]
+    assert s["exposed_comm_ratio"] == pytest.approx(-0.05)
 
 
 def test_single_rank_has_zero_comm_by_definition():

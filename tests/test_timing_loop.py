@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from backends import backend_names, get_backend
-from backends.loop import TRACE_LOST, Trainer, optimizer_timed_steps, run_to_record, run_training
+from backends.loop import TRACE_LOST, Trainer, anatomy_steps, run_to_record, run_training
 from core.config import RunConfig
 from core.events import MEASURED, RESULT, EventLog, rank_record, read_events
 from core.hooks import TestHooks
@@ -34,8 +34,10 @@ class CountingTrainer(Trainer):
 
     def step(self, batches, sync_grads: bool = True) -> float:
         self.inside_step, self.syncs_per_step = True, [*self.syncs_per_step, 0]
-        time.sleep(0.001)  # forward and backward
-        self.timed_optimizer_step(lambda: time.sleep(0.002))
+        for _ in batches:
+            self.timed_part("forward", lambda: time.sleep(0.001))
+            self.timed_part("backward", lambda: time.sleep(0.002))
+        self.timed_optimizer_step(lambda: time.sleep(0.003))
         self.inside_step = False
         return 1.0
 
@@ -84,58 +86,58 @@ def config(world_size: int, steps: int = 7, **fields) -> RunConfig:
     )
 
 
-@pytest.mark.parametrize("steps", [3, 7])
-def test_a_process_without_peers_times_its_optimizer_after_the_measured_steps_never_inside_them(
-    steps, tmp_path
+@pytest.mark.parametrize("steps,parts", [(3, 3), (7, 0)])
+def test_a_process_without_peers_times_its_parts_after_the_measured_steps_never_inside_them(
+    steps, parts, tmp_path
 ):
     """A 1-rank run is the baseline of speedup and scaling efficiency: a synchronisation inside its steps
-    (to time the optimizer) would slow it on a GPU alone. The optimizer is timed in steps of its own."""
-    cfg = config(world_size=1, steps=steps)
+    (to time a part) would slow it on a GPU alone. Its parts are timed in steps of their own, each part
+    between two synchronisations, a part run per micro-batch summed over the step."""
+    cfg = config(world_size=1, steps=steps, anatomy_steps=parts, grad_accum=2)
     trainer = CountingTrainer(cfg)
     record, _ = train(trainer, cfg, tmp_path)
     measured = cfg.measurement.warmup + cfg.measurement.steps
-    extra = optimizer_timed_steps(cfg)
-    assert extra == min(steps, 5)
-    assert trainer.syncs_per_step == [0] * measured + [2] * extra
+    assert anatomy_steps(cfg, can_skip_grad_sync=False) == parts
+    assert trainer.syncs_per_step == [0] * measured + [2 * (2 + 2 + 1)] * parts
     assert len(record["step_times"]) == cfg.measurement.steps
-    assert len(record["optimizer_step_times"]) == len(record["optimizer_timed_step_times"]) == extra
-    assert all(0.002 <= t < 0.5 for t in record["optimizer_step_times"])
+    for key, low in (("forward_times", 0.002), ("backward_times", 0.004), ("optimizer_step_times", 0.003)):
+        assert len(record[key]) == parts and all(low <= t < low + 0.5 for t in record[key]), key
+    assert len(record["anatomy_step_times"]) == parts
+    assert record["anatomy_methods"]["sync"].startswith("alone")
 
 
-def test_a_rank_with_peers_neither_times_its_optimizer_nor_runs_extra_steps(tmp_path):
-    cfg = config(world_size=2)
+def test_a_rank_with_peers_and_no_sync_switch_times_no_parts_its_isolated_workers_do(tmp_path):
+    """Its parts with the gradient sync on would hold the communication the anatomy puts apart."""
+    cfg = config(world_size=2, compute_method="isolated")
     trainer = CountingTrainer(cfg)
     record, _ = train(trainer, cfg, tmp_path)
     assert trainer.syncs_per_step == [0] * (cfg.measurement.warmup + cfg.measurement.steps)
-    assert record["optimizer_step_times"] == []
+    assert record["optimizer_step_times"] == record["forward_times"] == []
+
+
+def test_ranks_with_a_sync_switch_time_their_parts_with_the_sync_off(tmp_path):
+    cfg = config(world_size=2, compute_method="no_sync", compute_steps=2)
+    record, events = train(TracingTrainer(cfg), cfg, tmp_path)
+    anatomy = [e for e in events if e["event"] == "phase_start" and e["phase"] == "anatomy"]
+    assert anatomy[0]["steps"] == 3 and not anatomy[0]["sync_grads"] and anatomy[0]["time_parts"]
+    assert len(record["forward_times"]) == 3
+    assert record["anatomy_methods"]["sync"].startswith("gradient sync off")
 
 
 @pytest.mark.parametrize(
     "backend,options,timed",
-    [("torch-ddp", {}, 0), ("deepspeed", {"zero_stage": 0}, 0), ("deepspeed", {"zero_stage": 2}, 5)],
+    [("torch-ddp", {}, 3), ("deepspeed", {"zero_stage": 0}, 3), ("deepspeed", {"zero_stage": 2}, 5)],
 )
-def test_an_isolated_worker_times_its_optimizer_only_where_the_stack_shards_it(
+def test_an_isolated_worker_times_its_parts_and_where_the_stack_shards_its_optimizer_at_least_five(
     backend, options, timed, tmp_path
 ):
-    """The isolated counterfactual discounts the optimizer work a rank of a sharded stack does not do;
-    a worker of an unsharded stack has nothing to discount and runs no extra steps."""
+    """The isolated counterfactual discounts the optimizer work a rank of a sharded stack does not do,
+    from at least min(steps, 5) timed steps; every isolated worker times the parts of the anatomy."""
     cfg = config(world_size=2, backend=backend, backend_options=options, isolated_index=1)
     trainer = CountingTrainer(cfg)
     record, _ = train(trainer, cfg, tmp_path)
-    assert trainer.syncs_per_step == [0] * (cfg.measurement.warmup + cfg.measurement.steps) + [2] * timed
+    assert trainer.syncs_per_step == [0] * (cfg.measurement.warmup + cfg.measurement.steps) + [6] * timed
     assert len(record["optimizer_step_times"]) == timed
-
-
-def test_a_stack_whose_worker_cannot_time_its_optimizer_runs_no_optimizer_timed_steps(tmp_path):
-    """tf-mwms's update is one traced function with its all-reduce: extra steps would time nothing."""
-    cfg = config(world_size=1, backend="tf-mwms")
-    trainer = CountingTrainer(cfg)
-    record, _ = train(trainer, cfg, tmp_path)
-    assert (
-        optimizer_timed_steps(cfg) == 0
-        and len(trainer.syncs_per_step) == cfg.measurement.warmup + cfg.measurement.steps
-    )
-    assert record["optimizer_timed_step_times"] == []
 
 
 def test_the_loop_runs_its_phases_in_order_and_the_stream_gives_the_rank_record(tmp_path):
@@ -143,14 +145,16 @@ def test_the_loop_runs_its_phases_in_order_and_the_stream_gives_the_rank_record(
     steps), step indices running on over the whole run, each phase's settle steps run but not kept (the
     sync switch's first step; the re-aligning step before the trace), the record of everything measured
     on file before the first traced step with its trace lost, and again after it with its trace."""
-    cfg = config(world_size=2, steps=4, compute_method="no_sync", compute_steps=3, trace_comm=True)
+    cfg = config(
+        world_size=2, steps=4, compute_method="no_sync", compute_steps=3, trace_comm=True, anatomy_steps=0
+    )
     record, events = train(TracingTrainer(cfg), cfg, tmp_path)
     starts = [(e["phase"], e["steps"], e["settle"]) for e in events if e["event"] == "phase_start"]
     assert starts == [
         ("warm-up", 2, 0),
         ("measured", 4, 0),
-        ("optimizer-timed", 0, 0),
         ("compute-only", 4, 1),
+        ("anatomy", 0, 0),
         ("traced", 3, 1),
     ]
     steps = [e for e in events if e["event"] == "step"]
@@ -162,7 +166,7 @@ def test_the_loop_runs_its_phases_in_order_and_the_stream_gives_the_rank_record(
     assert len(record["step_times"]) == len(record["losses"]) == len(record["data_prep"]) == 4
     assert len(record["step_cpu_times"]) == 4 and all(c >= 0 for c in record["step_cpu_times"])
     assert len(record["warmup_losses"]) == 2 and len(record["compute_only_step_times"]) == 3
-    assert record["optimizer_timed_step_times"] == record["optimizer_step_times"] == []
+    assert record["anatomy_step_times"] == record["optimizer_step_times"] == []
     assert record["step_times"] == [e["step_time_s"] for e in steps if e["phase"] == "measured"]
     assert len(record["comm_trace"]["step_times"]) == 2 and record["status"] == "ok"
     names = [e["event"] for e in events]
@@ -186,7 +190,7 @@ def test_a_stack_that_traces_in_a_launch_of_its_own_measures_untraced_and_traces
     (tmp_path / "m").mkdir(), (tmp_path / "t").mkdir()
     record, events = train(TracingTrainer(cfg), cfg, tmp_path / "m")
     assert [e["phase"] for e in events if e["event"] == "phase_start" and e["steps"]] == [
-        "warm-up", "measured", "compute-only",
+        "warm-up", "measured", "compute-only", "anatomy",
     ]  # fmt: skip
     assert record["comm_trace"] is None and len(record["step_times"]) == 4
     cfg = config(**base, trace_launch="only")
@@ -213,7 +217,7 @@ def test_nothing_is_written_to_the_stream_inside_a_timed_step(tmp_path):
     train(trainer, cfg, tmp_path)
     sizes = trainer.sizes_at_boundaries
     pairs = list(zip(sizes[::2], sizes[1::2]))
-    assert len(pairs) == cfg.measurement.warmup + cfg.measurement.steps + optimizer_timed_steps(cfg)
+    assert len(pairs) == cfg.measurement.warmup + cfg.measurement.steps + anatomy_steps(cfg, False)
     assert all(start == stop for start, stop in pairs), pairs
     assert all(stop < start for (_, stop), (start, _) in zip(pairs, pairs[1:]))  # one event between steps
 
@@ -249,6 +253,6 @@ def test_the_display_shows_the_phases_the_loop_writes(tmp_path):
         "launching",
         "warm-up: 2 step(s)",
         "measured: 3 step(s)",
-        "timing the optimizer: 3 step(s)",
+        "timing the step's parts: 3 step(s)",
     ]
-    assert any(line.startswith("  timing the optimizer 3/3: step 7 loss 1.0000 |") for line in lines)
+    assert any(line.startswith("  timing the step's parts 3/3: step 7 loss 1.0000 |") for line in lines)

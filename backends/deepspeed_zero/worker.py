@@ -84,13 +84,20 @@ class DeepSpeedTrainer(TorchTrainer):
 
         return DeepSpeedCPUAdam(groups, adamw_mode=True, **hyper)
 
+    anatomy_methods = {
+        "forward": "engine(x, y): forward and loss, ZeRO-3's parameter gathers included, per micro-batch",
+        "backward": "engine.backward(loss), ZeRO's gradient hooks and reduction included, per micro-batch",
+        "optimizer": "engine.step() at the accumulation boundary: the optimizer, its gradient norm and "
+        "overflow checks, and ZeRO-1/2's gather of the updated partitions",
+    }
+
     def step(self, batches, sync_grads=True):
         """One engine.backward + engine.step per micro-batch, as DeepSpeed prescribes: backward scales the
         loss by 1 / gradient_accumulation_steps and step() updates only at the accumulation boundary."""
         losses: list[torch.Tensor] = []
         for x, y in batches:
-            loss = self.model(*self.inputs(x, y))
-            self.model.backward(loss)
+            loss = self.timed_part("forward", lambda x=x, y=y: self.model(*self.inputs(x, y)))
+            self.timed_part("backward", lambda loss=loss: self.model.backward(loss))
             if len(losses) == len(batches) - 1:  # the boundary: the optimizer steps in this engine.step()
                 self.grad_bytes = storage_bytes(self.held_gradients(), set())  # bytes only, not the tensors
                 self.timed_optimizer_step(self.model.step)

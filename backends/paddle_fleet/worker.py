@@ -101,6 +101,12 @@ def use_rank_device(cfg: RunConfig) -> str:
 
 class FleetTrainer(Trainer):
     framework = "paddle"
+    sync_off_switch = "paddle.DataParallel.no_sync()"
+    anatomy_methods = {
+        "forward": "model(x, y): forward and loss under auto_cast, per micro-batch",
+        "backward": "loss.backward(), per micro-batch",
+        "optimizer": "optimizer.step() (GradScaler's step and update under fp16)",
+    }
 
     def __init__(self, cfg: RunConfig):
         super().__init__(cfg)
@@ -216,9 +222,13 @@ class FleetTrainer(Trainer):
         for i, (x, y) in enumerate(batches):
             sync_now = sync_grads and i == len(batches) - 1
             with nullcontext() if sync_now or not self.can_skip_grad_sync else self.model.no_sync():
-                with self.autocast():
-                    loss = self.model(paddle.to_tensor(x), paddle.to_tensor(y)) / len(batches)
-                (self.scaler.scale(loss) if self.scaler else loss).backward()
+
+                def forward(x=x, y=y):
+                    with self.autocast():
+                        return self.model(paddle.to_tensor(x), paddle.to_tensor(y)) / len(batches)
+
+                loss = self.timed_part("forward", forward)
+                self.timed_part("backward", (self.scaler.scale(loss) if self.scaler else loss).backward)
             losses.append(loss.detach())
 
         def optimizer_step():

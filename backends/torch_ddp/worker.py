@@ -11,6 +11,7 @@ from backends.torch_ddp.options import DDPOptions
 
 class DDPTrainer(TorchTrainer):
     can_skip_grad_sync = True  # no_sync() switches the gradient all-reduce off without changing the compute
+    sync_off_switch = "DistributedDataParallel.no_sync()"
     model: DDP
 
     def __init__(self, cfg):

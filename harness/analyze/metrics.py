@@ -9,6 +9,7 @@ import numpy as np
 
 from backends import get_backend
 from core.records import run_config
+from harness.analyze.anatomy import resolved, step_anatomy
 
 # Dense peak FLOP/s (no sparsity) from NVIDIA's data sheets, by the exact name the driver reports
 # (torch.cuda.get_device_name, nvidia-smi): a substring would take "RTX A1000" for an A100. "tf32" is the
@@ -221,42 +222,58 @@ def wire_comm(wired: dict, traces: list[dict], world: int, terms: list[dict]) ->
 def rank_median_max(series: list[list[float]]) -> float | None:
     """Each process's median, then the slowest: processes that are not in lockstep (isolated workers, ranks
     with sync off) drift apart, and a per-step maximum over them would be biased up by their spread."""
-    medians = [float(np.median(s)) for s in series if s]
-    return max(medians) if medians and len(medians) == len(series) else None
+    slowest = slowest_process_series(series)
+    return float(np.median(slowest)) if slowest else None
+
+
+def slowest_process_series(series: list[list[float]]) -> list[float] | None:
+    """The series of the process with the largest median (rank_median_max), None unless every process has
+    one."""
+    if not series or not all(series):
+        return None
+    return max(series, key=lambda s: float(np.median(s)))
 
 
 def compute_time(
     record: dict, method: str, ranks: list[dict], sharding: str, world: int
-) -> tuple[float | None, str]:
-    """t_compute and how it was obtained. no_sync: the ranks' sync-off steps. isolated: the isolated
-    workers' steps; where the stack shards the optimizer, each worker stepped the optimizer over all P
-    parameters while a rank steps P/N, so (N-1)/N of its median optimizer time (timed in steps after the
-    measured ones) is taken off its median step."""
+) -> tuple[float | None, str, list[float] | None]:
+    """t_compute, how it was obtained, and the series it is the median of (the slowest process's). no_sync:
+    the ranks' sync-off steps. isolated: the isolated workers' steps; where the stack shards the optimizer,
+    each worker stepped the optimizer over all P parameters while a rank steps P/N, so (N-1)/N of its
+    median optimizer time (timed in its anatomy steps) is taken off each of its steps."""
     if method == "no_sync":
-        return rank_median_max(
-            [r.get("compute_only_step_times") or [] for r in ranks]
-        ), "sync-off steps: median per rank, slowest rank"
+        series = slowest_process_series([r.get("compute_only_step_times") or [] for r in ranks])
+        return (
+            float(np.median(series)) if series else None,
+            "sync-off steps: median per rank, slowest rank",
+            series,
+        )
     if method != "isolated":
-        return None, "none"
+        return None, "none", None
     workers = record.get("isolated_ranks") or []
     discount = sharding != "none" and world > 1
     if not discount:
-        return rank_median_max(
-            [w.get("step_times") or [] for w in workers]
-        ), "isolated workers: median per worker, slowest worker"
+        series = slowest_process_series([w.get("step_times") or [] for w in workers])
+        return (
+            float(np.median(series)) if series else None,
+            "isolated workers: median per worker, slowest worker",
+            series,
+        )
     per_worker = []
     for w in workers:
         steps, opt = w.get("step_times") or [], w.get("optimizer_step_times") or []
         if not opt:
-            return None, "isolated: optimizer step times missing, cannot discount the sharded optimizer"
+            return None, "isolated: optimizer step times missing, cannot discount the sharded optimizer", None
         if not steps:
-            return None, "isolated: a worker recorded no steps"
-        per_worker.append(float(np.median(steps)) - (world - 1) / world * float(np.median(opt)))
+            return None, "isolated: a worker recorded no steps", None
+        cut = (world - 1) / world * float(np.median(opt))
+        per_worker.append([t - cut for t in steps])
     detail = (
         "isolated workers: median step per worker less (N-1)/N of its median optimizer step (a rank "
-        f"steps 1/{world} of it; timed in steps after the measured ones), slowest worker"
+        f"steps 1/{world} of it; timed in its anatomy steps), slowest worker"
     )
-    return (max(per_worker) if per_worker else None), detail
+    series = slowest_process_series(per_worker)
+    return (float(np.median(series)) if series else None), detail, series
 
 
 def per_step_series(record: dict) -> dict[str, list[float]]:
@@ -302,12 +319,21 @@ def summarize(record: dict) -> dict:
     throughput = n_tokens / t_step if t_step else None
 
     method = record.get("comm", {}).get("t_compute_method", "none")
-    t_compute, t_compute_detail = compute_time(record, method, ranks, info.get("sharding", "none"), world)
-    exposed = None
-    if world == 1:
-        exposed = 0.0
-    elif t_step and t_compute:
-        exposed = max(0.0, (t_step - t_compute) / t_step)
+    sharding = info.get("sharding", "none")
+    t_compute, t_compute_detail, compute_series = compute_time(record, method, ranks, sharding, world)
+    anatomy = step_anatomy(
+        record,
+        ranks,
+        step_times,
+        (t_compute, compute_series),
+        method,
+        discount_optimizer=sharding != "none" and method == "isolated",
+        world=world,
+    )
+    # Exposed communication, the anatomy's part: null where unresolved (the sync-off step slower than the
+    # synced one beyond its noise), never clamped to zero.
+    exposed_part = resolved(anatomy, "exposed_comm")
+    exposed = exposed_part / t_step if (exposed_part is not None and t_step) else None
 
     pattern = info.get("comm_pattern") or {"terms": []}
     volume = comm_bytes_per_rank(pattern["terms"], world)
@@ -357,6 +383,7 @@ def summarize(record: dict) -> dict:
         "t_compute_s": t_compute,
         "t_compute_detail": t_compute_detail,
         "exposed_comm_ratio": exposed,
+        "anatomy": anatomy,
         "comm_bytes_per_rank_per_step": volume,
         "comm_volume_method": comm_volume_method(pattern),
         "comm_measured": comm_measured,

@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from core.records import run_config
+from harness.analyze.anatomy import anatomy_text, part_text
 
 
 def fmt_bytes(n) -> str:
@@ -24,6 +25,15 @@ def fmt_bytes(n) -> str:
 
 def fmt(x, spec="{:.3g}") -> str:
     return "n/a" if x is None else spec.format(x)
+
+
+def exposed_text(s: dict) -> str:
+    """The exposed-communication ratio, or why it is not a figure: unresolved where the sync-off steps were
+    slower than the synced ones beyond their noise."""
+    part = ((s.get("anatomy") or {}).get("parts") or {}).get("exposed_comm")
+    if s["exposed_comm_ratio"] is None and part and part["status"] == "unresolved":
+        return part_text(part)
+    return fmt(s["exposed_comm_ratio"], "{:.1%}")
 
 
 def measured_comm_text(m: dict | None) -> str:
@@ -117,9 +127,10 @@ def print_summary(record: dict, stream=None) -> None:
         ("loss first -> last", f"{fmt(s['loss_first'], '{:.4f}')} -> {fmt(s['loss_last'], '{:.4f}')}"),
         (
             "exposed comm ratio",
-            f"{fmt(s['exposed_comm_ratio'], '{:.1%}')} "
+            f"{exposed_text(s)} "
             f"(t_compute {t_compute_ms} ms by {s['compute_method']}: {s.get('t_compute_detail')})",
         ),
+        ("step anatomy", anatomy_text(s.get("anatomy"))),
         (
             "comm per rank per step",
             f"{fmt_bytes(s['comm_bytes_per_rank_per_step'])} ({s['comm_volume_method']}); "

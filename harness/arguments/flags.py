@@ -161,6 +161,14 @@ HARNESS_FLAGS = (
     ),
     Flag("--step-delay", "seconds of sleep added to every step", type=float, default=0.0, group="testing"),
     Flag(
+        "--part-delay",
+        "seconds of sleep added to one part of every step (repeatable); PART: {delayable_parts}",
+        type=parsers.part_delay,
+        action="append",
+        metavar="PART=SECONDS",
+        group="testing",
+    ),
+    Flag(
         "--warmup-transient",
         "each rank takes and frees this much memory before its first warm-up step",
         type=parsers.positive,
@@ -192,13 +200,14 @@ SHAPE_FLAGS = tuple("--" + name.replace("_", "-") for name in OVERRIDES)
 @functools.cache
 def placeholders() -> dict[str, str]:
     """What a help text may name that only the harness knows (core.config.flag)."""
-    from core.hooks import FAULT_KINDS
+    from core.hooks import DELAYABLE_PARTS, FAULT_KINDS
 
     return {
         "backends": ", ".join(backend_names()),
         "remote_launchers": ", ".join(b.name for b in all_backends() if b.starts_remote_ranks),
         "master_port": str(DEFAULT_MASTER_PORT),
         "fault_kinds": ", ".join(FAULT_KINDS),
+        "delayable_parts": ", ".join(DELAYABLE_PARTS),
     }
 
 
@@ -285,6 +294,7 @@ RUN_FLAGS = (
     "--out",
     "--inject-fault",
     "--step-delay",
+    "--part-delay",
     "--warmup-transient",
     "--dump-weights",
     "--python",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from core.hooks import FAULT_KINDS
+from core.hooks import DELAYABLE_PARTS, FAULT_KINDS
 from harness.usage import fraction, int_at_least, non_negative, positive, seconds
 
 __all__ = [
@@ -133,6 +133,20 @@ def fault_spec(text: str) -> dict:
     if kind not in FAULT_KINDS:
         raise argparse.ArgumentTypeError(f"unknown fault kind '{kind}'; valid: {', '.join(FAULT_KINDS)}")
     return fault
+
+
+def part_delay(text: str) -> tuple[str, float]:
+    """--part-delay PART=SECONDS, a test hook (core.hooks): sleep in one part of every step."""
+    part, _, seconds = text.partition("=")
+    if part not in DELAYABLE_PARTS:
+        raise argparse.ArgumentTypeError(f"unknown part '{part}'; valid: {', '.join(DELAYABLE_PARTS)}")
+    try:
+        value = float(seconds)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected PART=SECONDS, got '{text}'") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a delay above 0 seconds, got '{seconds}'")
+    return part, value
 
 
 def exit_code(text: str) -> int:

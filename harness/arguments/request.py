@@ -148,6 +148,7 @@ def hooks_from_args(args) -> TestHooks:
         fault=getattr(args, "inject_fault", None),
         step_delay_s=getattr(args, "step_delay", None) or 0.0,
         warmup_transient_bytes=getattr(args, "warmup_transient", None) or 0,
+        part_delays=dict(getattr(args, "part_delay", None) or ()),
     )
 
 

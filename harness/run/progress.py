@@ -25,7 +25,8 @@ from harness.analyze.summary import incident_text
 
 # The loop's phases (backends.loop.training_phases) as the display names them.
 PHASE_LABELS = {
-    "optimizer-timed": "timing the optimizer",
+    "optimizer-timed": "timing the optimizer",  # records made before the anatomy phase
+    "anatomy": "timing the step's parts",
     "traced": "tracing collectives",
 }
 POLL_S = 0.25

@@ -217,6 +217,10 @@ def isolated_dir(run_dir: Path, index: int, repeat: int) -> Path:
     return run_dir / (f"isolated{index}" if repeat == 0 else f"isolated{index}-r{repeat}")
 
 
+# The series of an isolated worker's anatomy steps (backends.loop.training_phases), joined over its launches.
+ANATOMY_SERIES = ("anatomy_step_times", "forward_times", "backward_times", "optimizer_step_times")
+
+
 def gather_isolated(
     run_dir: Path, cfg: RunConfig, markers: list[dict | None]
 ) -> tuple[list[dict], str | None]:
@@ -235,7 +239,7 @@ def gather_isolated(
                 errors
             ) or f"isolated counterfactual records missing or failed; see {run_dir}"
         merged = dict(launches[0])
-        for key in ("step_times", "optimizer_step_times"):
+        for key in ("step_times", *ANATOMY_SERIES):
             merged[key] = [t for rec in launches for t in rec.get(key) or []]
         merged["launch_median_step_times"] = [statistics.median(rec["step_times"]) for rec in launches]
         records.append(merged)

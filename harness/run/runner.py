@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 
 from backends.base import Backend, LaunchPlan
-from backends.loop import optimizer_timed_steps
+from backends.loop import anatomy_steps
 from core.config import RunConfig
 from core.events import MEASURED, events_path
 from core.hooks import NO_HOOKS, TestHooks
@@ -101,7 +101,7 @@ def run_isolated(
             events=events_path(isolated_dir(run_dir, cfg.first_local_rank, repeat), 0),
             total=cfg.measurement.warmup
             + cfg.measurement.steps
-            + optimizer_timed_steps(cfg.evolve(isolated_index=0)),
+            + anatomy_steps(cfg.evolve(isolated_index=0), can_skip_grad_sync=False),
             detail=f"(launch {repeat + 1}/{cfg.measurement.isolated_repeats})",
         )
         for plan in plans:
