@@ -239,7 +239,7 @@ class Backend(ABC, Generic[OptionsT]):
     traces_in_own_launch: bool = False
     collective_api: str = ""  # the API `harness commbench` times, for tables
     # whether its worker times the optimizer step on its own (Trainer.timed_optimizer_step): where it cannot,
-    # a process with no peer runs no optimizer-timed steps
+    # its anatomy steps then give no optimizer part, and an isolated worker no optimizer time to discount
     times_optimizer: bool = True
     # The Kubeflow job kind `harness k8s` writes for it, by how its pods learn their node rank: "PyTorchJob"
     # (MASTER_ADDR and RANK; any launcher with a master and node ranks fits), "TFJob" (TF_CONFIG),

@@ -194,8 +194,8 @@ def test_plain_progress_names_each_phase_and_reads_only_whole_lines(tmp_path):
         phase(log, "measured", 4)
         for i in range(1, 5):
             step(log, "measured", i, 7 - i, 200.0)
-        phase(log, "optimizer-timed", 0)
         phase(log, "compute-only", 3)
+        phase(log, "anatomy", 0)
         step(log, "compute-only", 5, 3.0, 150.0)
         with open(log.path, "ab") as f:
             f.write(b'{"event": "step", "phase": "compute-only", "step": 6, "loss": 3.0, "step_t')
@@ -210,19 +210,19 @@ def test_plain_progress_names_each_phase_and_reads_only_whole_lines(tmp_path):
     assert any(line.startswith("  compute-only 2/3: step 6") for line in lines)
 
 
-def test_plain_progress_shows_a_one_rank_runs_optimizer_timed_steps_as_their_own_phase(tmp_path):
-    """A process with no peer times its optimizer in steps after the measured ones: they are shown as
-    their own phase, not counted as measured steps past the total."""
+def test_plain_progress_shows_a_one_rank_runs_anatomy_steps_as_their_own_phase(tmp_path):
+    """A process with no peer times the parts of its step in steps after the measured ones: they are shown
+    as their own phase, not counted as measured steps past the total."""
     with following_a_stream(tmp_path) as (log, _, stream):
         phase(log, "warm-up", 1)
         step(log, "warm-up", 0, 7.0, 100.0)
         phase(log, "measured", 3)
         for i in range(1, 4):
             step(log, "measured", i, 7 - i, 200.0)
-        phase(log, "optimizer-timed", 3)
+        phase(log, "anatomy", 3)
         for i in range(4, 7):
-            step(log, "optimizer-timed", i, 7 - i, 210.0)
+            step(log, "anatomy", i, 7 - i, 210.0)
     lines, phases = shown(stream)
-    assert phases == ["launching", "warm-up", "measured", "timing the optimizer", "writing the record"]
+    assert phases == ["launching", "warm-up", "measured", "timing the step's parts", "writing the record"]
     assert any(line.startswith("  measured 3/3: step 3") for line in lines)
-    assert any(line.startswith("  timing the optimizer 3/3: step 6") for line in lines)
+    assert any(line.startswith("  timing the step's parts 3/3: step 6") for line in lines)

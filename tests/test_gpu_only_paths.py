@@ -62,7 +62,6 @@ else:
 trainer = FleetTrainer.__new__(FleetTrainer)  # the sharded wrapping itself needs a GPU: only its result
 trainer.stage, trainer.model, trainer.optimizer, trainer.scaler = stage, model, optimizer, None
 trainer.amp_dtype, trainer.can_skip_grad_sync = None, False
-trainer.time_optimizer, trainer.optimizer_times = False, []
 batch = (np.zeros((2, 3), np.int64), np.zeros((2, 3), np.int64))
 for _ in range(2):
     trainer.step([batch])

@@ -279,6 +279,7 @@ RUN_FLAGS = (
     "--steps",
     "--warmup",
     "--compute-steps",
+    "--anatomy-steps",
     "--isolated-repeats",
     "--trace-comm",
     "--trace-steps",
