@@ -28,7 +28,7 @@ from harness.analyze.metrics import bus_factor, comm_bytes_per_rank
 from harness.cli import main
 from harness.predict import nccl
 from harness.predict.calibration import Calibration, calibrate
-from harness.predict.hardware import PROFILE_DIR, ProfileError, load_profile, local_profile
+from harness.predict.hardware import PROFILE_DIR, Profile, ProfileError, load_profile, local_profile
 from harness.predict.memory import memory
 from harness.predict.model import compute_durations, expected_slowest, predict_point, scaling_ratio
 from harness.predict.replay import replay
@@ -1051,3 +1051,121 @@ def test_predict_tuned_prices_the_tuned_set_as_it_runs(tmp_path, capsys):
     # each of 350m's 24 blocks holds 48 MiB of fp32 gradients: a 100 MiB bucket closes every two blocks
     # and a tensor, a 25 MiB one about every half block
     assert tuned["summary"]["messages_per_step"] < default["summary"]["messages_per_step"]
+
+
+# A stack whose step is not all per token (the step's anatomy, harness.analyze.anatomy): forward+backward of
+# a micro-batch of m sequences takes HOOKS + PER_SEQUENCE x m (a third of it forward), the optimizer
+# OPTIMIZER and the rest of the step OTHER, whatever m. Every figure is fixed here by hand.
+HOOKS, PER_SEQUENCE, OPTIMIZER, OTHER = 0.04, 0.01, 0.01, 0.03
+
+
+def true_step(micro: int, accum: int = 1, hooks: float = HOOKS) -> float:
+    return accum * (hooks + PER_SEQUENCE * micro) + OTHER + OPTIMIZER
+
+
+def anatomy_record(run_id: str, micro: int, hooks: float = HOOKS, backend="deepspeed-zero3") -> dict:
+    """A 1-rank run of that stack at micro-batch `micro` with its anatomy steps: every measured step
+    true_step(micro), every anatomy step's parts as above."""
+    passes = hooks + PER_SEQUENCE * micro
+    record = make_record(backend, gpus=1, step_time=true_step(micro, hooks=hooks), micro_batch=micro)
+    record["run_id"] = run_id
+    for rank in record["ranks"]:
+        rank["forward_times"] = [passes / 3] * 3
+        rank["backward_times"] = [2 * passes / 3] * 3
+        rank["optimizer_step_times"] = [OPTIMIZER] * 3
+        rank["anatomy_step_times"] = [true_step(micro, hooks=hooks)] * 3
+    return record
+
+
+def one_rank(micro: int, accum: int = 1, backend="deepspeed", **options) -> RunConfig:
+    options = options or {"zero_stage": 3}
+    cfg = cfg_for(backend, world=1, precision="fp32", micro=micro, accum=accum, **options)
+    return cfg.evolve(device="cpu", nodes=1, gpus_per_node=1, threads_per_worker=1)
+
+
+def cpu_profile() -> Profile:
+    """This machine at one rank: no collective to price, no overlap to buy."""
+    return Profile("local", "one CPU rank", "cpu", None, 1, None, overlap_slowdown=[1.0, 1.0, 1.0])
+
+
+def predicted_step(records: list[dict], micro: int, accum: int = 1) -> tuple[float, Calibration]:
+    cfg = one_rank(micro, accum)
+    calib = calibrate(records, cfg, cpu_profile())
+    corners = predict_point(cfg, cpu_profile(), calib, 1e6, None)["corners"]
+    return corners["nominal"]["step_time_s"], calib
+
+
+def without_anatomy(record: dict) -> dict:
+    """The record as it was before the anatomy steps: the optimizer timed, forward and backward not."""
+    record = json.loads(json.dumps(record))
+    for rank in record["ranks"]:
+        for key in ("forward_times", "backward_times", "anatomy_step_times"):
+            rank.pop(key)
+    return record
+
+
+@unit
+def test_one_run_s_anatomy_prices_its_other_once_a_step_where_the_flop_rate_scales_it():
+    """No fixed cost inside forward and backward (HOOKS 0): at micro-batch 2 the step is 0.02 + 0.01 +
+    0.03 = 0.06 s, at 8 it is 0.08 + 0.01 + 0.03 = 0.12 s. From the run's parts the prediction is within
+    1% of it; the step less the optimizer per FLOP scales the 30 ms of other with the tokens too: 0.05 x 4 +
+    0.01 = 0.21 s, 90 ms (3 x other) over."""
+    record = anatomy_record("calib-m2", 2, hooks=0.0)
+    step, calib = predicted_step([record], 8)
+    assert calib.fit["method"] == "anatomy parts" and calib.fit["runs"] == ["calib-m2"], calib.fit
+    assert calib.fixed_per_step_s[1] == pytest.approx(OTHER)
+    assert step == pytest.approx(true_step(8, hooks=0.0), rel=0.01)
+    old, old_calib = predicted_step([without_anatomy(record)], 8)
+    assert old_calib.fit["method"].startswith("per FLOP") and old_calib.fixed_per_step_s is None
+    assert old == pytest.approx(0.21) and old - true_step(8, hooks=0.0) == pytest.approx(3 * OTHER)
+    # at the micro-batch it was measured at, either calibration gives its step back
+    assert predicted_step([record], 2)[0] == pytest.approx(true_step(2, hooks=0.0))
+
+
+@unit
+def test_runs_at_two_micro_batches_fit_the_fixed_cost_inside_forward_and_backward_by_a_line():
+    """HOOKS of 40 ms a micro-batch inside forward+backward (ZeRO-3's per-module hooks), measured at
+    micro-batches 2 (twice) and 4: the line of forward+backward against tokens has slope 10 ms a sequence
+    (10 ms / 128 tokens) and intercept 40 ms, and micro-batch 8 is predicted at its 0.16 s within 1%. One
+    run's parts price the hooks per FLOP: 0.06 x 4 + 0.04 = 0.28 s; the step less the optimizer per FLOP,
+    0.09 x 4 + 0.01 = 0.37 s."""
+    records = [anatomy_record("m2-a", 2), anatomy_record("m2-b", 2), anatomy_record("m4", 4)]
+    step, calib = predicted_step(records, 8)
+    fit = calib.fit
+    assert fit["method"] == "least-squares line" and fit["runs"] == ["m2-a", "m2-b", "m4"], fit
+    assert fit["slope_s_per_token"] == pytest.approx(PER_SEQUENCE / 128)
+    assert fit["intercept_s"] == pytest.approx(HOOKS) and calib.fixed_per_micro_batch_s[1] == pytest.approx(
+        HOOKS
+    )
+    assert step == pytest.approx(true_step(8), rel=0.01)
+    assert predicted_step(records[:1], 8)[0] == pytest.approx(0.28)
+    assert predicted_step([without_anatomy(r) for r in records[:1]], 8)[0] == pytest.approx(0.37)
+
+
+@unit
+def test_accumulation_pays_the_fixed_cost_of_every_micro_batch_and_the_step_s_once():
+    """What `harness select` trades: a global batch of 8 sequences as one micro-batch of 8 (0.16 s) or
+    four of 2 (4 x 0.06 + 0.04 = 0.28 s); calibrated by the line, both within 1%; the per-FLOP
+    calibration prices them alike."""
+    records = [anatomy_record("m2", 2), anatomy_record("m4", 4)]
+    assert predicted_step(records, 8, 1)[0] == pytest.approx(true_step(8, 1), rel=0.01)
+    assert predicted_step(records, 2, 4)[0] == pytest.approx(true_step(2, 4), rel=0.01)
+    old = [without_anatomy(r) for r in records]
+    assert predicted_step(old, 8, 1)[0] == pytest.approx(predicted_step(old, 2, 4)[0], rel=1e-6)
+
+
+@unit
+def test_the_prediction_records_its_calibration_s_fit_and_older_runs_are_not_mixed_in():
+    """A record made before the anatomy steps beside ones with it: named in the notes, left out; the
+    prediction carries which fit priced its compute, from which runs."""
+    records = [anatomy_record("m2", 2), anatomy_record("m4", 4), without_anatomy(anatomy_record("old", 8))]
+    cfg = one_rank(8)
+    calib = calibrate(records, cfg, cpu_profile())
+    assert any(note.startswith("old: not used (its anatomy has no forward") for note in calib.notes), (
+        calib.notes
+    )
+    assert [s["run_id"] for s in calib.sources] == ["m2", "m4"]
+    prediction = predict_point(cfg, cpu_profile(), calib, 1e6, None)
+    assert prediction["calibration_fit"]["method"] == "least-squares line"
+    assert prediction["calibration_fit"]["runs"] == ["m2", "m4"]
+    assert calib.to_dict()["fit"] == prediction["calibration_fit"]

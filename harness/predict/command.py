@@ -302,6 +302,9 @@ def cmd_predict(args) -> int:
         print_explanation(point)
         if len(cfgs) > 1:
             print_scaling_ratio(cfgs[0], cfgs[-1], scaling_ratio(cfgs[0], cfgs[-1], profile, calib))
+    if calib.fit:
+        runs = ", ".join(calib.fit["runs"])
+        print(f"compute calibrated by {calib.fit['method']}: {calib.fit['description']} ({runs})")
     for note in calib.notes:
         print(f"note: {note}")
     if args.out:

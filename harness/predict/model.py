@@ -51,12 +51,19 @@ def local_parameters(cfg: RunConfig, sharding: str) -> float:
 
 
 def compute_durations(cfg: RunConfig, steps: Steps, profile: Profile, calib: Calibration, corner: str):
-    """Seconds of every segment at this corner, and how they were obtained."""
+    """Seconds of every segment at this corner, and how they were obtained. Calibrated, a step of
+    accumulation a is a × (fixed per micro-batch + per FLOP × a micro-batch's FLOPs) over its forward and
+    backward segments, and the optimizer plus the fixed cost per step in the last (calibration.split_step)."""
     flops = segment_flops(cfg, steps)
     k = CORNERS.index(corner)
     sharding = get_backend(cfg.backend).sharding(cfg)
     if calib.seconds_per_flop:
         seconds = flops * calib.seconds_per_flop[k]
+        if calib.fixed_per_micro_batch_s:
+            # each micro-batch's fixed cost spread over its forward and backward segments by their FLOPs
+            passes = np.array([s.phase != "optimizer" for s in steps.list])
+            per_micro = flops[passes].sum() / cfg.batch.grad_accum
+            seconds[passes] += calib.fixed_per_micro_batch_s[k] * flops[passes] / per_micro
         method = "measured"
     else:
         peak = profile.peak_flops.get(cfg.model.precision)
@@ -81,6 +88,10 @@ def compute_durations(cfg: RunConfig, steps: Steps, profile: Profile, calib: Cal
         if backend.optimizer_kernel(cfg) == "foreach":
             per_param += FOREACH_EXTRA_BYTES_PER_PARAM
         seconds[-1] = params * per_param / hbm
+    if calib.seconds_per_flop and calib.fixed_per_step_s:
+        # what the step costs once whatever its size beyond the optimizer (the anatomy's "other"), priced
+        # at its end with the optimizer: not 1/N where the optimizer is sharded
+        seconds[-1] += calib.fixed_per_step_s[k]
     return seconds, method
 
 
@@ -282,4 +293,6 @@ def predict_point(
     nominal = out["corners"]["nominal"]["memory"]
     out["fits"] = fits(nominal, out["corners"]["slow"]["memory"], profile)
     out["train_flops"] = 6 * spec.n_params * tokens
+    # how the compute was calibrated: which fit, from which runs (calibration.split_step)
+    out["calibration_fit"] = calib.fit
     return out
