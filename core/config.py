@@ -115,8 +115,9 @@ class BatchConfig:
     micro_batch: int = setting(
         8,
         "--micro-batch",
-        "sequences per rank per micro-step (default {default})",
-        parse="positive",
+        "sequences per rank per micro-step (default {default}); max: the largest that fits a GPU, from the "
+        "memory model, confirmed by a short probe that backs off on out-of-memory",
+        parse="positive_or_max",
         default=None,
     )
     """Sequences per rank per micro-step."""

@@ -22,6 +22,7 @@ __all__ = [
     "int_at_least",
     "non_negative",
     "positive",
+    "positive_or_max",
     "seconds",
     "tokens_count",
     "usd",
@@ -147,6 +148,19 @@ def part_delay(text: str) -> tuple[str, float]:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"expected a delay above 0 seconds, got '{seconds}'")
     return part, value
+
+
+FILL = "max"  # --micro-batch max: the largest micro-batch that fits the device (harness.run.fill)
+
+
+def positive_or_max(text: str) -> int | str:
+    """--micro-batch: a count of sequences, or "max" for the largest that fits the device."""
+    if text == FILL:
+        return FILL
+    try:
+        return positive(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or '{FILL}', got '{text}'") from None
 
 
 def exit_code(text: str) -> int:

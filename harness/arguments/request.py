@@ -20,6 +20,7 @@ from core.hooks import TestHooks
 from core.process import available_cpus
 from harness.arguments.flags import declared_flags
 from harness.arguments.layout import Layout
+from harness.arguments.parsers import FILL
 from harness.usage import UsageError, choice
 from workloads.spec import OVERRIDES, PRESETS, ModelSpec, resolve
 
@@ -73,10 +74,19 @@ def spec_from_args(args) -> ModelSpec:
         raise UsageError(f"invalid workload: {exc}") from None
 
 
+# --micro-batch max's micro-batch in a config until harness.run.fill has chosen one, before anything launches
+FILL_PLACEHOLDER = 1
+FILL_ON_CPU = (
+    "--micro-batch max fills a GPU's memory; on a CPU memory does not bound the micro-batch: give a number"
+)
+
+
 def micro_batch_for(args, n: int) -> int:
     """--micro-batch, or --global-batch split over n ranks x --grad-accum micro-steps (strong scaling)."""
     if args.micro_batch and args.global_batch:
         raise UsageError("give --micro-batch or --global-batch, not both")
+    if args.micro_batch == FILL:
+        return FILL_PLACEHOLDER
     if not args.global_batch:
         return args.micro_batch or BatchConfig.micro_batch
     accum = args.grad_accum or BatchConfig.grad_accum
@@ -166,7 +176,8 @@ class RunRequest:
     `resolve_device(requested, ranks_per_node)`: the device a run gets here (auto resolved, cuda checked
     against the GPUs visible), which the running side supplies (harness.run.devices.resolve_device);
     `check_memory(backend, cfg)`: raises a UsageError where a run's ranks on this node would not fit its
-    memory (harness.run.footprint), for every config of a run made here (check_devices)."""
+    memory (harness.run.footprint), for every config of a run made here (check_devices). `fills`: the verb
+    chooses `--micro-batch max`'s micro-batch itself (harness.run.fill); every other verb refuses it."""
 
     def __init__(
         self,
@@ -174,8 +185,13 @@ class RunRequest:
         backends: list[str] | None = None,
         resolve_device: Callable[[str, int], str] | None = None,
         check_memory: Callable[[Backend, RunConfig], None] | None = None,
+        fills: bool = False,
     ):
         self.args = args
+        if getattr(args, "micro_batch", None) == FILL and not fills:
+            raise UsageError(
+                "--micro-batch max is for harness run and sweep, which probe the device: give a number"
+            )
         names = list(backends) if backends else [args.backend]
         self.backends = {name: get_backend(choice(name, backend_names(), "backend")) for name in names}
         foreign_flags(args, names)
@@ -255,6 +271,8 @@ class RunRequest:
         device = args.device
         if self.resolve_device and (check_devices or device == "auto"):
             device = self.resolve_device(device, per_node)
+        if args.micro_batch == FILL and device != "cuda":
+            raise UsageError(FILL_ON_CPU)
         cfg = self.assemble(
             backend,
             variant or ("tuned" if getattr(args, "tuned", False) else "default"),

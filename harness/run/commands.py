@@ -15,6 +15,7 @@ from backends import all_backends, get_backend, interpreter
 from core.config import RunConfig
 from harness.analyze.summary import print_summary
 from harness.arguments import add_flags, add_run_arguments, hooks_from_args
+from harness.arguments.parsers import FILL
 from harness.run.environment import install_command
 from harness.run.launch import stop_on_sigterm
 from harness.run.nodes import check_run_id
@@ -27,7 +28,7 @@ from workloads.spec import PRESETS
 
 
 def cmd_run(args) -> int:
-    request = run_request(args)
+    request = run_request(args, fills=True)
     cfg = request.config(args.backend, request.world)
     backend = request.backend
     ok, reason = backend.availability(cfg.topology.python)
@@ -36,6 +37,12 @@ def cmd_run(args) -> int:
         return EXIT_USAGE
     check_run_id(args.run_id, cfg, args.out)
     check_out_dir(args.out)
+    choice = None
+    if args.micro_batch == FILL:  # before anything of the run launches: a refusal is a usage error
+        from harness.run import fill  # here: the memory model's libraries would slow every run's start
+
+        cfg, choice = fill.choose(cfg, lambda trial: fill.probe_run(trial, cfg.measurement.timeout_s))
+        print(f"micro-batch max: {choice['chosen']} (predicted {choice['predicted']}, probed)")
     stop_on_sigterm()
     if cfg.topology.node_rank:  # another node's harness only runs its launcher; node 0 writes the record
         node = run_node(backend, cfg, args.out / "logs" / args.run_id, sys.argv, hooks=hooks_from_args(args))
@@ -57,6 +64,7 @@ def cmd_run(args) -> int:
                 run_id=args.run_id,
                 display=display,
                 hooks=hooks_from_args(args),
+                annotations={"micro_batch_choice": choice} if choice else None,
             )
         except OSError as exc:  # the results filesystem full, read-only or over quota; or a launcher's
             print(os_error_line(exc, args.out), file=sys.stderr)

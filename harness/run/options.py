@@ -21,10 +21,13 @@ from harness.run.footprint import check_fits
 from harness.usage import UsageError
 
 
-def run_request(args, backends: list[str] | None = None) -> RunRequest:
+def run_request(args, backends: list[str] | None = None, fills: bool = False) -> RunRequest:
     """The command line of a run on this machine, read once (harness.arguments.RunRequest), its devices
-    those visible here, each config's ranks checked against this node's memory (memory_check)."""
-    return RunRequest(args, backends, resolve_device=resolve_device, check_memory=memory_check(args))
+    those visible here, each config's ranks checked against this node's memory (memory_check). `fills`:
+    the verb chooses `--micro-batch max` itself (harness.run.fill)."""
+    return RunRequest(
+        args, backends, resolve_device=resolve_device, check_memory=memory_check(args), fills=fills
+    )
 
 
 def memory_check(args) -> Callable[[Backend, RunConfig], None] | None:

@@ -271,10 +271,16 @@ def environment(cfg: RunConfig, ranks: list[dict], argv: list[str], started: str
 
 
 def write_record(
-    backend: Backend, cfg: RunConfig, out_dir: Path, run_id: str, wait: bool = True, sweep: dict | None = None
+    backend: Backend,
+    cfg: RunConfig,
+    out_dir: Path,
+    run_id: str,
+    wait: bool = True,
+    sweep: dict | None = None,
+    annotations: dict | None = None,
 ) -> dict:
     """Node 0: gather every node's ranks (waiting for the nodes still running unless `wait` is False),
-    classify, and write the ONE run record."""
+    classify, and write the ONE run record (with `annotations` at its top level)."""
     run_dir = Path(out_dir) / "logs" / run_id
     markers = wait_for_nodes(run_dir, cfg) if wait else read_markers(run_dir, cfg.topology.nodes)
     result = merged_launch(markers)
@@ -322,7 +328,7 @@ def write_record(
         sweep=sweep,
         test_hooks=TestHooks.read(run_dir).to_dict(),
     )
-    return save_record(record, Path(out_dir) / f"{run_id}.json")
+    return save_record({**record, **(annotations or {})}, Path(out_dir) / f"{run_id}.json")
 
 
 def save_record(record: dict, path: Path) -> dict:

@@ -152,11 +152,14 @@ def execute(
     run_id: str | None = None,
     display: RunDisplay | NoDisplay = NO_DISPLAY,
     hooks: TestHooks = NO_HOOKS,
+    annotations: dict | None = None,
 ) -> dict:
     """Run node 0's share of `cfg` (all of a one-node run), then write the run record to
     out_dir/<run_id>.json and return it; another node's harness calls run_node (node 0 writes the record).
     `sweep` ({"id", "repeat"}) ties the run to the sweep that launched it; None for a single `harness run`.
-    `display` is told each phase. `hooks`: test hooks for the workers (core.hooks), never in real use."""
+    `display` is told each phase. `hooks`: test hooks for the workers (core.hooks), never in real use.
+    `annotations`: what the command decided before the run, for the record's top level (how `--micro-batch
+    max` chose, harness.run.fill)."""
     if cfg.topology.nodes > 1 and not run_id:
         raise ValueError("a multi-node run needs a run id every node agrees on; a random one would split it")
     if cfg.topology.node_rank != 0:
@@ -165,7 +168,7 @@ def execute(
     cfg = measuring_config(backend, cfg)
     run_node(backend, cfg, Path(out_dir) / "logs" / run_id, argv, display, hooks)
     display.phase("writing the record")
-    return write_record(backend, cfg, Path(out_dir), run_id, sweep=sweep)
+    return write_record(backend, cfg, Path(out_dir), run_id, sweep=sweep, annotations=annotations)
 
 
 def run_node(

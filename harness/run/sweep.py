@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import functools
 import math
 import sys
 import time
@@ -31,6 +32,8 @@ from harness.arguments import (
     hooks_from_args,
     positive,
 )
+from harness.arguments.parsers import FILL
+from harness.arguments.request import FILL_PLACEHOLDER
 from harness.run.launch import stop_on_sigterm, stopped
 from harness.run.options import check_out_dir, os_error_line, run_request
 from harness.run.progress import RunDisplay, make_progress
@@ -80,6 +83,10 @@ def batch_args(args, scaling: str, ns: list[int]) -> argparse.Namespace:
         if args.global_batch:
             raise UsageError("--global-batch fixes the global batch: use it with --scaling strong")
         return out
+    if args.micro_batch == FILL:
+        raise UsageError(
+            "--micro-batch max fills each run's device: it is weak scaling, not --scaling strong"
+        )
     if not args.global_batch:
         micro = args.micro_batch or BatchConfig.micro_batch
         accum = args.grad_accum or BatchConfig.grad_accum
@@ -103,7 +110,7 @@ def plan(args) -> tuple[list[PlannedRun], dict[str, str]]:
     are validated before anything is launched, so bad input never stops a sweep half-way."""
     names = selected_backends(args.backends)
     scaling = args.scaling or ("strong" if args.global_batch else "weak")
-    request = run_request(batch_args(args, scaling, args.gpus), names)
+    request = run_request(batch_args(args, scaling, args.gpus), names, fills=True)
     refuse_multi_node(request)
     # The same threads for every N: cores shared out over the largest N, so the hardware per worker is
     # constant along the sweep (recorded in each config).
@@ -127,11 +134,20 @@ def plan(args) -> tuple[list[PlannedRun], dict[str, str]]:
     return [PlannedRun(b, cfg, r) for r in range(args.repeats) for b, cfg in configs], skipped
 
 
+def as_planned(record: dict) -> dict:
+    """The record as its run was planned: a micro-batch `--micro-batch max` chose (harness.run.fill) was
+    the plan's placeholder until the probe, so a resumed sweep finds the run done whatever it chose."""
+    if not record.get("micro_batch_choice"):
+        return record
+    config = {**record["config"], "batch": {**record["config"]["batch"], "micro_batch": FILL_PLACEHOLDER}}
+    return {**record, "config": config}
+
+
 def drop_done(runs: list[PlannedRun], out_dir) -> tuple[list[PlannedRun], int]:
     """Runs not yet recorded with status ok in out_dir (k ok records of a config stand for its first k
     repeats); failed runs are not done and run again."""
     done = (
-        Counter(config_key(r, "*") for r in load_records([out_dir]) if r["status"] == "ok")
+        Counter(config_key(as_planned(r), "*") for r in load_records([out_dir]) if r["status"] == "ok")
         if out_dir.is_dir()
         else Counter()
     )
@@ -203,15 +219,23 @@ def cmd_sweep(args) -> int:
             t0 = time.monotonic()
             with RunDisplay(live=live, progress=bars) as display:
                 display.phase(f"run {k}/{len(runs)}: {run.backend.name} N={run.cfg.topology.world_size}")
+                cfg, choice = run.cfg, None
+                if args.micro_batch == FILL:
+                    from harness.run import fill  # here: the memory model's libraries load with it
+
+                    display.phase("probing the largest micro-batch that fits (--micro-batch max)")
+                    probe = functools.partial(fill.probe_run, timeout_s=cfg.measurement.timeout_s)
+                    cfg, choice = fill.choose(cfg, probe)
                 try:
                     record = execute(
                         run.backend,
-                        run.cfg,
+                        cfg,
                         args.out,
                         sys.argv,
                         sweep={"id": sweep_id, "repeat": run.repeat},
                         display=display,
                         hooks=hooks_from_args(args),
+                        annotations={"micro_batch_choice": choice} if choice else None,
                     )
                 except OSError as exc:  # the results filesystem full or read-only: no run after it can
                     print(os_error_line(exc, args.out), file=sys.stderr)  # write its record either
