@@ -57,7 +57,10 @@ MFU_BAND = (0.08, 0.75)
 # on a CPU the process RSS (conftest.CPU_WARMUP_TRANSIENT_BYTES, which the rehearsal's runs take).
 TRANSIENT_BYTES = 4 << 30 if GPUS else CPU_WARMUP_TRANSIENT_BYTES
 SHAPE = "--workload tiny --steps 10 --warmup 3 --threads-per-worker 2".split()
-MFU_ARGS = "--workload 1b --precision bf16 --micro-batch 2 --steps 5 --warmup 2".split()
+# Each stack at the micro-batch that fills the device (--micro-batch max, harness/run/fill.py), default and
+# tuned: a stack measured at a micro-batch that leaves the GPU idle is measured unfairly.
+MFU_ARGS = "--workload 1b --precision bf16 --micro-batch max --steps 5 --warmup 2".split()
+MFU_VARIANTS = {"default": [], "tuned": ["--tuned"]}
 WORLDS = sorted({1, len(GPUS)}) if GPUS else [2]
 
 
@@ -290,24 +293,41 @@ def test_the_tuned_variant_runs(runs, stack):
 
 @pytest.fixture(scope="module")
 def mfu_runs() -> dict[str, tuple[dict | None, str]]:
-    """The 1b bf16 runs, one at a time: their throughput is the measurement."""
+    """The 1b bf16 runs, default and tuned, one at a time: their throughput is the measurement."""
     if not GPUS:
         pytest.skip(NO_GPU)
     out = records_folder("1b")
     plan = {
-        s: ["--backend", s, "--gpus", "1", *MFU_ARGS] for s in stacks() if get_backend(s).availability()[0]
+        f"{s}-{variant}": ["--backend", s, "--gpus", "1", *MFU_ARGS, *extra]
+        for s in stacks()
+        if get_backend(s).availability()[0]
+        for variant, extra in MFU_VARIANTS.items()
     }
-    return {s: harness_run(f"{s}-1b", out, argv) for s, argv in plan.items()}
+    return {k: harness_run(f"{k}-1b", out, argv, timeout=900) for k, argv in plan.items()}
 
 
+@pytest.mark.parametrize("variant", MFU_VARIANTS)
 @pytest.mark.parametrize("stack", backend_names())
-def test_1b_bf16_mfu_is_inside_the_band(mfu_runs, stack):
+def test_1b_bf16_mfu_is_inside_the_band_at_the_micro_batch_that_fills_the_gpu(mfu_runs, stack, variant):
+    """MFU inside the counting band, the micro-batch chosen by --micro-batch max and recorded, and the
+    step's anatomy printed beside it (`pytest -m gpu -s` shows where each stack's time goes)."""
+    from harness.analyze.anatomy import anatomy_text
+
     available(stack)
-    record = record_of(mfu_runs, stack)
+    record = record_of(mfu_runs, f"{stack}-{variant}")
     summary = summarize(record)
+    choice = record["micro_batch_choice"]
+    print(
+        f"\n{stack} {variant}: micro-batch {choice['chosen']} (predicted {choice['predicted']}), "
+        f"MFU {summary['mfu']:.1%}, step {summary['step_time_s']['median'] * 1e3:.1f} ms; "
+        f"{anatomy_text(summary['anatomy'])}"
+    )
+    assert choice["chosen"] == run_config(record).batch.micro_batch >= 1
     assert summary["device_peak_precision"] == "bf16", summary["device_peak_precision"]
     lo, hi = MFU_BAND
     assert lo <= summary["mfu"] <= hi, f"{stack} 1b bf16 MFU {summary['mfu']:.1%} outside {lo:.0%}-{hi:.0%}"
+    parts = summary["anatomy"]["parts"]
+    assert all(parts[p]["status"] == "measured" for p in ("forward", "backward", "optimizer")), parts
 
 
 def test_doctor_gpu_passes_on_this_node():
