@@ -37,9 +37,11 @@ def make_record(
     commit="a" * 40,
     start="2026-01-01T00:00:00+00:00",
     spec=None,
+    series=None,
 ):
     """A run record as harness.run.record.assemble_record builds it, every rank with the same step-time series
-    (`state`: the measured model state per rank, an arbitrary fixed figure)."""
+    (`state`: the measured model state per rank, an arbitrary fixed figure; `series`: more of a rank's raw
+    series, such as the part times of its anatomy steps)."""
     versions = versions or {"python": "3.11.7", "torch": "2.13.0+cpu"}
     cfg = factory.config(
         backend, gpus, spec=spec, precision=precision, steps=len(step_times), threads_per_worker=1
@@ -56,6 +58,7 @@ def make_record(
                 state_total=state,
                 versions=versions,
             )
+            | (series or {})
             for r in range(gpus)
         ]
         error = None
@@ -205,6 +208,99 @@ def test_memory_growth_beyond_threshold_is_a_regression(tmp_path):
     code, result = compare(tmp_path, base, cand, "--memory-threshold", "0.25")
     assert result["comparisons"][0]["metrics"][1]["verdict"] == "ok"
     assert result["comparisons"][0]["metrics"][2]["verdict"] == "regression" and code == 1
+
+
+# ---- the part of the step that moved -------------------------------------------------------------------
+
+# A one-rank run's parts in seconds, a step being their sum: forward, backward, optimizer and the rest.
+PARTS = {"forward": 0.030, "backward": 0.050, "optimizer": 0.015, "rest": 0.005}
+TIMED = {"forward": "forward_times", "backward": "backward_times", "optimizer": "optimizer_step_times"}
+
+
+def timed_runs(tmp_path, name, n=4, *, seed=0, step=None, sd=0.02, **changed):
+    """`n` one-rank runs whose anatomy steps time each part around PARTS (with `changed` parts instead),
+    a run drawing a launch factor and every step and part its own (lognormal spread `sd`); the measured
+    step is the parts' sum (`step`: that many seconds instead, the timed parts unchanged)."""
+    rng = np.random.default_rng(seed)
+    parts = {**PARTS, **changed}
+    records = []
+    for _ in range(n):
+        launch = rng.lognormal(0, sd)
+        total = step if step is not None else sum(parts.values())
+        steps = total * launch * rng.lognormal(0, sd, 20)
+        series = {key: list(parts[p] * launch * rng.lognormal(0, sd, 3)) for p, key in TIMED.items()}
+        series["anatomy_step_times"] = list(total * launch * rng.lognormal(0, sd, 3))
+        records.append(make_record(list(steps), series=series))
+    return write(tmp_path / name, records)
+
+
+def anatomy(result, i=0):
+    return result["comparisons"][i]["anatomy"]
+
+
+@pytest.mark.parametrize("part", ["optimizer", "forward"])
+def test_a_slower_part_is_the_part_named_with_its_change_and_interval(tmp_path, capsys, part):
+    """The candidate's `part` takes 30 ms more (a step 30% longer), the other parts are as they were: the
+    regression names that part, its change is +30 ms within its interval and excludes zero, and no other
+    part's change comes near."""
+    base = timed_runs(tmp_path, "a", seed=1)
+    cand = timed_runs(tmp_path, "b", seed=2, **{part: PARTS[part] + 0.030})
+    code, result = compare(tmp_path, base, cand)
+    assert code == 1 and throughput(result)["verdict"] == "regression"
+    moved = anatomy(result)["parts"][part]
+    low, high = moved["ci"]
+    assert moved["status"] == "compared" and 0 < low < 0.030 < high and moved["s"] == pytest.approx(0.03, 0.2)
+    assert moved["share"] == pytest.approx(0.3, 0.2)  # of the baseline's 100 ms step
+    assert anatomy(result)["moved"] == throughput(result)["part_that_moved"] == part
+    others = [p for name, p in anatomy(result)["parts"].items() if name != part]
+    assert all(abs(p["s"]) < 0.01 for p in others)
+    out = capsys.readouterr().out
+    label = f"{part} +{moved['s'] * 1e3:.1f} ms"
+    interval = f"[{low * 1e3:+.1f}, {high * 1e3:+.1f}]"
+    assert f"**regression**: {label} moved |" in out
+    assert f"{label} ({moved['share']:+.1%} of the step) {interval}, the part that moved most" in out
+
+
+def test_an_unresolved_part_is_never_named(tmp_path, capsys):
+    """The candidate's step is 30 ms shorter while its timed parts are not (exactly as the baseline's):
+    the step less its parts is negative beyond its noise, unresolved, and though its change is the only
+    one, it is not compared and not named; the improvement says no part is resolved."""
+    base = timed_runs(tmp_path, "a", sd=0.0)
+    cand = timed_runs(tmp_path, "b", step=0.070, sd=0.0)
+    code, result = compare(tmp_path, base, cand)
+    assert code == 0 and throughput(result)["verdict"] == "improvement"
+    assert anatomy(result)["moved"] is None and throughput(result)["part_that_moved"] is None
+    other = anatomy(result)["parts"]["other"]
+    assert other["status"] == "unresolved" and other["s"] is None and not other["moved"]
+    assert other["note"] == "unresolved in 4 of 8 runs: negative beyond its noise"
+    out = capsys.readouterr().out
+    assert "improvement: no part resolved |" in out and "no part's change is resolved from zero" in out
+    assert "other unresolved (unresolved in 4 of 8 runs" in out
+
+
+def test_one_run_a_side_names_no_part(tmp_path, capsys):
+    base = timed_runs(tmp_path, "a", n=1)
+    cand = timed_runs(tmp_path, "b", n=1, optimizer=0.045)
+    code, result = compare(tmp_path, base, cand)
+    optimizer = anatomy(result)["parts"]["optimizer"]
+    assert optimizer["ci"] is None and optimizer["moved"] is None and anatomy(result)["moved"] is None
+    assert "optimizer +" in capsys.readouterr().out and "one run on a side: no interval" in optimizer["note"]
+
+
+def test_parts_not_measured_are_n_a_and_a_record_without_an_anatomy_has_none(tmp_path):
+    """Runs that timed no part (a one-rank run still has its exposed communication: none); a record from
+    before the anatomy has no part at all; neither names a part."""
+    code, result = compare(tmp_path, runs(tmp_path, "a", [1, 1]), runs(tmp_path, "b", [1, 1], seed=1))
+    parts = anatomy(result)["parts"]
+    assert {parts[p]["status"] for p in ("forward", "backward", "optimizer", "other")} == {"n/a"}
+    assert parts["forward"]["note"] == "not measured in 4 of 4 runs"
+    assert parts["exposed_comm"]["s"] == 0 and not parts["exposed_comm"]["moved"]
+    assert anatomy(result)["moved"] is None
+    older = [make_record([0.1] * 20) for _ in range(2)]
+    for r in older:
+        del r["summary"]["anatomy"]
+    code, result = compare(tmp_path, write(tmp_path / "c", older), tmp_path / "b")
+    assert {p["status"] for p in anatomy(result)["parts"].values()} == {"n/a"}
 
 
 # ---- matching ------------------------------------------------------------------------------------------

@@ -456,6 +456,96 @@ def test_cpu_time_is_a_companion_reported_beside_the_verdict_never_gated(tmp_pat
     assert line.startswith("CPU time per step (companion, not gated): +30.0%")
 
 
+# ---- the part of the step that moved ----------------------------------------------------------------
+
+# A one-rank run's parts in seconds: the measured step is their sum unless a test says otherwise.
+PARTS = {"forward": 0.030, "backward": 0.050, "optimizer": 0.015, "rest": 0.005}
+TIMED = {"forward": "forward_times", "backward": "backward_times", "optimizer": "optimizer_step_times"}
+
+
+class PartRuns:
+    """A runner whose one-rank runs time each part of their step in three anatomy steps: the parts around
+    PARTS, `sides[side]` changing some of them (the key "step": the measured step's seconds, the timed parts
+    left as they are); every run draws a launch factor and every step and part its own (spread `sd`)."""
+
+    def __init__(self, out: Path, sides: dict, sd=0.01, seed=0):
+        self.out, self.sides, self.sd, self.seed = out, sides, sd, seed
+
+    def __call__(self, side: str, k: int) -> launching.RunOutcome:
+        rng = np.random.default_rng([self.seed, k, side == "head"])
+        parts = {**PARTS, **self.sides.get(side, {})}
+        step = parts.pop("step", None) or sum(parts.values())
+        launch = rng.lognormal(0, self.sd)
+        rank = factory.rank_record(0, step * launch * rng.lognormal(0, self.sd, 20)) | {
+            key: list(parts[p] * launch * rng.lognormal(0, self.sd, 3)) for p, key in TIMED.items()
+        }
+        cfg = factory.config("torch-ddp", 1, steps=20, warmup=1, threads_per_worker=1)
+        record = factory.assemble(cfg, f"pair{k}-{side}", [rank], environment=factory.environment())
+        path = self.out / side / f"{record['run_id']}.json"
+        write_json_atomic(path, record)
+        (trimmed,) = load_all([path])
+        return launching.RunOutcome(0, trimmed, path, "", 1.0)
+
+
+@pytest.mark.parametrize("part", ["optimizer", "forward"])
+def test_a_regression_names_the_part_that_moved_with_its_change_over_the_pairs(tmp_path, part):
+    """The head's `part` takes 30 ms more of a 100 ms step: the REGRESSION names that part, with the
+    median of the pairs' changes (+30 ms, inside its interval over the pairs, which excludes zero); the
+    figures are in verdict.json, its markdown and what the command prints."""
+    runs = PartRuns(tmp_path, {"head": {part: PARTS[part] + 0.030}})
+    outcome = run_gate(settings(), tmp_path, runs, say=lambda _: None)
+    assert outcome.verdict == "REGRESSION"
+    moved = outcome.anatomy["parts"][part]
+    low, high = moved["ci"]
+    assert outcome.anatomy["moved"] == part and 0 < low < 0.030 < high
+    assert moved["s"] == pytest.approx(0.030, rel=0.1) and moved["share"] == pytest.approx(0.3, rel=0.1)
+    assert all(abs(p["s"]) < 0.005 for name, p in outcome.anatomy["parts"].items() if name != part)
+    interval = f"[{low * 1e3:+.1f}, {high * 1e3:+.1f}]"
+    said = f"{part} +{moved['s'] * 1e3:.1f} ms ({moved['share']:+.1%} of the step) {interval}"
+    assert f"(repeated 90% interval); {said}, the part that moved (" in outcome.line
+    verdict = json.loads((tmp_path / VERDICT_FILE).read_text())
+    assert verdict["anatomy"]["moved"] == part and verdict["anatomy"]["pairs"] == outcome.decision.pairs
+    comment = (tmp_path / VERDICT_MARKDOWN).read_text()
+    assert f"| {part}, head against base | {said} |" in comment
+    assert f"| which part moved | {said}, the part that moved most |" in comment
+    pairs = [json.loads(line) for line in (tmp_path / PAIRS_FILE).read_text().splitlines()]
+    assert all(
+        p[side]["anatomy"]["parts"][part]["status"] == "measured" for p in pairs for side in trees.SIDES
+    )
+    # what a gate resumed from those pairs alone (their records gone) reports
+    again = paired.part_changes(pairs[: outcome.decision.pairs])
+    assert again["parts"][part]["s"] == moved["s"] and gate_verdict.anatomy_text(again).startswith(
+        "step anatomy, head against base: forward "
+    )
+
+
+def test_an_unresolved_part_is_never_named(tmp_path):
+    """The base's timed parts add up to more than its step (its rest negative beyond the noise: unresolved);
+    the head's step is 30 ms longer, its parts timed as the base's. Only the rest changed, and since it is
+    unresolved in the base runs it is neither compared nor named: the REGRESSION says no part's slowdown is
+    resolved."""
+    runs = PartRuns(
+        tmp_path, {"base": {"step": 0.100, "backward": 0.075}, "head": {"step": 0.130, "backward": 0.075}}
+    )
+    outcome = run_gate(settings(), tmp_path, runs, say=lambda _: None)
+    assert outcome.verdict == "REGRESSION" and outcome.anatomy["moved"] is None
+    assert "(repeated 90% interval); no part's slowdown is resolved from zero (" in outcome.line
+    other = outcome.anatomy["parts"]["other"]
+    pairs = outcome.decision.pairs
+    assert other["status"] == "unresolved" and other["s"] is None and not other["moved"]
+    assert other["note"] == f"unresolved in {pairs} of {2 * pairs} runs: negative beyond its noise"
+
+
+def test_a_faster_head_names_the_part_that_sped_up_and_old_pairs_have_no_parts(tmp_path):
+    runs = PartRuns(tmp_path, {"head": {"backward": 0.020}})
+    outcome = run_gate(settings(), tmp_path, runs, say=lambda _: None)
+    assert outcome.verdict == "NO REGRESSION" and outcome.anatomy["moved"] == "backward"
+    assert "; faster: backward -30." in outcome.line and "the part that moved (" in outcome.line
+    # pairs recorded before the gate kept the parts: every part n/a, none named
+    old = [{"base": {"statistic": 0.1}, "head": {"statistic": 0.1}}] * 3
+    assert {p["status"] for p in paired.part_changes(old)["parts"].values()} == {"n/a"}
+
+
 # ---- duet: both sides at once, each on its half of the node ------------------------------------------
 
 

@@ -1,6 +1,7 @@
 """The comparison behind `harness compare` (its rules are the command's help, in
 harness.analyze.compare_command): per matched configuration, the tests of step time, memory and commbench
-ops and their verdicts, as one JSON-able dict."""
+ops and their verdicts, and the change of each part of the step (its anatomy) that says which part moved,
+as one JSON-able dict."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ import numpy as np
 from scipy.stats import t as student_t
 
 from core.records import run_config
+from harness.analyze.anatomy import CONFIDENCE, PARTS, median_difference
 from harness.analyze.baseline import InputError
 from harness.analyze.collectives import largest_busbw, op_time_index
-from harness.analyze.samples import check_devices, group, run_samples
+from harness.analyze.samples import check_devices, group, run_parts, run_samples
 from harness.analyze.summary import fmt_bytes
 
 DEFAULT_THRESHOLD = 0.03
@@ -33,7 +35,7 @@ CONFIG_FIELDS = (
     "commbench",
 )
 # Test hooks (core.hooks) a run ran with: a side slowed or faulted on purpose is named, never taken for code.
-HOOK_DEFAULTS = {"step_delay_s": 0.0, "fault": None}
+HOOK_DEFAULTS = {"step_delay_s": 0.0, "part_delays": None, "fault": None}
 
 
 def hook_value(run: dict, name: str):
@@ -228,6 +230,79 @@ def compare_collectives(base_runs, cand_runs, threshold, alpha) -> list[dict]:
     return metrics
 
 
+# ---- the step's anatomy: which part moved -------------------------------------------------------------
+
+# Where a part's value comes from on each side, for the JSON: compare's runs are independent draws, a gate's
+# pairs are differences.
+RUNS_METHOD = (
+    f"median of the candidate runs' part time less the baseline runs' median, {CONFIDENCE:.0%} percentile "
+    "bootstrap interval over runs (each side resampled on its own)"
+)
+
+
+def part_change(first: list[float], others: list[list[float]], statuses: list[str], base_step_s, unit: str):
+    """The change of one part of the step between two sides: median(first) − Σ median(others) with its
+    percentile bootstrap interval (harness.analyze.anatomy.median_difference, the anatomy's own statistic);
+    `first` alone where it holds the paired differences. `statuses`: the part's anatomy status in every run
+    the change rests on; one unresolved run leaves the part unresolved (never concluded from), one run
+    that did not measure it leaves it n/a. `moved`: whether the interval excludes zero (None without an
+    interval: fewer than two `unit`s)."""
+    unresolved = statuses.count("unresolved")
+    missing = sum(s not in ("measured", "derived") for s in statuses) - unresolved
+    blank = {"s": None, "ci": None, "share": None, "moved": None}
+    if not statuses:
+        return {**blank, "status": "n/a", "note": "no run to read it from"}
+    if unresolved:
+        return {
+            **blank,
+            "status": "unresolved",
+            "note": f"unresolved in {unresolved} of {len(statuses)} runs: negative beyond its noise",
+        }
+    if missing:
+        return {**blank, "status": "n/a", "note": f"not measured in {missing} of {len(statuses)} runs"}
+    value, interval = median_difference(first, others)
+    return {
+        "s": value,
+        "ci": interval,
+        "share": value / base_step_s if base_step_s else None,
+        "moved": None if interval is None else bool(interval[0] > 0 or interval[1] < 0),
+        "status": "compared",
+        "note": None if interval is not None else f"one {unit}: no interval",
+    }
+
+
+def moved_part(parts: dict, direction: int = 0) -> str | None:
+    """The part that moved most among those whose change is resolved from zero (its interval excludes
+    zero), counting only changes in `direction` where one is given (+1 slower, −1 faster); None where none
+    is. An unresolved or unmeasured part is never one (part_change gives it no interval)."""
+    found = [
+        (abs(p["s"]), name)
+        for name, p in parts.items()
+        if p["moved"] and (direction == 0 or direction * p["s"] > 0)
+    ]
+    return max(found)[1] if found else None
+
+
+def compare_anatomy(base_runs: list[dict], cand_runs: list[dict]) -> dict:
+    """Each part's change, candidate against baseline (part_change over the runs' values, samples.run_parts),
+    in seconds and as a share of the baseline's step (the median of its runs' anatomy step), and the part
+    that moved most."""
+    b, c = [run_parts(r) for r in base_runs], [run_parts(r) for r in cand_runs]
+    steps = [x["step_s"] for x in b if x["step_s"]]
+    base_step = float(np.median(steps)) if steps else None
+    parts = {
+        name: part_change(
+            [x["parts"][name]["s"] for x in c],
+            [[x["parts"][name]["s"] for x in b]],
+            [x["parts"][name]["status"] for x in b + c],
+            base_step,
+            "run on a side",
+        )
+        for name in PARTS
+    }
+    return {"method": RUNS_METHOD, "baseline_step_s": base_step, "parts": parts, "moved": moved_part(parts)}
+
+
 def env_differences(base_runs: list[dict], cand_runs: list[dict]) -> list[str]:
     """'name: baseline value(s) -> candidate value(s)' for every environment or work setting that differs."""
 
@@ -298,10 +373,17 @@ def compare_runs(
             continue
         if ok_b[0].get("kind") == "commbench":
             metrics = compare_collectives(ok_b, ok_c, threshold, alpha)
+            anatomy = None
         else:
             field, label = memory_field(ok_b + ok_c)
+            anatomy = compare_anatomy(ok_b, ok_c)
+            step = compare_throughput(ok_b, ok_c, threshold, alpha, statistic)
+            # the part that moved the way the verdict went: slower under a regression, faster under an
+            # improvement
+            direction = {"regression": 1, "improvement": -1}.get(step["verdict"], 0)
+            step["part_that_moved"] = moved_part(anatomy["parts"], direction) if direction else None
             metrics = [
-                compare_throughput(ok_b, ok_c, threshold, alpha, statistic),
+                step,
                 compare_memory(ok_b, ok_c, field, label, memory_threshold),
                 compare_memory(
                     ok_b, ok_c, "model_state_bytes_per_rank", "model state / rank", memory_threshold
@@ -312,6 +394,7 @@ def compare_runs(
                 "key": key.text(),
                 "match": dataclasses.asdict(key),
                 "metrics": metrics,
+                "anatomy": anatomy,
                 "environment_differences": env_differences(ok_b, ok_c),
                 "baseline_runs": [r["run_id"] for r in ok_b],
                 "candidate_runs": [r["run_id"] for r in ok_c],

@@ -1,7 +1,9 @@
 """The figures of `harness gate`'s pairs, computed from the runs' records: what a pair keeps of each run
-(the per-run statistic, samples.py's per_run, and the median step's CPU time), the paired log-ratio that is
-tested and its spread, the exact metrics (any change is one), and the CPU-time companion. The decision on
-the log-ratios is harness.analyze.sequential's; peak memory is gated by compare's rule (compare_memory)."""
+(the per-run statistic, samples.py's per_run, the median step's CPU time and each part of the step,
+samples.py's run_parts), the paired log-ratio that is tested and its spread, the exact metrics (any change
+is one), the CPU-time companion, and each part's change over the pairs, which names the part that moved.
+The decision on the log-ratios is harness.analyze.sequential's; peak memory is gated by compare's rule
+(compare_memory)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,9 @@ import math
 
 import numpy as np
 
-from harness.analyze.samples import per_run
+from harness.analyze.anatomy import CONFIDENCE, PARTS
+from harness.analyze.compare import moved_part, part_change
+from harness.analyze.samples import per_run, run_parts
 from harness.analyze.sequential import Design, estimate
 
 # Exact metrics: (label, path in a record's summary). Deterministic for one configuration, so a change is
@@ -23,12 +27,14 @@ EXACT_METRICS = (
 
 def run_figures(record: dict, statistic: str) -> dict:
     """What a pair keeps of one ok run (a trimmed record): its `statistic` of the step times, the median of
-    its steps' process CPU time (None where it did not measure it: the companion), and its step count."""
+    its steps' process CPU time (None where it did not measure it: the companion), its step count, and its
+    value of each part of the step (samples.run_parts)."""
     cpu = record.get("step_cpu_times_s") or []
     return {
         "statistic": per_run(record, statistic),
         "cpu_median_s": float(np.median(cpu)) if cpu else None,
         "steps": len(record["step_times_s"]),
+        "anatomy": run_parts(record),
     }
 
 
@@ -111,3 +117,36 @@ def cpu_companion(pairs: list[dict], design: Design) -> dict | None:
         return None
     change, interval, _ = estimate(np.asarray(x), design)
     return {"change": change, "interval": list(interval) if interval else None, "pairs": len(x)}
+
+
+PAIRS_METHOD = (
+    f"median over the pairs of the head's part time less the base's, {CONFIDENCE:.0%} percentile bootstrap "
+    "interval over the pairs"
+)
+
+
+def part_changes(pairs: list[dict]) -> dict:
+    """Each part of the step, head against base: in every pair the head run's part time less the base
+    run's (both from their records' anatomy, run_figures), their median over the pairs with a bootstrap
+    interval over the pairs (compare.part_change), in seconds and as a share of the base's step (the median
+    of the base runs' anatomy step); and the part that moved most. A part unresolved in any run of the pairs
+    is unresolved, never named; pairs recorded without the anatomy leave every part n/a."""
+    sides = [(p["base"].get("anatomy"), p["head"].get("anatomy")) for p in pairs]
+    steps = [b["step_s"] for b, _ in sides if b and b.get("step_s")]
+    base_step = float(np.median(steps)) if steps else None
+    parts = {}
+    for name in PARTS:
+        statuses = [x["parts"][name]["status"] if x else "n/a" for pair in sides for x in pair]
+        differences = [
+            h["parts"][name]["s"] - b["parts"][name]["s"]
+            for b, h in sides
+            if b and h and b["parts"][name]["s"] is not None and h["parts"][name]["s"] is not None
+        ]
+        parts[name] = part_change(differences, [], statuses, base_step, "pair")
+    return {
+        "method": PAIRS_METHOD,
+        "pairs": len(pairs),
+        "base_step_s": base_step,
+        "parts": parts,
+        "moved": moved_part(parts),
+    }

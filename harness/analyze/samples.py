@@ -1,7 +1,7 @@
 """What a comparison compares: the runs of the two sides matched by their configuration
-(core.records.ConfigKey), and the one value each run gives, its per-run statistic of the step times. One
-definition, shared by `harness compare` (harness.analyze.compare_command) and `harness gate`'s paired figures
-(harness.analyze.paired)."""
+(core.records.ConfigKey), and the one value each run gives, its per-run statistic of the step times, with
+beside it the run's value of each part of its step (run_parts). One definition, shared by `harness compare`
+(harness.analyze.compare_command) and `harness gate`'s paired figures (harness.analyze.paired)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import numpy as np
 from scipy.stats import trim_mean
 
 from core.records import ConfigKey, config_key, device_name
+from harness.analyze.anatomy import PARTS
 from harness.analyze.baseline import InputError
 
 # The per-run statistics of the step times: compare's samples and the gate's paired log-ratios
@@ -32,6 +33,22 @@ def per_run(record: dict, statistic: str) -> float:
     """One run's `statistic` (a key of STATISTICS) of its step times, the slowest rank's per step (a
     trimmed record's step_times_s, harness.analyze.baseline.trim)."""
     return float(STATISTICS[statistic](record["step_times_s"]))
+
+
+def run_parts(record: dict) -> dict:
+    """One run's value of each part of its step (harness.analyze.anatomy, in its summary): {"step_s": the
+    anatomy's step, "parts": {part: {"s": seconds where the part may be concluded from (measured, or derived
+    and not unresolved), else None; "status": the anatomy's}}}. A record without an anatomy (one from before
+    it, or without a measured step) has every part n/a."""
+    anatomy = (record.get("summary") or {}).get("anatomy") or {}
+    parts = anatomy.get("parts") or {}
+
+    def one(name: str) -> dict:
+        p = parts.get(name) or {}
+        status = p.get("status", "n/a")
+        return {"s": p.get("s") if status in ("measured", "derived") else None, "status": status}
+
+    return {"step_s": anatomy.get("step_s"), "parts": {name: one(name) for name in PARTS}}
 
 
 def run_samples(

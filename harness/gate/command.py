@@ -48,6 +48,7 @@ from harness.arguments.parsers import exit_code, fraction, int_at_least, seconds
 from harness.gate.launching import Runner, RunOutcome, launch_run, plan_duet
 from harness.gate.pairs import DEFAULT_MAX_MINUTES, DEFAULT_STATISTIC, EXIT_INCONCLUSIVE, Settings, run_gate
 from harness.gate.trees import SIDES, checked_out, probe_tree, repository, resolve_tree
+from harness.gate.verdict import anatomy_text
 from harness.run.devices import visible_gpus
 from harness.run.launch import stop_on_sigterm
 from harness.usage import Parser, UsageError
@@ -233,6 +234,8 @@ def cmd_gate(args, runner: Runner | None = None) -> int:
         return outcome.exit_code
     for detail in outcome.details:
         print(detail["line"])
+    if line := anatomy_text(outcome.anatomy):
+        print(line)
     print(outcome.line)
     return outcome.exit_code
 

@@ -18,7 +18,7 @@ import numpy as np
 from core.records import now_iso, write_atomic, write_json_atomic
 from harness.analyze.baseline import InputError, load_all
 from harness.analyze.compare import DEFAULT_MEMORY_THRESHOLD
-from harness.analyze.paired import log_ratio, run_figures
+from harness.analyze.paired import log_ratio, part_changes, run_figures
 from harness.analyze.sequential import CONTINUE, Decision, Design, decide
 from harness.gate.launching import Duet, Runner, RunOutcome
 from harness.gate.trees import SIDES
@@ -224,7 +224,7 @@ def run_gate(settings: Settings, out: Path, runner: Runner, say=print, clock=tim
         base = load_recorded(out, used, "base", cache)
         head = load_recorded(out, used, "head", cache)
         found = details(base, head, used, design, settings.memory_threshold)
-        outcome = verdict_of(decision, found, design, settings.inconclusive_exit, minutes)
+        outcome = verdict_of(decision, found, design, settings.inconclusive_exit, minutes, part_changes(used))
     write_verdict(
         out,
         outcome,

@@ -1,6 +1,6 @@
 """The verdict of `harness gate`: its line and exit code, the details beside the step time (exact metrics,
-peak memory, the CPU companion), and its files: OUT/verdict.json, and OUT/verdict.md, the markdown a pull
-request's comment shows."""
+peak memory, the CPU companion, each part of the step's change and the part that moved), and its files:
+OUT/verdict.json, and OUT/verdict.md, the markdown a pull request's comment shows."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from core.records import now_iso, write_atomic, write_json_atomic
+from harness.analyze.anatomy import LABELS
 from harness.analyze.compare import compare_memory, memory_field
+from harness.analyze.compare_table import anatomy_line, moved_text, part_change_text
 from harness.analyze.paired import cpu_companion, exact_changes, log_ratio_sd
 from harness.analyze.sequential import INCONCLUSIVE, NO_REGRESSION, REGRESSION, Decision, Design
 from harness.analyze.summary import fmt_bytes
@@ -67,29 +69,53 @@ class Outcome:
     line: str
     decision: Decision | None = None
     details: list[dict] = field(default_factory=list)
+    anatomy: dict | None = None  # each part's change over the pairs (harness.analyze.paired.part_changes)
+
+
+def anatomy_text(anatomy: dict | None) -> str | None:
+    """Every part's change over the pairs in one line, as the gate prints it beside the verdict."""
+    return None if anatomy is None else f"step anatomy, head against base: {anatomy_line(anatomy)}"
 
 
 def verdict_of(
-    decision: Decision, details: list[dict], design: Design, inconclusive_exit: int, minutes: float
+    decision: Decision,
+    details: list[dict],
+    design: Design,
+    inconclusive_exit: int,
+    minutes: float,
+    anatomy: dict | None = None,
 ) -> Outcome:
+    """The verdict on the pairs' decision and the details; where the step time is found slower (or faster),
+    the line names the part of the step that moved that way, from `anatomy` (paired.part_changes)."""
     spent = f"{decision.pairs} pair(s), {minutes:.1f} min"
     step = f"step time {fmt_change(decision.change)}{fmt_interval(decision.interval)}"
     grew = [d for d in details if d["verdict"] == "regression"]
     if decision.verdict == REGRESSION or grew:
-        reasons = (
-            [f"{step} (repeated {decision.coverage:.0%} interval)"] if decision.verdict == REGRESSION else []
-        )
+        reasons = []
+        if decision.verdict == REGRESSION:
+            reasons.append(f"{step} (repeated {decision.coverage:.0%} interval)")
+            if anatomy is not None:
+                reasons.append(moved_text(anatomy, +1))
         reasons += [d["line"] for d in grew]
         return Outcome(
-            "REGRESSION", EXIT_FAILED, f"REGRESSION: {'; '.join(reasons)} ({spent})", decision, details
+            "REGRESSION",
+            EXIT_FAILED,
+            f"REGRESSION: {'; '.join(reasons)} ({spent})",
+            decision,
+            details,
+            anatomy,
         )
     if decision.verdict == NO_REGRESSION:
+        faster = decision.interval is not None and decision.interval[1] < 0 and anatomy is not None
         return Outcome(
             "NO REGRESSION",
             EXIT_OK,
-            f"NO REGRESSION: {step} rules out a slowdown of {design.threshold:.0%} or more ({spent})",
+            f"NO REGRESSION: {step} rules out a slowdown of {design.threshold:.0%} or more"
+            + (f"; faster: {moved_text(anatomy, -1)}" if faster else "")
+            + f" ({spent})",
             decision,
             details,
+            anatomy,
         )
     assert decision.verdict == INCONCLUSIVE
     which = "--max-pairs" if decision.pairs >= design.max_pairs else "--max-minutes"
@@ -104,6 +130,7 @@ def verdict_of(
         f"INCONCLUSIVE: {step} after {spent}: the budget ({which}) ran out; {could}",
         decision,
         details,
+        anatomy,
     )
 
 
@@ -139,6 +166,7 @@ def write_verdict(
         "log_ratio_sd": log_ratio_sd(pairs),
         "minutes": minutes,
         "details": outcome.details,
+        "anatomy": outcome.anatomy,
         **settings,
         "finished": now_iso(),
     }
@@ -149,8 +177,8 @@ def write_verdict(
 
 def verdict_markdown(verdict: dict) -> str:
     """The verdict as a pull-request comment or job summary shows it: the verdict, the step time's change
-    with its repeated interval, the pairs and minutes spent, what those pairs could detect, and the exact
-    and memory metrics."""
+    with its repeated interval, the pairs and minutes spent, what those pairs could detect, the exact
+    and memory metrics, and each part of the step's change with the part that moved."""
     step = verdict.get("step_time") or {}
     design = verdict["design"]
     rows = [
@@ -175,4 +203,11 @@ def verdict_markdown(verdict: dict) -> str:
     lines = [f"### distbench gate: {verdict['verdict']}", "", verdict["line"], "", "| | |", "|---|---|"]
     lines += [f"| {name} | {value} |" for name, value in rows]
     lines += [f"| {d['metric']} | {d['line']} |" for d in verdict["details"]]
+    anatomy = verdict.get("anatomy")
+    if anatomy:
+        lines += [
+            f"| {LABELS[name]}, head against base | {part_change_text(name, p)} |"
+            for name, p in anatomy["parts"].items()
+        ]
+        lines.append(f"| which part moved | {moved_text(anatomy)} |")
     return "\n".join(lines) + "\n"
