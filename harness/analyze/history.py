@@ -10,6 +10,9 @@ improvement for the metric. Exit codes, so that a nightly job can alert: 0 no ch
 regression (improvements only, none at all, or too few commits to detect one: a young history is not an
 error); 1 a change point that is a regression (with `--recent N`: one among the newest N commits); 2 bad
 input.
+
+`--html PAGE` writes one self-contained page of every configuration in the records (or those that
+--backend, --workload and --gpus name), with change points marked: harness.analyze.history_page.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from core.records import device_name, run_config, workload_name, write_atomic
 from harness.analyze import changepoints
 from harness.analyze.baseline import InputError, load_all
 from harness.analyze.samples import run_key
+from harness.arguments import add_flags, write_documents
 from harness.usage import EXIT_FAILED, EXIT_OK, UsageError, fraction, int_at_least, positive
 
 DEFAULT_METRIC = "throughput_tokens_per_s"
@@ -205,7 +209,21 @@ def detect(args, rows: list[dict], higher: bool) -> int:
     return EXIT_OK
 
 
+NAMED_BY = ("backend", "workload", "gpus")
+
+
 def cmd_history(args) -> int:
+    if args.html:
+        from harness.analyze.history_page import page_sections  # it imports this module
+
+        write_documents(args, page_sections(args), label="history page")
+        if not (args.detect or args.output) and None in (getattr(args, n) for n in NAMED_BY):
+            return EXIT_OK
+    missing = [f"--{n}" for n in NAMED_BY if getattr(args, n) is None]
+    if missing:
+        raise UsageError(
+            f"{', '.join(missing)} required: they name the configuration (--html PAGE alone covers them all)"
+        )
     if not args.detect:
         given = [flag for name, flag in DETECT_OPTIONS.items() if getattr(args, name) is not None]
         if given:
@@ -244,14 +262,24 @@ def register(subparsers) -> None:
     p.add_argument(
         "records", nargs="*", type=Path, help="record files, directories or baselines (default: results/)"
     )
-    p.add_argument("--backend", required=True, help="backend name or label (e.g. deepspeed-zero2)")
-    p.add_argument("--workload", required=True, help="workload preset")
-    p.add_argument("--gpus", type=positive, required=True)
+    p.add_argument("--backend", help="backend name or label (e.g. deepspeed-zero2); required but with --html")
+    p.add_argument("--workload", help="workload preset; required but with --html")
+    p.add_argument("--gpus", type=positive, help="ranks of the configuration; required but with --html")
     p.add_argument("--precision", help="only this precision")
     p.add_argument("--scaling", help="only this scaling mode (weak or strong)")
     p.add_argument("--device-kind", help="only this device kind, e.g. 'NVIDIA H100 80GB HBM3'")
     p.add_argument("--metric", default=DEFAULT_METRIC, help=f"summary figure (default {DEFAULT_METRIC})")
     p.add_argument("--output", type=Path, help="also plot the history to this image file")
+    # --html FILE as every verb that writes a document takes it: here, the page of every configuration's
+    # history (or of those named), change points marked; the records may be a data branch's checkout.
+    add_flags(p, "--html")
+    p.add_argument(
+        "--git",
+        type=Path,
+        default=Path("."),
+        metavar="DIR",
+        help="the repository whose commit subjects the page shows (default: the current directory)",
+    )
     d = p.add_argument_group("change points (--detect; exit 1 on a regression)")
     d.add_argument(
         "--detect",
