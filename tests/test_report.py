@@ -2,8 +2,11 @@
 
 import base64
 import io
+import itertools
 import json
 import re
+import shutil
+import subprocess
 import sys
 from html.parser import HTMLParser
 
@@ -51,7 +54,10 @@ def test_md_report_lists_every_backends_scaling_figures(results_dir, capsys):
     rows = {
         line.split("|")[1].strip(): line
         for line in md.splitlines()
-        if line.startswith("| ") and line.split("|")[2].strip() == "2" and "tok/s" not in line
+        if line.startswith("| ")
+        and line.split("|")[2].strip() == "2"
+        and "tok/s" not in line
+        and " ok" in line.split("|")[3]  # the scaling table's, not the anatomy's
     }
     for label in BACKENDS:
         assert label in rows, label
@@ -125,6 +131,7 @@ def test_html_report_is_self_contained_with_every_plot(results_dir, tmp_path, ca
         "Per-rank peak memory",
         "Exposed-communication ratio",
         "Throughput by backend",
+        "Step anatomy by stack and N",
     ]
     for img in parser.images:
         assert img["src"].startswith("data:image/png;base64,")  # embedded: opens offline
@@ -309,3 +316,183 @@ def test_plots_mark_every_oversubscribed_point_on_a_log2_axis():
         assert not any(str(a.get_gid()).startswith("oversubscribed") for a in [*ax.get_lines(), *ax.patches])
         assert not any(p.get_hatch() for p in ax.patches)
         plt.close(fig)
+
+
+# ----------------------------------------------------------------------------------------- step anatomy
+# label -> (step, t_compute, [(forward, backward, optimizer) of each repeat]) at N=2, in seconds, by hand.
+# torch-ddp: exposed 25 ms (20%), other = 100 − 30|32 − 50 − 10 = 10|8 ms, median forward 31, other 9.
+# tf-mwms: slower, exposed 15 ms (10%), the least of the resolved ones. horovod: its workers without
+# communication are slower than its synced step (250 > 200 ms): exposed unresolved, −50 ms. torch-fsdp:
+# its isolated workers step all parameters (60 ms; a rank 1/2: t_compute 150 − 30 = 120 ms), 80 ms exposed.
+ANATOMY = {
+    "torch-ddp": (0.125, 0.10, [(0.030, 0.050, 0.010), (0.032, 0.050, 0.010)]),
+    "tf-mwms": (0.150, 0.135, [(0.040, 0.070, 0.015)] * 2),
+    "horovod": (0.200, 0.250, [(0.030, 0.050, 0.010)] * 2),
+    "torch-fsdp": (0.200, 0.150, [(0.030, 0.050, 0.060)] * 2),
+}
+
+
+def with_parts(record: dict, forward: float, backward: float, optimizer: float) -> dict:
+    """A record whose launch without communication (the sync-off ranks or the isolated workers) timed
+    these parts in each of its three anatomy steps."""
+    for rank in [*record["ranks"], *(record.get("isolated_ranks") or [])]:
+        rank.update(forward_times=[forward] * 3, backward_times=[backward] * 3)
+        rank["optimizer_step_times"] = [optimizer] * 3
+    return record
+
+
+def anatomy_records(labels=tuple(ANATOMY)) -> list[dict]:
+    out = []
+    for label in labels:
+        step, compute, repeats = ANATOMY[label]
+        for repeat, parts in enumerate(repeats):
+            out.append(with_parts(make_record(label, 2, step, compute, repeat=repeat), *parts))
+            out.append(make_record(label, 1, 0.1, repeat=repeat))
+    return out
+
+
+def write_records(folder, records):
+    for rec in records:
+        write_json_atomic(folder / f"{rec['run_id']}.json", rec)
+    return folder
+
+
+def anatomy_rows(md: str) -> dict[tuple[str, str], list[str]]:
+    """(stack, N) -> the cells of the anatomy table's row."""
+    lines = md.splitlines()
+    start = lines.index("| stack | N | step | forward | backward | optimizer | exposed comm | other |")
+    table = itertools.takewhile(lambda line: line.startswith("| "), lines[start + 2 :])
+    return {(c[0], c[1]): c for c in ([x.strip() for x in line.split("|")[1:-1]] for line in table)}
+
+
+def sentences(md: str) -> dict[str, str]:
+    return {line.split(":")[0]: line for line in md.splitlines() if line.split(":")[0] in BACKENDS}
+
+
+def test_the_anatomy_table_shows_each_stacks_parts_at_each_n(tmp_path, capsys):
+    from harness.analyze.metrics import summarize
+
+    records = anatomy_records()
+    md = report_md(capsys, write_records(tmp_path, records))
+    rows = anatomy_rows(md)
+    assert set(rows) == {(label, n) for label in ANATOMY for n in ("1", "2")}
+    # by hand: the median over the two repeats of each part, and its share of the 125 ms step
+    ddp = ["125.0 ms", "31.0 ms (25%)", "50.0 ms (40%)", "10.0 ms (8%)", "25.0 ms (20%)", "9.0 ms (7%)"]
+    assert rows[("torch-ddp", "2")][2:] == ddp
+    assert rows[("torch-fsdp", "2")][5] == "30.0 ms (15%)"  # 1/2 of the isolated worker's 60 ms optimizer
+    # and, for every stack and N, the median of the records' own parts
+    for (label, n), cells in rows.items():
+        mine = [r for r in records if r["run_id"].startswith(f"test-{label}-n{n}-")]
+        for i, part in enumerate(("forward", "backward", "optimizer", "exposed_comm", "other")):
+            found = [summarize(r)["anatomy"]["parts"][part] for r in mine]
+            if found[0]["status"] == "n/a":
+                assert cells[3 + i] == f"n/a ({found[0]['method']})", (label, n, part)
+                continue
+            ms = sorted(f["s"] for f in found)
+            median_ms = (ms[0] + ms[1]) / 2 * 1e3
+            assert cells[3 + i].replace("unresolved ", "").replace("−", "-").startswith(f"{median_ms:.1f} ms")
+    # a 1-rank run has no exposed communication by definition, and its parts were not timed here
+    assert rows[("torch-ddp", "1")][6] == "0.0 ms (0%)"
+    assert rows[("torch-ddp", "1")][3].startswith("n/a (not timed")
+
+
+def test_an_unresolved_part_is_shown_so_and_never_advised_from(tmp_path, capsys):
+    folder = write_records(tmp_path, anatomy_records())
+    md = report_md(capsys, folder, "--at-gpus", "2")
+    assert anatomy_rows(md)[("horovod", "2")][6] == "unresolved −50.0 ms"
+    ranking = {cells[1]: cells for cells in (re.findall(r"^\| (\d) \| ([\w-]+) \|(.*)$", md, re.M))}
+    assert ranking["horovod"][2].split("|")[-2].strip() == "unresolved"  # the ranking's exposed comm
+    said = sentences(md)
+    assert "exposed communication" not in said["horovod"] and " Its " not in said["horovod"]
+    # tf-mwms has the least exposed communication of the stacks whose exposed part is known, but horovod's
+    # is not known: no stack is the least beside it
+    assert "10% of the step is exposed communication" in said["tf-mwms"]
+    assert not any("least exposed communication" in line for line in said.values())
+
+    # Without horovod, the same tf-mwms numbers are the least here: the advice follows the numbers.
+    (other := tmp_path / "without").mkdir()
+    md = report_md(capsys, write_records(other, anatomy_records(("torch-ddp", "tf-mwms", "torch-fsdp"))))
+    assert "least exposed communication here" in sentences(md)["tf-mwms"]
+
+    # One repeat unresolved, the other not: the group's exposed part is unresolved, its ratio no figure.
+    (mixed := tmp_path / "mixed").mkdir()
+    records = anatomy_records(("torch-ddp", "tf-mwms"))
+    records.append(with_parts(make_record("horovod", 2, 0.2, 0.15, repeat=0), 0.03, 0.05, 0.01))
+    records.append(with_parts(make_record("horovod", 2, 0.2, 0.25, repeat=1), 0.03, 0.05, 0.01))
+    md = report_md(capsys, write_records(mixed, records), "--at-gpus", "2")
+    assert anatomy_rows(md)[("horovod", "2")][6].startswith("unresolved ")
+    assert "exposed communication" not in sentences(md)["horovod"]
+    assert not any("least exposed communication" in line for line in sentences(md).values())
+
+
+def test_a_stack_s_rank_is_explained_by_its_resolved_parts_only(tmp_path, capsys):
+    md = report_md(capsys, write_records(tmp_path, anatomy_records()), "--at-gpus", "2")
+    said = sentences(md)
+    assert said["torch-fsdp"].endswith(
+        " Its exposed communication is 40% of its step (80.0 ms against 25.0 ms for torch-ddp): "
+        "55.0 ms of the 75.0 ms by which its step is longer."
+    )
+    assert " Its " not in said["torch-ddp"]  # the fastest: nothing to explain
+    # horovod's other (250 − 90 = 160 ms) is 150 ms over torch-ddp's, but its exposed part is unresolved
+    assert " Its " not in said["horovod"]
+
+
+def test_the_anatomy_plot_draws_only_resolved_parts():
+    import matplotlib.pyplot as plt
+
+    from harness.analyze.analysis import aggregate, runs_table
+    from harness.analyze.report.selection import anatomy_plot
+
+    fig = anatomy_plot(aggregate(runs_table(anatomy_records())))
+    ax = fig.axes[0]
+    bars = {p.get_gid(): p for p in ax.patches if p.get_gid()}
+    texts = {t.get_gid(): t.get_text() for t in ax.texts}
+    assert [bars[f"torch-ddp N=2 {k}"].get_width() for k in ("forward", "other")] == pytest.approx([31, 9])
+    assert bars["torch-ddp N=2 exposed_comm"].get_x() == pytest.approx(31 + 50 + 10)
+    assert "horovod N=2 exposed_comm" not in bars  # unresolved: not drawn...
+    assert "exposed comm unresolved −50.0 ms" in texts["horovod N=2 undrawn"]  # ...but named
+    assert "n/a: forward, backward, optimizer, other" in texts["torch-ddp N=1 undrawn"]
+    assert "torch-ddp N=2 undrawn" not in texts
+    plt.close(fig)
+
+
+def test_html_embeds_the_anatomy_plot_and_escapes_text(tmp_path):
+    records = anatomy_records(("torch-ddp", "horovod"))
+    failed = make_record("horovod", 2, status="failed", repeat=5)
+    failed["error"]["message"] = "<script>alert('x')</script> & more"
+    out = tmp_path / "report.html"
+    assert main(["report", str(write_records(tmp_path, [*records, failed])), "--html", str(out)]) == 0
+    text = out.read_text()
+    parser = Collector()
+    parser.feed(text)
+    (img,) = [i for i in parser.images if i["alt"] == "Step anatomy by stack and N"]
+    png = Image.open(io.BytesIO(base64.b64decode(img["src"].split(",", 1)[1])))
+    png.verify()
+    assert "<script>" not in text and "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt; &amp; more" in text
+    page = Cells()
+    page.feed(text)
+    assert ["horovod", "2", "200.0 ms"] in [row[:3] for row in page.rows]  # the anatomy table's row
+    assert any(cell == "unresolved −50.0 ms" for row in page.rows for cell in row)
+
+
+CHROMIUM = next((shutil.which(b) for b in ("chromium", "chromium-browser") if shutil.which(b)), None)
+
+
+@pytest.mark.subprocess
+@pytest.mark.skipif(CHROMIUM is None, reason="no headless chromium here: the structure checks above stand")
+def test_a_browser_renders_the_anatomy_plot(tmp_path):
+    """The page as a browser draws it: the embedded anatomy plot is on the screen (its optimizer green and
+    exposed-communication red, colours no other plot of this one-stack page draws)."""
+    out, shot = tmp_path / "report.html", tmp_path / "shot.png"
+    assert (
+        main(["report", str(write_records(tmp_path, anatomy_records(("torch-ddp",)))), "--html", str(out)])
+        == 0
+    )
+    subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}",
+         "--window-size=1280,6000", out.as_uri()],
+        check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    counts = {color: n for n, color in Image.open(shot).convert("RGB").getcolors(1 << 24)}
+    assert counts.get((44, 160, 44), 0) > 100  # C2: the optimizer's
+    assert counts.get((214, 39, 40), 0) > 100  # C3: exposed communication's

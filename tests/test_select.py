@@ -371,3 +371,128 @@ def test_cli_malformed_input_exits_2_in_one_line(argv, capsys):
 
 def test_cli_malformed_gpus_exit_2():
     assert main(["select", "--workload", "tiny", "--hardware", "h100-sxm", "--gpus", "x"]) == 2
+
+
+# ---------------------------------------------------------------------------------- the documents' plots
+def ranked(stacks=("torch-ddp", "torch-fsdp", "deepspeed"), price: float | None = 2.0):
+    """The ranked rows of a search over `stacks`, as `harness select` writes them, and the candidates."""
+    from harness.select.command import ranked_rows
+
+    pricing = select.Pricing(load_profile("h100-sxm"))
+    base, _ = select.base_configs(args_for(), pricing, PRESETS["small"], ["bf16"], list(stacks))
+    kept = sorted(select.search(base, pricing, 1e9, price), key=lambda c: c.train_s)
+    return ranked_rows(kept, select.pareto(kept), pricing), kept
+
+
+def test_the_parts_table_holds_each_stacks_predicted_step_parts():
+    from harness.select.presentation import parts_table
+
+    rows, kept = ranked()
+    table = parts_table(rows)
+    firsts = {}
+    for c in kept:  # each stack's fastest candidate, worked out apart
+        firsts.setdefault(c.cfg.backend, c)
+    assert [r[0] for r in table.rows] == [c.label for c in firsts.values()]
+    for cells, c in zip(table.rows, firsts.values()):
+        parts = c.prediction["timeline"]["parts"]
+        step = c.prediction["corners"]["nominal"]["step_time_s"]
+        assert sum(parts.values()) == pytest.approx(step)  # the parts carried are the whole step
+        compute = sum(v for k, v in parts.items() if k.startswith("compute"))
+        exposed = sum(v for k, v in parts.items() if k.startswith("exposed"))
+        assert cells[3] == f"{compute * 1e3:,.2f} ms ({compute / step:.0%})"
+        assert cells[4] == (f"{exposed * 1e3:,.2f} ms ({exposed / step:.0%})" if exposed else "-")
+        assert cells[6] == f"{parts['stragglers (slowest of N)'] * 1e3:,.2f} ms " + (
+            f"({parts['stragglers (slowest of N)'] / step:.0%})"
+        )
+
+
+def test_the_front_plot_draws_every_candidate_with_its_band_and_rings_the_front():
+    import matplotlib.pyplot as plt
+
+    from harness.select.presentation import front_plot, parts_plot
+
+    rows, _ = ranked()
+    fig = front_plot(rows)
+    ax = fig.axes[0]
+    assert ax.get_ylabel().startswith("cost (USD")
+    lines = {line.get_gid(): line for line in ax.get_lines() if line.get_gid()}
+    front = sorted((r for r in rows if r["pareto"]), key=lambda r: r["train_time_s"]["nominal"])
+    assert list(lines["pareto front"].get_xdata()) == pytest.approx(
+        [r["train_time_s"]["nominal"] / 3600 for r in front]
+    )
+    for stack in {r["backend"] for r in rows}:
+        mine = [r for r in rows if r["backend"] == stack]
+        drawn = [
+            *(lines[f"front {stack}"].get_xdata() if f"front {stack}" in lines else []),
+            *(lines[f"candidates {stack}"].get_xdata() if f"candidates {stack}" in lines else []),
+        ]
+        assert sorted(drawn) == pytest.approx(sorted(r["train_time_s"]["nominal"] / 3600 for r in mine))
+    # each point's error bar spans its band: the time's low to high, the cost alike (it scales with time)
+    (container,) = [c for c in ax.containers if c.lines[0].get_gid() == f"front {front[0]['backend']}"]
+    segments = container.lines[2][0].get_segments()  # the x error bars
+    spans = sorted(x for seg in segments for x in (seg[0][0], seg[1][0]))
+    mine = [r for r in front if r["backend"] == front[0]["backend"]]
+    bands = [r["train_time_s"][end] / 3600 for r in mine for end in ("low", "high")]
+    assert spans == pytest.approx(sorted(bands))
+    segments = container.lines[2][1].get_segments()  # the y error bars: the cost at the band's ends
+    spans = sorted(y for seg in segments for y in (seg[0][1], seg[1][1]))
+    costs = [
+        r["cost_usd"] * r["train_time_s"][end] / r["train_time_s"]["nominal"]
+        for r in mine
+        for end in ("low", "high")
+    ]
+    assert spans == pytest.approx(sorted(costs))
+    plt.close(fig)
+
+    fig = parts_plot(rows)
+    bars = {p.get_gid(): p.get_width() for p in fig.axes[0].patches if p.get_gid()}
+    first = rows[0]
+    for name, seconds in first["step_parts"].items():
+        if seconds > 0:
+            assert bars[f"{first['label']} {name}"] == pytest.approx(seconds * 1e3)
+    plt.close(fig)
+
+    # No price: the cost axis is GPU-hours
+    fig = front_plot(ranked(price=None)[0])
+    assert fig.axes[0].get_ylabel().startswith("GPU-hours")
+    plt.close(fig)
+
+
+def test_the_html_embeds_both_plots_and_escapes_text():
+    import base64
+    import io
+    from html.parser import HTMLParser
+
+    from PIL import Image
+
+    from harness.document import render_html, render_md
+    from harness.select.presentation import document
+
+    rows, _ = ranked()
+    sections = document(
+        "SELECTED <b>&</b>", rows, [{"label": "x<y>", "gpus": 8, "why": "a & b"}], None, 5, True
+    )
+    page = render_html(sections)
+
+    class Images(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.images = []
+
+        def handle_starttag(self, tag, attrs):
+            if tag == "img":
+                self.images.append(dict(attrs))
+
+    found = Images()
+    found.feed(page)
+    assert [i["alt"] for i in found.images] == ["Time to train against cost", "Predicted step parts"]
+    for img in found.images:
+        assert img["src"].startswith("data:image/png;base64,")
+        png = Image.open(io.BytesIO(base64.b64decode(img["src"].split(",", 1)[1])))
+        png.verify()
+        assert png.size[0] > 300 and png.size[1] > 200
+    assert "<b>&</b>" not in page and "SELECTED &lt;b&gt;&amp;&lt;/b&gt;." in page
+    assert "x&lt;y&gt; N=8: a &amp; b" in page
+    # the Markdown has the parts table, and no figure
+    md = render_md(document("SELECTED", rows, [], None, 5, False))
+    assert "| stack | N | predicted step (band) | compute |" in md and "base64" not in md

@@ -2,7 +2,8 @@
 
 Per-run figures come from harness.analyze.metrics.summarize (recomputed from the raw rank records, so every
 table uses the current definitions); this module only groups runs and compares them: median and spread over
-repeats, speedup and scaling efficiency against N = 1, memory ratio, and a noise flag.
+repeats, speedup and scaling efficiency against N = 1, memory ratio, a noise flag, and the step's anatomy
+(harness.analyze.anatomy) part by part: each part's median over repeats, unresolved where any repeat's is.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from core.records import config_key, device_name, run_config
+from harness.analyze.anatomy import PARTS
 from harness.analyze.metrics import summarize
 from harness.analyze.summary import incident_text
 
@@ -20,6 +22,61 @@ from harness.analyze.summary import incident_text
 CONTEXT_KEYS = ["workload", "precision", "device", "scaling", "batch", "settings"]
 GROUP_KEYS = ["label", *CONTEXT_KEYS, "world_size"]
 DEFAULT_NOISE_CV = 0.10
+RESOLVED = ("measured", "derived")
+
+
+def anatomy_columns(anatomy: dict | None) -> dict:
+    """A run's anatomy as flat columns, per part: anatomy_<part>_s (its seconds, an unresolved part's
+    negative value kept), _share (of the step), _status (measured, derived, unresolved or n/a) and _why
+    (how it was obtained, or why it is n/a)."""
+    out = {}
+    for name in PARTS:
+        p = (anatomy or {}).get("parts", {}).get(name) or {
+            "s": None,
+            "share": None,
+            "status": "n/a",
+            "method": "no measured step",
+        }
+        out |= {
+            f"anatomy_{name}_s": p["s"] if p["s"] is not None else np.nan,
+            f"anatomy_{name}_share": p["share"] if p["share"] is not None else np.nan,
+            f"anatomy_{name}_status": p["status"],
+            f"anatomy_{name}_why": p["method"],
+        }
+    return out
+
+
+def anatomy_group(ok: pd.DataFrame) -> dict:
+    """The anatomy of a group's ok repeats, part by part: median seconds and share over the repeats that have
+    the part (as every per-run figure here); unresolved where any repeat's part is (its median kept, never
+    a figure to conclude from), n/a where no repeat has it, derived where a repeat derived it."""
+    out = {}
+    for name in PARTS:
+        status = ok[f"anatomy_{name}_status"] if len(ok) else pd.Series(dtype=object)
+        has = ok[status != "n/a"] if len(ok) else ok
+        if not len(has):
+            whole = "n/a"
+        elif (status == "unresolved").any():
+            whole = "unresolved"
+        else:
+            whole = "measured" if (has[f"anatomy_{name}_status"] == "measured").all() else "derived"
+        why = ok[f"anatomy_{name}_why"] if whole == "n/a" else has[f"anatomy_{name}_why"]
+        out |= {
+            f"anatomy_{name}_s": median(has[f"anatomy_{name}_s"]) if len(has) else np.nan,
+            f"anatomy_{name}_share": median(has[f"anatomy_{name}_share"]) if len(has) else np.nan,
+            f"anatomy_{name}_status": whole,
+            f"anatomy_{name}_why": why.iloc[0] if len(why) else "no ok run",
+        }
+    return out
+
+
+def resolved_part(row, name: str) -> float | None:
+    """A part's seconds in a group row (or a run row) where it may be concluded from, else None."""
+    status = getattr(row, f"anatomy_{name}_status", None)
+    seconds = getattr(row, f"anatomy_{name}_s", None)
+    if status not in RESOLVED or seconds is None or np.isnan(seconds):
+        return None
+    return float(seconds)
 
 
 def run_row(record: dict) -> dict:
@@ -80,6 +137,7 @@ def run_row(record: dict) -> dict:
         "loss_last": s["loss_last"],
         "start_time": env.get("start_time"),
         "git_commit": (env.get("git") or {}).get("commit"),
+        **anatomy_columns(s["anatomy"]),
     }
 
 
@@ -125,7 +183,10 @@ def group_row(runs: pd.DataFrame) -> pd.Series:
             "throughput_cv": cv,
             "per_device_throughput": median(ok["per_device_throughput"]),
             "t_step_s": median(ok["t_step_s"]),
-            "exposed_comm_ratio": median(ok["exposed_comm_ratio"]),
+            # not a figure where any repeat's exposed part is unresolved (its sign beyond its noise)
+            "exposed_comm_ratio": np.nan
+            if (ok["anatomy_exposed_comm_status"] == "unresolved").any()
+            else median(ok["exposed_comm_ratio"]),
             "volume_per_exposed_s": median(ok["volume_per_exposed_s"]),
             "comm_bytes_per_rank": median(ok["comm_bytes_per_rank"]),
             "peak_memory_bytes": median(ok["peak_memory_bytes"]),
@@ -135,6 +196,7 @@ def group_row(runs: pd.DataFrame) -> pd.Series:
             "mfu": median(ok["mfu"]),
             # what compiling (and first allocations) cost once per launch: the median launch's
             "first_step_s": median(ok["first_step_s"]),
+            **anatomy_group(ok),
         }
     )
 

@@ -188,7 +188,8 @@ def cmd_select(args) -> int:
     for line in answer_lines(rows):
         print(line)
     print(f"selected among {len(cands)} candidates in {elapsed:.1f} s")
-    write_documents(args, document(header, rows, excluded, confirmed, args.top), label="selection")
+    sections = document(header, rows, excluded, confirmed, args.top, with_figures=bool(args.html))
+    write_documents(args, sections, label="selection")
     if args.out:
         record = {
             "schema_version": SCHEMA_VERSION,

@@ -1,16 +1,31 @@
 """The report's framework selection: one ranking per context with a sentence of advice per backend, assembled
-from the measured figures, never canned per backend. A sentence drawn from an oversubscribed CPU run says so.
+from the measured figures, never canned per backend. A sentence drawn from an oversubscribed CPU run says so;
+where the step's anatomy explains why a stack ranks below the fastest, one more sentence says which part.
+Under each ranking, the step's anatomy (harness.analyze.anatomy) of every stack at every N of its context:
+a table (forward, backward, optimizer, exposed communication and other, in ms and share of the step) and
+(html) stacked horizontal bars.
 
-Every number comes from harness.analyze.analysis; this module only chooses and formats.
+An unresolved part (a difference negative beyond its noise) is shown as unresolved with its signed value,
+never drawn as a bar, and never the ground of a sentence, a ranking or a comparison: no exposed share, no
+"least exposed communication"; a part not measured is n/a with its reason. Every number comes from
+harness.analyze.analysis (medians over repeats); this module only chooses and formats.
 """
 
 from __future__ import annotations
 
+import io
+from typing import TYPE_CHECKING
+
 import pandas as pd
 
 from backends import REFERENCE_BACKEND
-from harness.analyze.report.contexts import OVERSUBSCRIBED, context_title, oversubscribed_ns
-from harness.document import Section, Table, nbytes, num, pct, value
+from harness.analyze.analysis import resolved_part
+from harness.analyze.anatomy import LABELS, PARTS
+from harness.analyze.report.contexts import HOLLOW, OVERSUBSCRIBED, context_title, n_cell, oversubscribed_ns
+from harness.document import Figure, Section, Table, nbytes, num, pct, value
+
+if TYPE_CHECKING:  # matplotlib is imported where a plot is drawn, never for a Markdown report
+    from matplotlib.figure import Figure as Plot
 
 
 def advice(r, at: pd.DataFrame, ref_label: str | None, noise_cv: float) -> str:
@@ -29,7 +44,7 @@ def advice(r, at: pd.DataFrame, ref_label: str | None, noise_cv: float) -> str:
             f"{r.model_state_bytes / ref['model_state_bytes'].iloc[0]:.0%} of "
             f"{ref_label}'s per-rank model state"
         )
-    if r.world_size > 1 and value(r.exposed_comm_ratio) is not None:
+    if r.world_size > 1 and exposed_known(r):
         facts.append(f"{r.exposed_comm_ratio:.0%} of the step is exposed communication")
     if r.world_size > 1 and value(r.efficiency) is not None:
         facts.append(f"scaling efficiency {r.efficiency:.0%}")
@@ -41,10 +56,13 @@ def advice(r, at: pd.DataFrame, ref_label: str | None, noise_cv: float) -> str:
         and r.model_state_bytes <= 1.1 * states["model_state_bytes"].min()
         and states["model_state_bytes"].max() > 1.1 * states["model_state_bytes"].min()
     )
+    # Least exposed communication only where no stack's exposed part is unresolved: that one could be
+    # anything, so no stack is the least beside it.
     comm = at.dropna(subset=["exposed_comm_ratio"])
     least_comm = (
         len(comm) > 1
-        and value(r.exposed_comm_ratio) is not None
+        and not (at["anatomy_exposed_comm_status"] == "unresolved").any()
+        and exposed_known(r)
         and r.exposed_comm_ratio <= comm["exposed_comm_ratio"].min() + 0.02
     )
     if fast and lean:
@@ -80,7 +98,13 @@ def advice(r, at: pd.DataFrame, ref_label: str | None, noise_cv: float) -> str:
         over = f" (beside {OVERSUBSCRIBED} runs of {', '.join(crowded)}: their figures measure contention)"
     else:
         over = ""
-    return f"{r.label}: {', '.join(facts)}: {verdict}{noisy}{over}."
+    return f"{r.label}: {', '.join(facts)}: {verdict}{noisy}{over}.{anatomy_sentence(r, at)}"
+
+
+def exposed_known(r) -> bool:
+    """Whether a group row's exposed-communication ratio may be spoken of: a figure, its part resolved."""
+    resolved = r.anatomy_exposed_comm_status in ("measured", "derived")
+    return resolved and value(r.exposed_comm_ratio) is not None
 
 
 def memory_reference(at: pd.DataFrame) -> str | None:
@@ -153,7 +177,7 @@ def selection(ctx: dict, agg: pd.DataFrame, at_gpus: int | None, noise_cv: float
                 f"({num(r.model_state_bytes / ref_state.iloc[0], '{:.2f}')}x {ref_label})"
                 if len(ref_state)
                 else nbytes(r.model_state_bytes),
-                pct(r.exposed_comm_ratio, 1),
+                exposed_cell(r),
             ]
         )
     sec.blocks.append(
@@ -172,3 +196,184 @@ def selection(ctx: dict, agg: pd.DataFrame, at_gpus: int | None, noise_cv: float
     )
     sec.blocks.extend(advice(r, at, ref_label, noise_cv) for r in at.itertuples())
     return sec
+
+
+# ------------------------------------------------------------------------------------- the step's anatomy
+ANATOMY_HEADERS = ["stack", "N", "step", *(LABELS[p] for p in PARTS)]
+PLOT_TITLE = "Step anatomy by stack and N"
+# The share of the step-time gap to the fastest a single part must account for before a sentence says
+# that part is why the stack ranks lower.
+EXPLAINS = 0.5
+PART_COLORS = {"forward": "C0", "backward": "C1", "optimizer": "C2", "exposed_comm": "C3", "other": "C7"}
+
+
+def ms(seconds: float) -> str:
+    """Milliseconds with a true minus sign, so an unresolved part reads 'unresolved −3.0 ms'."""
+    text = f"{abs(seconds) * 1e3:.1f} ms"
+    return f"−{text}" if seconds < 0 and round(abs(seconds) * 1e3, 1) > 0 else text
+
+
+def part_cell(r, name: str) -> str:
+    """One part of a group row: its ms and share, 'unresolved −x ms', or 'n/a (why)'."""
+    status = getattr(r, f"anatomy_{name}_status")
+    seconds, share = value(getattr(r, f"anatomy_{name}_s")), value(getattr(r, f"anatomy_{name}_share"))
+    if status == "n/a" or seconds is None:
+        return f"n/a ({getattr(r, f'anatomy_{name}_why')})"
+    if status == "unresolved":
+        return f"unresolved {ms(seconds)}"
+    return ms(seconds) + (f" ({share:.0%})" if share is not None else "")
+
+
+def exposed_cell(r, digits: int = 1) -> str:
+    """The exposed-communication ratio of a group row, 'unresolved' where its part is."""
+    if getattr(r, "anatomy_exposed_comm_status", None) == "unresolved":
+        return "unresolved"
+    return pct(r.exposed_comm_ratio, digits)
+
+
+def measured_rows(agg: pd.DataFrame) -> pd.DataFrame:
+    return agg[agg["runs"] > 0].sort_values(["label", "world_size"], kind="stable")
+
+
+def anatomy_table(agg: pd.DataFrame) -> Table:
+    """One row per stack and N of a context with an ok run: the step and its five parts."""
+    return Table(
+        ANATOMY_HEADERS,
+        [
+            [r.label, n_cell(r), ms(r.t_step_s) if value(r.t_step_s) is not None else "n/a"]
+            + [part_cell(r, name) for name in PARTS]
+            for r in measured_rows(agg).itertuples()
+        ],
+    )
+
+
+def anatomy_plot(agg: pd.DataFrame) -> Plot:
+    """Stacked horizontal bars, one per stack and N: each resolved part a segment (gid '<label> N=<n>
+    <part>'), the measured step a tick ('<label> N=<n> step'); an unresolved or n/a part is not drawn but
+    named in the text beside the bar ('<label> N=<n> undrawn'); an oversubscribed bar hatched."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    rows = list(measured_rows(agg).itertuples())
+    fig, ax = plt.subplots(figsize=(7.5, 1.8 + 0.42 * max(len(rows), 1)))
+    ticks, ends = [], []
+    for y, r in enumerate(rows):
+        name = f"{r.label} N={int(r.world_size)}"
+        left, unresolved, missing = 0.0, [], []
+        for part in PARTS:
+            seconds = resolved_part(r, part)
+            status = getattr(r, f"anatomy_{part}_status")
+            if seconds is None:
+                if status == "unresolved":
+                    unresolved.append(f"{LABELS[part]} {part_cell(r, part)}")
+                else:
+                    missing.append(LABELS[part])
+                continue
+            if seconds <= 0:  # resolved, within its noise of none: nothing to draw
+                continue
+            (bar,) = ax.barh(y, seconds * 1e3, left=left, color=PART_COLORS[part], gid=f"{name} {part}")
+            if status == "derived":
+                bar.set(alpha=0.8)
+            if r.oversubscribed:
+                bar.set(hatch="///", edgecolor="white")
+            left += seconds * 1e3
+        if value(r.t_step_s) is not None:
+            ax.plot([r.t_step_s * 1e3], [y], "k|", ms=14, mew=2, gid=f"{name} step")
+        end = max(left, (value(r.t_step_s) or 0) * 1e3)
+        ends.append(end)
+        if unresolved or missing:
+            text = "; ".join([*unresolved, *(["n/a: " + ", ".join(missing)] if missing else [])])
+            ax.text(end, y, f"  not drawn: {text}", va="center", fontsize=6, gid=f"{name} undrawn")
+        ticks.append(f"{r.label} N={n_cell(r)}")
+    ax.set_yticks(range(len(rows)), ticks, fontsize=7)
+    ax.invert_yaxis()
+    ax.set(title=PLOT_TITLE, xlabel="ms per step (median over repeats)")
+    ax.set_xlim(0, 1.7 * max([*ends, 1e-3]))  # room for the text of the parts not drawn
+    ax.grid(alpha=0.3, axis="x")
+    handles = [Patch(color=PART_COLORS[p], label=LABELS[p]) for p in PARTS]
+    handles.append(Line2D([], [], color="k", marker="|", ls="none", ms=10, mew=2, label="measured step"))
+    if any(r.oversubscribed for r in rows):
+        handles.append(Patch(facecolor="0.6", edgecolor="white", hatch="///", label=HOLLOW))
+    ax.legend(
+        handles=handles,
+        fontsize=7,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.5 / fig.get_figheight() - 0.1),
+        ncol=4,
+    )
+    return fig
+
+
+def anatomy_figure(agg: pd.DataFrame) -> Figure:
+    import matplotlib.pyplot as plt
+
+    fig = anatomy_plot(agg)
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")  # the legend below
+    plt.close(fig)
+    return Figure(PLOT_TITLE, buf.getvalue())
+
+
+def anatomy_section(agg: pd.DataFrame, with_figures: bool) -> Section:
+    """The anatomy of every stack at every N of one context, under its framework selection."""
+    sec = Section(
+        "Where each step goes (the step's anatomy, every N)",
+        4,
+        [
+            "Forward, backward and optimizer timed between device synchronisations in steps of their own "
+            "(without communication); exposed comm = the measured step less t_compute; other = t_compute "
+            "less the three. Medians over repeats, with each part's share of the step. A part marked "
+            "unresolved is negative beyond its noise in a repeat: its value is shown, never drawn or "
+            "concluded from."
+            + (
+                f" {OVERSUBSCRIBED} rows measure contention for the CPUs."
+                if measured_rows(agg)["oversubscribed"].any()
+                else ""
+            ),
+            anatomy_table(agg),
+        ],
+    )
+    if with_figures and len(measured_rows(agg)):
+        sec.blocks.append(anatomy_figure(agg))
+    return sec
+
+
+def anatomy_sentence(r, at: pd.DataFrame) -> str:
+    """Why a stack ranks below the fastest at this N, where one of its parts is longer than the fastest's
+    same part by at least EXPLAINS of the gap between their steps; '' otherwise, and wherever a part of
+    either is unresolved (the parts hang together: an unresolved exposed part leaves 'other' unsure too)."""
+    best = at.loc[at["throughput"].idxmax()]
+    gap = (value(r.t_step_s) or 0.0) - (value(best["t_step_s"]) or 0.0)
+    if r.label == best["label"] or gap <= 0:
+        return ""
+    statuses = [getattr(x, f"anatomy_{p}_status") for x in (r, best) for p in PARTS]
+    if "unresolved" in statuses:
+        return ""
+    excess = {}
+    for part in PARTS:
+        mine, theirs = resolved_part(r, part), resolved_part(best, part)
+        if mine is not None and theirs is not None:
+            excess[part] = (mine - theirs, mine, theirs)
+    if not excess:
+        return ""
+    part, (more, mine, theirs) = max(excess.items(), key=lambda kv: kv[1][0])
+    if more < EXPLAINS * gap:
+        return ""
+    share = value(getattr(r, f"anatomy_{part}_share"))
+    share = share if share is not None else mine / r.t_step_s
+    return (
+        f" Its {SENTENCE_NAMES.get(part, LABELS[part])} is {share:.0%} of its step ({ms(mine)} against "
+        f"{ms(theirs)} for {best['label']}): {ms(more)}{', more than' if more > gap else ' of'} the "
+        f"{ms(gap)} by which its step is longer."
+    )
+
+
+SENTENCE_NAMES = {
+    "exposed_comm": "exposed communication",
+    "other": "other time (within t_compute, outside forward, backward and optimizer)",
+}

@@ -1,7 +1,7 @@
 """The report's sections on training runs: per context (workload, precision, device, scaling) the scaling
 table, the numerics each backend ran and (html) five plots, every figure of an oversubscribed CPU run marked
 so (a table row, a hollow point or hatched bar, a sentence); failed runs and incidents; the environment; the
-framework selection (selection.py); each adapter's features.
+framework selection with the anatomy of every step under it (selection.py); each adapter's features.
 
 Every number comes from harness.analyze.analysis (which builds on harness.analyze.metrics.summarize); this
 module only formats. The selection advice is assembled from the measured figures, never canned per backend.
@@ -27,7 +27,7 @@ from harness.analyze.report.contexts import (
     n_cell,
     oversubscription_legend,
 )
-from harness.analyze.report.selection import selection
+from harness.analyze.report.selection import anatomy_section, exposed_cell, selection
 from harness.document import Figure, Section, Table, nbytes, num, pct, value
 
 if TYPE_CHECKING:  # matplotlib is imported where a plot is drawn, never for a Markdown report
@@ -83,7 +83,7 @@ def scaling_table(agg: pd.DataFrame) -> Table:
                 f"{nbytes(r.peak_memory_bytes)} ({r.peak_memory_source or 'n/a'})",
                 num(r.memory_ratio, "{:.2f}"),
                 f"{nbytes(r.model_state_bytes)} ({num(r.model_state_vs_analytic, '{:.3f}')}x analytic)",
-                pct(r.exposed_comm_ratio, 1),
+                exposed_cell(r),
                 nbytes(r.volume_per_exposed_s) + "/s" if value(r.volume_per_exposed_s) is not None else "n/a",
                 pct(r.mfu, 1),
                 num(r.first_step_s, "{:.2f} s"),
@@ -410,6 +410,7 @@ def build(records: list[dict], at_gpus: int | None, noise_cv: float, with_figure
             ],
         )
     )
-    sections += [selection(ctx, g, at_gpus, noise_cv) for ctx, g in contexts(agg)]
+    for ctx, g in contexts(agg):
+        sections += [selection(ctx, g, at_gpus, noise_cv), anatomy_section(g, with_figures)]
     sections.append(feature_section(runs))
     return sections
