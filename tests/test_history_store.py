@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shlex
 import subprocess
 from pathlib import Path
 
 import pytest
 import record_factory as factory
+import yaml
+from conftest import REPO
 
 from core.records import write_json_atomic
 from harness.analyze import history_store
@@ -169,3 +173,22 @@ def test_the_command_line_appends_and_exports(clone, tmp_path, capsys):
     assert export(clone, "no-such-branch", tmp_path / "empty") == 0
     assert history_store.main(["append", "--repo", str(clone), "--branch", "main", "--night", "1"]) == 2
     assert "is the default branch" in capsys.readouterr().err
+
+
+def test_the_nightly_workflow_s_own_append_command_runs(clone, tmp_path, capsys, monkeypatch):
+    """The command the workflow's `record` job runs, its variables filled in, against a clone."""
+    workflow = yaml.safe_load((REPO / ".github" / "workflows" / "distbench-nightly.yml").read_text())
+    (writer,) = [
+        j for j in workflow["jobs"].values() if (j.get("permissions") or {}).get("contents") == "write"
+    ]
+    script = next(s["run"] for s in writer["steps"] if "history_store" in s.get("run", ""))
+    line = script.replace("\\\n", " ").split("python -m harness.analyze.history_store", 1)[1].split("|")[0]
+    night_records(tmp_path / "tonight", 1, "2026-03-01", sha(1))
+    values = {"DATA_BRANCH": workflow["env"]["DATA_BRANCH"], "NIGHT": "77", "ATTEMPT": "1", "COMMIT": sha(1),
+              "OUTCOME": "success", "RUNNER_TEMP": str(tmp_path)}  # fmt: skip
+    for name, text in values.items():
+        monkeypatch.setenv(name, text)
+    argv = shlex.split(os.path.expandvars(line))
+    assert history_store.main([argv[0], "--repo", str(clone), *argv[1:]]) == 0
+    assert "night 77 attempt 1 (success): 3 record(s) added" in capsys.readouterr().out
+    assert git(clone, "ls-remote", "--heads", "origin", values["DATA_BRANCH"]).strip()
