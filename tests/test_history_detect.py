@@ -213,3 +213,22 @@ def test_metric_directions_name_real_metrics_and_agree_with_the_export():
         assert column in bigger | smaller
         assert changepoints.higher_is_better(metric) == (column in bigger), metric
     assert changepoints.higher_is_better("tokens_per_step") is None
+
+
+@needs_otava
+@pytest.mark.subprocess  # git, for the page's commit subjects
+def test_the_page_and_the_detection_in_one_call(tmp_path, capsys):
+    """--html beside a named configuration and --detect: the page of every configuration is written and the
+    exit code is still the detection's."""
+    page = tmp_path / "page.html"
+    code = detect(history(tmp_path, step(0.08), seed=10), "--html", str(page), "--git", str(tmp_path))
+    out = capsys.readouterr().out
+    assert code == 1 and "REGRESSION" in out and f"history page: {page}" in out
+    text = page.read_text()
+    assert "Change points, newest first" in text and f"<td>{commit(STEP_AT)[:10]}</td>" in text
+
+
+def test_without_html_the_configuration_is_named(tmp_path, capsys):
+    folder = history(tmp_path, [1.0] * 5, seed=8)
+    assert main(["history", str(folder), "--backend", "torch-ddp"]) == 2
+    assert "--workload, --gpus required: they name the configuration" in capsys.readouterr().err
