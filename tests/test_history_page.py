@@ -235,3 +235,13 @@ def test_without_html_the_configuration_is_still_required(tmp_path, nightly, cap
     _, records, _ = nightly
     assert main(["history", str(records)]) == 2
     assert "--backend, --workload, --gpus required" in capsys.readouterr().err
+
+
+def test_one_run_under_two_file_names_counts_once(tmp_path):
+    records = tmp_path / "records"
+    sha = hashlib.sha1(b"one").hexdigest()
+    r = run(records, sha, 1)
+    write_json_atomic(records / "copy-of-a-run.json", r)  # the same run id, another file
+    text = page(tmp_path, records)
+    assert [row[3] for row in rows(section(text, "N=1"))] == ["1 (0)"]
+    assert "1 record(s), 1 configuration(s)" in text
