@@ -35,6 +35,7 @@ from harness.usage import UsageError
 
 MEMORY_METRICS = ("peak_allocated_bytes", "peak_rss_bytes")  # a device's peak where measured, else the host's
 NOT_IN_HISTORY = "(not in the current history)"
+MAX_WIDTH_IN, MAX_TICKS = 16, 60  # a year of nights stays one screen wide, its labels legible
 
 
 def record_folders(paths: list[Path]) -> tuple[list[Path], list[Path]]:
@@ -125,7 +126,8 @@ def plot(title: str, panels: list[tuple[str, list[dict], list, bool]]) -> Figure
     import matplotlib.pyplot as plt
 
     rows = panels[0][1]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(max(7, 0.45 * len(rows) + 3), 2.8 * len(panels)))
+    width = min(MAX_WIDTH_IN, max(7, 0.45 * len(rows) + 3))
+    fig, axes = plt.subplots(len(panels), 1, figsize=(width, 2.8 * len(panels)))
     axes = np.atleast_1d(axes)
     x = np.arange(len(rows))
     for ax, (metric, rows, points, in_bytes) in zip(axes, panels):
@@ -146,12 +148,13 @@ def plot(title: str, panels: list[tuple[str, list[dict], list, bool]]) -> Figure
         for p in points:
             colour = "tab:red" if p.verdict == "regression" else "tab:green"
             ax.axvline(index[p.commit] - 0.5, color=colour, ls="--", lw=1)
-            ax.annotate(f"{p.commit} {p.change:+.1%} {p.verdict}", (index[p.commit] - 0.5, 0.97),
-                        xycoords=("data", "axes fraction"), fontsize=7, color=colour, rotation=90,
-                        ha="right", va="top")  # fmt: skip
+            ax.annotate(f"{p.commit} {p.change:+.1%}\n{p.verdict}", (index[p.commit] - 0.5, 0.97),
+                        xycoords=("data", "axes fraction"), fontsize=7, color=colour, ha="left", va="top",
+                        bbox={"boxstyle": "round", "fc": "white", "ec": colour, "alpha": 0.85})  # fmt: skip
         ax.set_ylabel(metric + (" (MiB)" if in_bytes else ""), fontsize=8)
         ax.grid(alpha=0.3)
-        ax.set_xticks(x, [r["commit"] for r in rows], rotation=45, ha="right", fontsize=7)
+        every = -(-len(rows) // MAX_TICKS)  # a long history labels every k-th commit
+        ax.set_xticks(x[::every], [r["commit"] for r in rows][::every], rotation=45, ha="right", fontsize=7)
     axes[0].set_title(title, fontsize=9)
     axes[-1].set_xlabel("commit (in the order of its first run)")
     fig.tight_layout()
