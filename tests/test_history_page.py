@@ -63,7 +63,7 @@ def run(folder: Path, sha: str, day: int, j: int = 0, *, scale: float = 1.0, sta
 
 def page(tmp_path: Path, records: Path, repo: Path | None = None, *extra: str) -> str:
     out = tmp_path / "page.html"
-    argv = ["history", str(records), "--html", str(out), *(["--git", str(repo)] if repo else []), *extra]
+    argv = ["history", str(records), "--html", str(out), "--git", str(repo or REPO), *extra]
     assert main(argv) == 0
     return out.read_text()
 
@@ -147,6 +147,7 @@ def test_two_records_of_one_commit_are_one_row_with_their_spread(tmp_path):
     run(records, sha, 1, 1, scale=1.25)
     table = rows(section(page(tmp_path, records), "N=1"))
     assert len(table) == 1 and table[0][3] == "2 (0)"
+    assert table[0][1] == ""  # a repository that holds none of the commits gives no subjects
     tokens = factory.tokens_per_step(1)
     low, high = tokens / 0.125, tokens / 0.1
     assert table[0][4] == f"{np.median([low, high]):,.0f} [{low:,.0f}–{high:,.0f}] ±11.1%"

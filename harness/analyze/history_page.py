@@ -90,7 +90,7 @@ def memory_metric(runs: list[dict]) -> str:
 
 def subjects(repo: Path | None, commits: set[str]) -> dict[str, str]:
     """commit (10 characters, as history names it) -> its subject in `repo`, or NOT_IN_HISTORY where the
-    current history (HEAD's) does not hold it; {} without a repository."""
+    current history (HEAD's) does not hold it; {} without a repository or where it holds none of them."""
     if repo is None:
         return {}
     proc = subprocess.run(
@@ -102,6 +102,8 @@ def subjects(repo: Path | None, commits: set[str]) -> dict[str, str]:
     for line in proc.stdout.splitlines():
         sha, _, subject = line.partition("\0")
         known[sha[:10]] = subject
+    if not any(c.removesuffix("+dirty") in known for c in commits):
+        return {}  # not the records' repository: no subjects, rather than every commit "not in" it
     return {c: known.get(c.removesuffix("+dirty"), NOT_IN_HISTORY) for c in commits}
 
 
