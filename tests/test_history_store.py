@@ -192,3 +192,30 @@ def test_the_nightly_workflow_s_own_append_command_runs(clone, tmp_path, capsys,
     assert history_store.main([argv[0], "--repo", str(clone), *argv[1:]]) == 0
     assert "night 77 attempt 1 (success): 3 record(s) added" in capsys.readouterr().out
     assert git(clone, "ls-remote", "--heads", "origin", values["DATA_BRANCH"]).strip()
+
+
+def test_the_nightly_s_one_writing_job_installs_nothing_and_nights_do_not_interleave():
+    """What the workflow's header promises of the job that holds `contents: write`, held to it: it is the
+    only job that writes, it asks for that scope alone, and it installs and runs nothing but the store
+    (no pip, no benchmark, only the checkout, Python and the artifact among actions); and one night's run
+    waits for another's rather than interleaving."""
+    workflow = yaml.safe_load((REPO / ".github" / "workflows" / "distbench-nightly.yml").read_text())
+    assert workflow["permissions"] == {}
+    assert workflow["concurrency"]["group"] and workflow["concurrency"]["cancel-in-progress"] is False
+    writers = {
+        name: job["permissions"]
+        for name, job in workflow["jobs"].items()
+        if "write" in (job.get("permissions") or {}).values()
+    }
+    assert writers == {"record": {"contents": "write"}}
+    steps = workflow["jobs"]["record"]["steps"]
+    actions = {s["uses"].split("@")[0] for s in steps if "uses" in s}
+    assert actions == {"actions/checkout", "actions/setup-python", "actions/download-artifact"}
+    scripts = "\n".join(s.get("run", "") for s in steps)
+    assert "pip" not in scripts and "harness run" not in scripts and "-m harness " not in scripts
+    assert scripts.count("python -m harness.analyze.history_store append") == 1
+    assert all(
+        s["with"]["persist-credentials"] is False
+        for s in steps
+        if s.get("uses", "").startswith("actions/checkout")
+    )
