@@ -246,3 +246,13 @@ def test_one_run_under_two_file_names_counts_once(tmp_path):
     text = page(tmp_path, records)
     assert [row[3] for row in rows(section(text, "N=1"))] == ["1 (0)"]
     assert "1 record(s), 1 configuration(s)" in text
+
+
+def test_without_otava_the_page_is_written_and_says_why_no_change_points(tmp_path, nightly, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "otava.analysis", None)  # import raises ImportError
+    repo, records, _ = nightly
+    text = page(tmp_path, records, repo)
+    assert "No change point in any configuration. Change points not computed: --detect needs Apache" in text
+    assert "throughput_tokens_per_s: no change points (--detect needs Apache Otava" in text

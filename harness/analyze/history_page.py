@@ -295,8 +295,15 @@ def page_sections(args, with_figures: bool = True) -> list[Section]:
         f"a commit {NOT_IN_HISTORY} was measured on a branch since rewritten."
     )
     head = [intro, Section("Change points, newest first", 2, [change_table(found, names)])]
-    if not found:
-        head[1].blocks.insert(0, "No change point in any configuration.")
+    try:
+        changepoints.otava_analysis()
+        tested = f"(Apache Otava E-divisive, max p {changepoints.DEFAULT_MAX_PVALUE:g}, min magnitude "
+        tested += f"{changepoints.DEFAULT_MIN_MAGNITUDE:.0%}, over every commit of each series)"
+    except UsageError as exc:
+        tested = f"not computed: {exc}"
+    head[1].blocks.insert(
+        0, ("" if found else "No change point in any configuration. ") + f"Change points {tested}."
+    )
     if nights:
         head.append(Section("Nights, newest first", 2, [nights_table(nights)]))
     return head + sections
