@@ -215,7 +215,7 @@ def configuration_section(key, runs: list[dict], names: dict, with_figures: bool
                 "first run",
                 "runs (failed)",
                 "throughput tok/s median [min–max] ±half-range",
-                f"{memory} median [min–max]",
+                f"{memory} median [min–max] ±half-range",
                 "run ids",
             ],
             [
@@ -230,7 +230,7 @@ def configuration_section(key, runs: list[dict], names: dict, with_figures: bool
                 ]
                 for r, m in zip(reversed(throughput), reversed(peak))
             ],
-        )  # fmt: skip
+        )
     )
     return sec, found
 
