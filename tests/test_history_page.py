@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import record_factory as factory
+from browser import CHROMIUM, headless
 from conftest import REPO
 
 from core.records import write_json_atomic
@@ -28,7 +29,6 @@ SCRIPT = "<script>document.body.setAttribute('data-pwned','yes')</script>"
 needs_otava = pytest.mark.skipif(
     importlib.util.find_spec("otava") is None, reason=f"Apache Otava is not installed: {changepoints.INSTALL}"
 )
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 def git(repo: Path, *args: str) -> str:
@@ -117,8 +117,7 @@ def test_the_page_is_self_contained_and_a_script_from_git_or_a_record_is_text(tm
 def test_the_page_renders_in_a_browser_with_the_script_inert(tmp_path, nightly):
     repo, records, _ = nightly
     page(tmp_path, records, repo)
-    browser = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-               f"--user-data-dir={tmp_path / 'profile'}"]  # fmt: skip
+    browser = headless(tmp_path / "profile")
     url = (tmp_path / "page.html").as_uri()
     dom = subprocess.run([*browser, "--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
     assert "<h1>distbench history</h1>" in dom and "<img" in dom

@@ -5,13 +5,13 @@ import io
 import itertools
 import json
 import re
-import shutil
 import subprocess
 import sys
 from html.parser import HTMLParser
 
 import pandas as pd
 import pytest
+from browser import CHROMIUM, headless
 from PIL import Image
 from record_factory import BACKENDS, make_record
 
@@ -475,9 +475,6 @@ def test_html_embeds_the_anatomy_plot_and_escapes_text(tmp_path):
     assert any(cell == "unresolved −50.0 ms" for row in page.rows for cell in row)
 
 
-CHROMIUM = next((shutil.which(b) for b in ("chromium", "chromium-browser") if shutil.which(b)), None)
-
-
 @pytest.mark.subprocess
 @pytest.mark.skipif(CHROMIUM is None, reason="no headless chromium here: the structure checks above stand")
 def test_a_browser_renders_the_anatomy_plot(tmp_path):
@@ -489,8 +486,7 @@ def test_a_browser_renders_the_anatomy_plot(tmp_path):
         == 0
     )
     subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}",
-         "--window-size=1280,6000", out.as_uri()],
+        [*headless(tmp_path / "profile"), f"--screenshot={shot}", "--window-size=1280,6000", out.as_uri()],
         check=True, capture_output=True, timeout=120,
     )  # fmt: skip
     counts = {color: n for n, color in Image.open(shot).convert("RGB").getcolors(1 << 24)}

@@ -98,7 +98,8 @@ def test_no_code_outside_backends_names_a_backend():
 # What a file written for one particular borrowed GPU machine, and the way files reach it, says; the product
 # (code, docs, tests, scripts, experiments) speaks of the user's GPU node and of the development VM instead.
 FOREIGN_MACHINE = re.compile(
-    r"device[ -]tool|\blent (?:gpu|machine|h200|node)|\bborrowed (?:gpu|machine)|\bworkplace\b|\bsandbox"
+    r"device[ -]tool|\blent (?:gpu|machine|h200|node)|\bborrowed (?:gpu|machine)|\bworkplace\b"
+    r"|(?<!no-)\bsandbox"  # not Chromium's --no-sandbox (tests/browser.py)
     r"|(?-i:\$OUT\b)|\bcarry=\[|device-wheels|/wo"
     r"rk/\.device",
     re.IGNORECASE,
