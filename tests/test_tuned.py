@@ -197,3 +197,71 @@ def test_the_first_step_is_the_slowest_ranks_first_warm_up_step():
     rec["ranks"][1]["warmup_step_times"] = [6.0, 0.1]
     s = summarize(rec)
     assert s["first_step_s"] == 6.0 and s["step_time_s"]["median"] == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("workload", ["tiny", "1b"])
+def test_deepspeed_s_tuned_zero3_follows_the_model_s_size_and_its_default_stays_deepspeed_s(workload):
+    """ZeRO-3's tuned buckets and persistence are Hugging Face's "auto" values from the hidden size d
+    (reduce d^2, prefetch 0.9 d^2, persistence 10 d); the live-parameter and reuse caps are raised only
+    where the model outgrows DeepSpeed's 1e9 (1b: 1.32B parameters), to what binds nowhere. The default
+    variant keeps DeepSpeed's own values, written into the config so that the record names them."""
+    from backends.deepspeed_zero import ds_config
+
+    base = ["--backend", "deepspeed", "--gpus", "2", "--device", "cpu", "--workload", workload]
+    default, tuned = cfg_for(base), cfg_for([*base, "--tuned"])
+    d, n = PRESETS[workload].d_model, PRESETS[workload].n_params
+    assert ds_config(default)["zero_optimization"] == {
+        "stage": 3,
+        "stage3_param_persistence_threshold": 100_000,
+        "stage3_max_live_parameters": 1_000_000_000,
+        "stage3_max_reuse_distance": 1_000_000_000,
+        "stage3_prefetch_bucket_size": 50_000_000,
+        "reduce_bucket_size": 500_000_000,
+    }
+    zero = ds_config(tuned)["zero_optimization"]
+    assert zero["reduce_bucket_size"] == d * d and zero["stage3_prefetch_bucket_size"] == int(0.9 * d * d)
+    assert zero["stage3_param_persistence_threshold"] == 10 * d
+    big = n > 1_000_000_000
+    assert zero["stage3_max_live_parameters"] == (n if big else 1_000_000_000)
+    assert zero["stage3_max_reuse_distance"] == (2 * n if big else 1_000_000_000)
+    sources = get_backend("deepspeed").tuned(tuned)
+    assert f"{d}^2" in sources["reduce_bucket"].source and "transformers" in sources["reduce_bucket"].source
+    assert ("max_live_parameters" in sources) == big and ("max_reuse_distance" in sources) == big
+    # the schedule prices the settings as run: at 1b the default gathers 14 blocks again for backward
+    regathers = {
+        cfg.variant: next(t for t in get_backend("deepspeed").schedule(cfg).terms if "re-gathered" in t.what)
+        for cfg in (default, tuned)
+    }
+    assert (len(regathers["default"].calls) > 0) == big and regathers["tuned"].calls == ()
+    # below stage 3 nothing of ZeRO-3's is tuned
+    assert not {"reduce_bucket", "prefetch_bucket", "persistence_threshold"} & set(
+        get_backend("deepspeed").tuned(cfg_for([*base, "--zero-stage", "2"]))
+    )
+
+
+def test_deepspeed_s_tuned_bf16_gathers_bf16_and_reduces_fp32_within_the_definition():
+    """In bf16 the tuned set runs DeepSpeed's bf16 module with communication_data_type fp32: ZeRO-3 gathers
+    half the default's bytes (bf16 parameters, as FSDP2's param_dtype) and still reduce-scatters fp32
+    gradients, so the run meets the suite's definition; the default (torch_autocast over fp32 parameters)
+    gathers fp32, and the native module without the fp32 reduction is a named deviation."""
+    from backends.deepspeed_zero import ds_config
+
+    base = ["--backend", "deepspeed", "--gpus", "2", "--device", "cuda", "--precision", "bf16"]
+    adapter = get_backend("deepspeed")
+    default, tuned = cfg_for(base), cfg_for([*base, "--tuned"])
+    config = ds_config(tuned)
+    assert config["bf16"] == {"enabled": True} and config["communication_data_type"] == "fp32"
+    assert "torch_autocast" not in config and adapter.numerics(tuned).deviations(tuned) == []
+    assert adapter.numerics(tuned).forward_params == "bf16"
+    assert adapter.stack_label(tuned) == "deepspeed-zero3-native-fp32reduce"
+
+    def bytes_per_element(cfg):
+        return {(t.op, t.dtype_bytes) for t in adapter.schedule(cfg).terms if t.calls and t.elements > 64}
+
+    assert bytes_per_element(default) == {("all_gather", 4), ("reduce_scatter", 4)}
+    assert bytes_per_element(tuned) == {("all_gather", 2), ("reduce_scatter", 4)}
+    native = cfg_for([*base, "--ds-mixed-precision", "native"])
+    assert adapter.numerics(native).deviations(native)  # reduced in bf16: named
+    assert "communication_data_type" not in ds_config(native) and "fp32_reduce" not in adapter.tuned(
+        cfg_for(base[:-2])
+    )  # fp32 runs: no precision setting in the set

@@ -37,7 +37,16 @@ from backends.base import (
     switch,
     worker_python,
 )
-from backends.deepspeed_zero.comm import PREFETCH_BUCKET_ELEMENTS, partitioned, stage3_settings
+from backends.deepspeed_zero.comm import (
+    MAX_LIVE_PARAMETERS,
+    MAX_REUSE_DISTANCE,
+    PERSISTENCE_THRESHOLD,
+    PREFETCH_BUCKET_ELEMENTS,
+    REDUCE_BUCKET_ELEMENTS,
+    Stage3,
+    hidden_size_rule,
+    partitioned,
+)
 from backends.deepspeed_zero.schedule import zero_schedule
 from core.config import InvalidConfig
 from core.precision import LOW_PRECISIONS, autocast_numerics, low_precision_module_numerics
@@ -147,17 +156,61 @@ class DeepSpeedOptions(Options):
         help="ZeRO's overlap_comm: reduce gradients on a side stream while backward goes on (DeepSpeed's "
         "default: on at stage 3, off below)",
     )
+    fp32_reduce: bool | None = switch(
+        None,
+        "--ds-fp32-reduce",
+        help="with --ds-mixed-precision native: reduce gradients in fp32 (on: communication_data_type fp32, "
+        "parameters still gathered in the module's bf16/fp16, as FSDP2's reduce_dtype=fp32) or in the "
+        "module's dtype (DeepSpeed's default); under torch_autocast gradients are reduced in fp32 anyway",
+    )
     prefetch_bucket: int | None = option(
         None,
         "--prefetch-bucket",
         type=element_count,
         help="ZeRO-3's stage3_prefetch_bucket_size: parameter elements each prefetch gathers ahead in one "
-        "all-gather (default: DeepSpeed's, 5e7); sets how many gathers a step issues",
+        f"all-gather (default: DeepSpeed's, {PREFETCH_BUCKET_ELEMENTS:.0e}); sets how many gathers a step "
+        "issues",
+    )
+    persistence_threshold: int | None = option(
+        None,
+        "--persistence-threshold",
+        type=element_count,
+        help="ZeRO-3's stage3_param_persistence_threshold: tensors of at most this many elements stay whole "
+        f"on every rank, never gathered (default: DeepSpeed's, {PERSISTENCE_THRESHOLD:.0e})",
+    )
+    max_live_parameters: int | None = option(
+        None,
+        "--max-live-parameters",
+        type=element_count,
+        help="ZeRO-3's stage3_max_live_parameters: gathered parameter elements above which nothing more is "
+        f"prefetched (default: DeepSpeed's, {MAX_LIVE_PARAMETERS:.0e})",
+    )
+    max_reuse_distance: int | None = option(
+        None,
+        "--max-reuse-distance",
+        type=element_count,
+        help="ZeRO-3's stage3_max_reuse_distance: parameters used again within this many fetched elements "
+        f"stay gathered, the others are gathered again for backward (default: DeepSpeed's, "
+        f"{MAX_REUSE_DISTANCE:.0e})",
+    )
+    reduce_bucket: int | None = option(
+        None,
+        "--reduce-bucket",
+        type=element_count,
+        help="ZeRO-3's reduce_bucket_size: gradient elements reduce-scattered together (default: "
+        f"DeepSpeed's, {REDUCE_BUCKET_ELEMENTS:.0e})",
     )
 
-    def prefetch_elements(self) -> int:
-        """The bucket ZeRO-3 runs with: the one given, else DeepSpeed's default."""
-        return PREFETCH_BUCKET_ELEMENTS if self.prefetch_bucket is None else self.prefetch_bucket
+    def stage3(self) -> Stage3:
+        """The ZeRO-3 settings the engine runs with: those given, else DeepSpeed's defaults."""
+        given = {
+            "persistence_threshold": self.persistence_threshold,
+            "max_live_parameters": self.max_live_parameters,
+            "max_reuse_distance": self.max_reuse_distance,
+            "prefetch_bucket": self.prefetch_bucket,
+            "reduce_bucket": self.reduce_bucket,
+        }
+        return Stage3(**{name: value for name, value in given.items() if value is not None})
 
     def optimizer_kernel(self) -> str:
         """DeepSpeed's FusedAdam is one kernel; torch's AdamW (--ds-optimizer torch) runs its default,
@@ -169,6 +222,11 @@ def native_low_precision(cfg) -> bool:
     """Whether this run uses DeepSpeed's own bf16/fp16 section (a low-precision module)."""
     native = DeepSpeedOptions.from_dict(cfg.backend_options).mixed_precision == "native"
     return native and cfg.model.precision in LOW_PRECISIONS
+
+
+def fp32_reduced_module(cfg) -> bool:
+    """Whether a native bf16/fp16 module has its gradients reduced in fp32 (--ds-fp32-reduce on)."""
+    return native_low_precision(cfg) and bool(DeepSpeedOptions.from_dict(cfg.backend_options).fp32_reduce)
 
 
 def module_precision(cfg) -> str:
@@ -188,13 +246,13 @@ def ds_config(cfg) -> dict:
     parameter gathered) in its fp32 dtype; DeepSpeed's own default list (Linear) would reduce the Linear
     layers' gradients in bf16, against the suite's definition (core.precision). fp16 then scales the loss
     with torch's GradScaler. --ds-mixed-precision native: the bf16/fp16 section instead, a low-precision
-    module and gradients plus fp32 master weights, fp16 with DeepSpeed's dynamic loss scaling. The
-    engine's throughput timer is off (see below)."""
+    module and gradients plus fp32 master weights, fp16 with DeepSpeed's dynamic loss scaling, and with
+    --ds-fp32-reduce on "communication_data_type": "fp32" (gradients reduced in fp32, parameters still
+    gathered in the module's dtype: the tuned bf16, bf16_tuning). At ZeRO-3 every setting of comm.Stage3 is
+    written, DeepSpeed's default or the one given, so the record names what ran. The engine's throughput
+    timer is off (see below)."""
     opts = DeepSpeedOptions.from_dict(cfg.backend_options)
-    zero = {
-        "stage": opts.zero_stage,
-        **(stage3_settings(opts.prefetch_elements()) if opts.zero_stage == 3 else {}),
-    }
+    zero = {"stage": opts.zero_stage, **(opts.stage3().config() if opts.zero_stage == 3 else {})}
     config = {
         "train_micro_batch_size_per_gpu": cfg.batch.micro_batch,
         "gradient_accumulation_steps": cfg.batch.grad_accum,
@@ -208,6 +266,8 @@ def ds_config(cfg) -> dict:
     }
     if native_low_precision(cfg):
         config[cfg.model.precision] = {"enabled": True}
+        if opts.fp32_reduce:
+            config["communication_data_type"] = "fp32"
     elif cfg.model.precision in LOW_PRECISIONS:
         config["torch_autocast"] = {
             "enabled": True,
@@ -222,6 +282,90 @@ def ds_config(cfg) -> dict:
             False  # keep torch's AdamW: the same optimizer as every backend
         )
     return config
+
+
+HF_AUTO = (
+    "huggingface/transformers src/transformers/integrations/deepspeed.py (HfTrainerDeepSpeedConfig."
+    'trainer_config_finalize: ZeRO-3\'s "auto" values) and docs/source/en/deepspeed.md'
+)
+
+
+def stage3_tuning(cfg) -> dict[str, Tuned]:
+    """ZeRO-3's settings that follow the model's size. From the hidden size d, Hugging Face's "auto"
+    values (comm.hidden_size_rule): reduce_bucket_size d^2, stage3_prefetch_bucket_size 0.9 d^2,
+    stage3_param_persistence_threshold 10 d. Against DeepSpeed's defaults at the `1b` shape (d 2048): a
+    4.2M-element reduce bucket instead of 5e8 (the gradients reduce-scattered as backward produces them,
+    not in two or three buckets), a 3.8M-element prefetch instead of 5e7 (one block's matrix or two ahead),
+    and a threshold of 20,480 instead of 1e5 (the LayerNorm tensors and biases persist, every matrix is
+    partitioned either way). Where the model has more parameters than DeepSpeed's default
+    stage3_max_live_parameters (1e9) or than half its stage3_max_reuse_distance (1e9), each is raised to
+    what makes it bind nowhere: DeepSpeed's docs give both as a memory-for-communication trade ("smaller
+    values use less memory, but perform more communication"), and Hugging Face's as the limits to lower
+    when memory runs out. max_live_parameters, the model's parameter count: the coordinator prefetches
+    min(max_live - gathered, bucket), so below the model's size it stops prefetching once the kept blocks
+    fill it and the last blocks are fetched on demand. max_reuse_distance, twice the count: between a
+    block's forward and its backward the engine fetches every later block twice, so at 1e9 the `1b`
+    shape's first 14 blocks are gathered again for backward (comm.regathered_blocks; 704M elements a
+    micro-batch). The price is memory: every partitioned parameter stays gathered from its forward to its
+    backward, the module's dtype times the parameter count (2.6 GB in bf16 at `1b`)."""
+    d, n = cfg.model.spec.d_model, cfg.model.spec.n_params
+    rule = hidden_size_rule(d)
+    tuned = {
+        "reduce_bucket": Tuned(
+            rule["reduce_bucket"], f"{HF_AUTO}: reduce_bucket_size = hidden_size^2 = {d}^2"
+        ),
+        "prefetch_bucket": Tuned(
+            rule["prefetch_bucket"],
+            f"{HF_AUTO}: stage3_prefetch_bucket_size = 0.9 * hidden_size^2 = 0.9 * {d}^2",
+        ),
+        "persistence_threshold": Tuned(
+            rule["persistence_threshold"],
+            f"{HF_AUTO}: stage3_param_persistence_threshold = 10 * hidden_size = 10 * {d}",
+        ),
+    }
+    trade = (
+        f"{DS_DOCS} (a memory-for-communication trade: smaller values use less memory, more communication)"
+    )
+    if n > MAX_LIVE_PARAMETERS:
+        tuned["max_live_parameters"] = Tuned(
+            n, f"{trade}; the model's {n:,} parameters, so that no prefetch waits on the cap"
+        )
+    if 2 * n > MAX_REUSE_DISTANCE:
+        tuned["max_reuse_distance"] = Tuned(
+            2 * n,
+            f"{trade}; twice the model's {n:,} parameters (the later blocks are fetched twice between a "
+            "block's forward and its backward), so that no block is gathered again for backward",
+        )
+    return tuned
+
+
+def bf16_tuning() -> dict[str, Tuned]:
+    """bf16 as FSDP2 runs it (MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)): DeepSpeed's bf16
+    section, a bf16 module whose fp32 master weights and AdamW state live in the ZeRO optimizer, with
+    "communication_data_type": "fp32". ZeRO-3 then gathers each parameter in its partition's dtype, bf16
+    (partition_parameters.py get_allgather_dtype: the ds_tensor's dtype when torch_autocast is off), half
+    the bytes of the default's fp32 gathers, and casts every gradient to fp32 before the reduce-scatter
+    (stage3.py __avg_scatter_grads), so the gradients are summed in fp32 as the suite's definition asks
+    (core.precision). torch_autocast cannot do it: one per-parameter attribute (comm_dtype, set for the
+    classes in lower_precision_safe_modules) gives both the gather dtype and the reduce dtype
+    (torch_autocast.py init_autocast_params; stage3.py get_param_comm_dtype), so gathering a Linear's
+    weight in bf16 also reduces its gradient in bf16. numerics: the module's LayerNorm and residual stream
+    run in bf16 (as FSDP2's), where the default's autocast keeps them fp32; and the fp32 master weights
+    start from the bf16 module, the initial weights rounded to bf16 once (stage3.py
+    _create_fp32_partitions converts the 16-bit partition), where FSDP2 keeps the fp32 ones. On
+    tests/test_equivalence.py's RECORD_SHAPE (2 ranks, 10 steps, an AMD EPYC with AVX-512 BF16) the losses
+    are 7.8e-4 off torch-ddp's in bf16, FSDP2's 9.8e-5 (reducing in bf16 instead: 6.7e-4, that file's
+    figure; accumulating the reduced gradients in fp32 too, data_types.grad_accum_dtype, changes nothing:
+    7.8e-4), within the bf16 bound every stack whose forward runs in bf16 is held to (BF16_LOSS_ATOL,
+    1e-3)."""
+    source = (
+        "deepspeed.ai/docs/config-json (bf16: enabled; communication_data_type: fp32); deepspeed/runtime/"
+        "engine.py communication_data_type(); zero/stage3.py __avg_scatter_grads (gradients cast to it)"
+    )
+    return {
+        "mixed_precision": Tuned("native", source, numerics=True),
+        "fp32_reduce": Tuned(True, source, numerics=True),
+    }
 
 
 DS_INIT_DISTRIBUTED = "deepspeed.init_distributed(timeout)"
@@ -253,13 +397,11 @@ class DeepSpeed(Backend[DeepSpeedOptions]):
     def tuned(self, cfg):
         """DeepSpeed's own AdamW (FusedAdam on a GPU, the one its engine builds from an "optimizer"
         section; DeepSpeedCPUAdam on a CPU, its ZeRO-Offload kernel) and overlap_comm on at every ZeRO
-        stage, as the ZeRO-2 and ZeRO-3 examples of DeepSpeed's and Hugging Face's docs set it. Bucket
-        sizes, prefetch and persistence stay at DeepSpeed's defaults, the values its config docs give
-        (reduce/allgather 5e8 elements, stage3_prefetch_bucket_size 5e7, persistence threshold 1e5);
-        Hugging Face's "auto" derives them from the hidden size instead (d_model^2), a trainer's choice
-        rather than DeepSpeed's."""
+        stage, as the ZeRO-2 and ZeRO-3 examples of DeepSpeed's and Hugging Face's docs set it. At ZeRO-3,
+        the settings that follow the model's size (stage3_tuning), and in bf16 the module in bf16 with
+        gradients reduced in fp32 (bf16_tuning)."""
         optimizer = "FusedAdam" if cfg.topology.device == "cuda" else "DeepSpeedCPUAdam"
-        return {
+        tuned = {
             "optimizer": Tuned(
                 "deepspeed",
                 f"deepspeed/runtime/engine.py _configure_basic_optimizer ({optimizer}); deepspeed.ai/"
@@ -272,12 +414,18 @@ class DeepSpeed(Backend[DeepSpeedOptions]):
                 "examples: overlap_comm true)",
             ),
         }
+        if self.stage(cfg) == 3:
+            tuned.update(stage3_tuning(cfg))
+        if cfg.model.precision == "bf16":
+            tuned.update(bf16_tuning())
+        return tuned
 
     def stack_label(self, cfg):
         return (
             f"deepspeed-zero{self.stage(cfg)}"
             + ("-offload" if self.options(cfg).offload_optimizer else "")
             + ("-native" if native_low_precision(cfg) else "")
+            + ("-fp32reduce" if fp32_reduced_module(cfg) else "")
         )
 
     def precision_scheme(self, cfg):
@@ -292,10 +440,20 @@ class DeepSpeed(Backend[DeepSpeedOptions]):
     def numerics(self, cfg):
         """Autocast's numerics (ds_config's torch_autocast section); native: the module itself in
         bf16/fp16, every op and the residual stream included, gradients reduced in it (the engine's
-        communication_data_type follows the module's dtype), fp32 master weights in the ZeRO optimizer."""
+        communication_data_type follows the module's dtype) unless --ds-fp32-reduce sets it to fp32, fp32
+        master weights in the ZeRO optimizer."""
         if not native_low_precision(cfg):
             return autocast_numerics(cfg, "DeepSpeed torch_autocast section over fp32 parameters")
         low = cfg.model.precision
+        if fp32_reduced_module(cfg):
+            return autocast_numerics(
+                cfg,
+                f"DeepSpeed {low} section: {low} module, gradients reduced in fp32 "
+                "(communication_data_type), fp32 master weights in the optimizer (initialised from the "
+                f"{low} module)",
+                forward_params=low,
+                activations=low,
+            )
         return low_precision_module_numerics(
             cfg,
             f"DeepSpeed {low} section: {low} module, fp32 master weights in the optimizer",
@@ -315,24 +473,48 @@ class DeepSpeed(Backend[DeepSpeedOptions]):
         if self.stage(cfg) != 3 or world == 1:
             return state
         numels = parameter_numels(cfg)
-        persistent = sum(numels.values()) - sum(partitioned(numels).values())
+        threshold = self.options(cfg).stage3().persistence_threshold
+        persistent = sum(numels.values()) - sum(partitioned(numels, threshold).values())
         element = 2 if native_low_precision(cfg) else 4  # the module's dtype: bf16/fp16 native, else fp32
         params = state["params"] + persistent * element
         return {**state, "params": params, "total": state["total"] - state["params"] + params}
 
     def validate(self, cfg):
-        bucket = self.options(cfg).prefetch_bucket
-        if bucket is None:
-            return
-        if bucket < 1:
+        opts = self.options(cfg)
+        gathers = "gathers no parameters"
+        given = {  # flag: (value, DeepSpeed's key, why it cannot apply below stage 3)
+            "--prefetch-bucket": (opts.prefetch_bucket, "stage3_prefetch_bucket_size", "prefetches nothing"),
+            "--persistence-threshold": (
+                opts.persistence_threshold,
+                "stage3_param_persistence_threshold",
+                "partitions no parameters",
+            ),
+            "--max-live-parameters": (opts.max_live_parameters, "stage3_max_live_parameters", gathers),
+            "--max-reuse-distance": (opts.max_reuse_distance, "stage3_max_reuse_distance", gathers),
+            "--reduce-bucket": (
+                opts.reduce_bucket,
+                "reduce_bucket_size",
+                "runs with DeepSpeed's default buckets here (its schedule prices those)",
+            ),
+        }
+        for flag, (value, key, why) in given.items():
+            if value is None:
+                continue
+            if value < 1:
+                raise InvalidConfig(
+                    f"{flag} {value}: ZeRO-3's {key} is a count of parameter elements, at least 1 "
+                    f"(DeepSpeed's default: {Stage3().config()[key]})"
+                )
+            if self.stage(cfg) != 3:
+                raise InvalidConfig(
+                    f"{flag} is ZeRO-3's ({key}); --zero-stage {self.stage(cfg)} {why}: use --zero-stage 3 "
+                    "or leave it out"
+                )
+        if opts.fp32_reduce is False and not native_low_precision(cfg):
             raise InvalidConfig(
-                f"--prefetch-bucket {bucket}: ZeRO-3's prefetch bucket is a count of parameter elements, at "
-                f"least 1 (DeepSpeed's default: {PREFETCH_BUCKET_ELEMENTS})"
-            )
-        if self.stage(cfg) != 3:
-            raise InvalidConfig(
-                f"--prefetch-bucket is ZeRO-3's (stage3_prefetch_bucket_size); --zero-stage "
-                f"{self.stage(cfg)} prefetches nothing: use --zero-stage 3 or leave it out"
+                "--ds-fp32-reduce off reduces a native bf16/fp16 module's gradients in its own dtype: it "
+                "needs --ds-mixed-precision native and --precision bf16/fp16 (under torch_autocast the "
+                "gradients are fp32 and reduced in fp32)"
             )
 
     def features(self):
@@ -343,14 +525,15 @@ class DeepSpeed(Backend[DeepSpeedOptions]):
         }
 
     def schedule(self, cfg):
-        """Gradients are reduced, and ZeRO-3 parameters gathered, in the engine's communication dtype:
-        the model's dtype (fp32 under autocast, bf16/fp16 for a native low-precision module); the calls
-        per stage: schedule.py."""
-        element = ELEMENT_BYTES[cfg.model.precision] if native_low_precision(cfg) else 4
+        """Parameters are gathered in the module's dtype (fp32 under autocast, bf16/fp16 for a native
+        low-precision module), gradients reduced in the engine's communication dtype (the module's, or fp32
+        with --ds-fp32-reduce); the calls per stage: schedule.py, with ZeRO-3's settings as run."""
+        gather = ELEMENT_BYTES[module_precision(cfg)]
+        reduce = 4 if fp32_reduced_module(cfg) else gather
         opts = self.options(cfg)
         overlap = True if opts.overlap_comm is None else opts.overlap_comm
         return zero_schedule(
-            cfg, self.stage(cfg), element, module_precision(cfg), overlap, opts.prefetch_elements()
+            cfg, self.stage(cfg), reduce, module_precision(cfg), overlap, opts.stage3(), gather
         )
 
     def settings(self, cfg):

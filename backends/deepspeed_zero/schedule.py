@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from backends.base import parameter_numels
 from backends.deepspeed_zero.comm import (
-    MAX_REUSE_DISTANCE,
-    PERSISTENCE_THRESHOLD,
-    PREFETCH_BUCKET_ELEMENTS,
+    DEFAULTS,
+    REDUCE_BUCKET_ELEMENTS,
+    Stage3,
     partitioned,
     regathered_blocks,
     step_scalars,
@@ -16,7 +16,7 @@ from backends.schedule import Call, Schedule, Steps, Term, unit_of
 from core.config import RunConfig
 from workloads.spec import OPTIMIZER
 
-BUCKET_ELEMENTS = 500_000_000  # DeepSpeed's reduce_bucket_size (and allgather_bucket_size) default
+BUCKET_ELEMENTS = REDUCE_BUCKET_ELEMENTS  # stages 1 and 2 run with DeepSpeed's default reduce_bucket_size
 
 
 def chunks(elements: int) -> list[int]:
@@ -37,25 +37,39 @@ def scalar_terms(steps: Steps, stage: int, module_precision: str) -> list[Term]:
     ]
 
 
-def filled_buckets(cfg: RunConfig, steps: Steps, micro: int) -> list[tuple[int, int]]:
-    """(segment, elements) of each reduce_bucket_size bucket of one micro-batch's backward, closed at the
-    segment whose gradients fill it (gradients arrive head first, embedding last); the rest of the
-    gradients close the last bucket at the end of backward. One bucket at the end while the model has
-    fewer than reduce_bucket_size parameters."""
-    numels = parameter_numels(cfg)
-    per_unit: dict[str, int] = {}
-    for name, n in numels.items():
-        per_unit[unit_of(name)] = per_unit.get(unit_of(name), 0) + n
-    order = ["head", *(f"block.{i}" for i in reversed(range(cfg.model.spec.n_layers))), "embed"]
-    out, filled, closed = [], 0, 0
-    for unit in order:
-        filled += per_unit.get(unit, 0)
-        full = filled // BUCKET_ELEMENTS - closed
-        out += [(steps.at("backward", unit, micro), BUCKET_ELEMENTS)] * full
-        closed += full
-    rest = filled - closed * BUCKET_ELEMENTS
-    if rest:
-        out.append((steps.last_backward(micro), rest))
+def gradient_order(cfg: RunConfig) -> list[str]:
+    """The parameters in the order backward hands ZeRO-3 their gradients (its hooks fire as each one's
+    gradient is accumulated): the modules in reverse, each module's own in its order (a Linear's weight
+    before its bias, where plain torch hands the bias first: ZeRO-3's memory_efficient_linear, on by
+    default, replaces F.linear with its own autograd function, zero/linear.py
+    LinearFunctionForZeroStage3), the tied token embedding last (its gradient is complete only after the
+    embedding's backward). The comm trace of a tuned run on tests/test_equivalence.py's
+    RECORD_SHAPE, whose reduce bucket (d^2) holds a matrix or a few small tensors, shows this order."""
+    modules: dict[str, list[str]] = {}
+    for name in cfg.model.spec.parameter_shapes():
+        modules.setdefault(name.rsplit(".", 1)[0] if "." in name else name, []).append(name)
+    return [name for names in reversed(modules.values()) for name in names]
+
+
+def reduce_buckets(cfg: RunConfig, steps: Steps, micro: int, bucket: int) -> list[tuple[int, int]]:
+    """(segment, elements) of each reduce-scatter of one micro-batch's backward at ZeRO-3: gradients join
+    the bucket in gradient_order, and one that would take it past `bucket` (reduce_bucket_size) elements
+    first sends what it holds (stage3.py reduce_independent_p_g_buckets_and_remove_grads), so a gradient
+    over the bucket goes alone; the rest goes at the end of backward. One reduce-scatter per bucket, of
+    its tensors each padded to a multiple of the ranks (coalesced_collectives.reduce_scatter_coalesced),
+    issued in the segment whose gradient sends it. One bucket at the end while the model has fewer than
+    `bucket` parameters."""
+    numels, world = parameter_numels(cfg), cfg.topology.world_size
+    out, held, padded = [], 0, 0
+    for name in gradient_order(cfg):
+        n = numels[name]
+        if held and held + n > bucket:
+            out.append((steps.at("backward", unit_of(name), micro), padded))
+            held = padded = 0
+        held += n
+        padded += -(-n // world) * world  # reduce_scatter_coalesced pads each tensor to a multiple of N
+    if held:
+        out.append((steps.last_backward(micro), padded))
     return out
 
 
@@ -65,16 +79,19 @@ def zero_schedule(
     element_bytes: int,
     module_precision: str,
     overlap_comm: bool = True,
-    prefetch_bucket: int = PREFETCH_BUCKET_ELEMENTS,
+    settings: Stage3 = DEFAULTS,
+    gather_bytes: int | None = None,
 ) -> Schedule:
-    """Gradients and parameters travel in `element_bytes` elements (the engine's communication dtype);
-    `module_precision` decides the optimizer's scalars. Stages 0-2 run with overlap_comm off (DeepSpeed's
+    """Gradients travel in `element_bytes` elements (the engine's communication dtype), parameters in
+    `gather_bytes` (the module's dtype; default: `element_bytes`); `module_precision` decides the
+    optimizer's scalars; `settings`: ZeRO-3's. Stages 0-2 run with overlap_comm off (DeepSpeed's
     default below stage 3), so a bucket's reduction holds up the compute that follows it: stage 0 and 1
     reduce at the accumulation boundary, stage 2 after every micro-batch's backward; stages 1 and 2
     all-gather the updated parameters after the step (all_gather_dp_groups: one all_gather_into_tensor per
     parameter group, allgather_bucket_size unused)."""
+    gather_bytes = element_bytes if gather_bytes is None else gather_bytes
     if stage == 3:
-        return zero3(cfg, element_bytes, module_precision, overlap_comm, prefetch_bucket)
+        return zero3(cfg, element_bytes, module_precision, overlap_comm, settings, gather_bytes)
     steps = Steps(cfg)
     n = cfg.model.spec.n_params
     micros = range(cfg.batch.grad_accum) if stage == 2 else [steps.last]
@@ -92,7 +109,7 @@ def zero_schedule(
     numels = parameter_numels(cfg)
     decay = sum(numels[name] for name, shape in shapes.items() if OPTIMIZER.decays(shape))
     groups = [Call(size, steps.optimizer, None) for size in (decay, n - decay)]  # one per parameter group
-    terms.append(Term("all_gather", "updated parameters", element_bytes, 1, groups))
+    terms.append(Term("all_gather", "updated parameters", gather_bytes, 1, groups))
     return Schedule(
         tuple(terms),
         f"ZeRO-{stage}: reductions hold up compute (overlap_comm off)",
@@ -130,7 +147,8 @@ def zero3(
     element_bytes: int,
     module_precision: str,
     overlap_comm: bool = True,
-    prefetch_bucket: int = PREFETCH_BUCKET_ELEMENTS,
+    settings: Stage3 = DEFAULTS,
+    gather_bytes: int | None = None,
 ) -> Schedule:
     """Stage 3 with overlap_comm on (its default) gathers the partitioned parameters of every micro-batch's
     forward as the coordinator fetches them (`fetches`: the embedding's on demand, then prefetch buckets,
@@ -138,17 +156,19 @@ def zero3(
     parameter (the head's weight is the tied embedding, already gathered); gathers again, before their
     backward, the blocks whose reuse is beyond stage3_max_reuse_distance, in prefetch buckets of their own
     (the others stay gathered: `kept_blocks`); reduce-scatters gradients in reduce_bucket_size buckets on a
-    side stream as backward fills them (filled_buckets), the next micro-batch or the optimizer waiting for
+    side stream as backward fills them (reduce_buckets), the next micro-batch or the optimizer waiting for
     them; and after the step gathers every persistent parameter (`_post_step`'s
     all_gather(persistent_parameters), whose _allgather_params_coalesced launches one
     all_gather_into_tensor per parameter: 51 a step on tiny, as its comm trace shows), each priced as a call
     of its own. With overlap_comm off the gathers run on the compute stream (DeepSpeed's allgather stream is
     then the default one), so nothing is fetched ahead: a unit waits for its own gather, and a bucket's
     reduction holds up the backward that follows it."""
+    gather_bytes = element_bytes if gather_bytes is None else gather_bytes
+    prefetch_bucket = settings.prefetch_bucket
     steps = Steps(cfg)
     numels = parameter_numels(cfg)
-    part = partitioned(numels)
-    again = regathered_blocks(numels)
+    part = partitioned(numels, settings.persistence_threshold)
+    again = regathered_blocks(numels, settings)
     units = ["embed", *(f"block.{i}" for i in range(cfg.model.spec.n_layers))]
     order = [(name, n) for name, n in part.items() if unit_of(name) in units]  # forward's fetch order
     first_module = next(iter(numels)).rsplit(".", 1)[0]  # tok_emb, fetched on demand
@@ -174,7 +194,7 @@ def zero3(
         end = steps.last_backward(m)
         reduces += [
             Call(size, filled, end + 1 if overlap_comm else filled + 1)
-            for filled, size in filled_buckets(cfg, steps, m)
+            for filled, size in reduce_buckets(cfg, steps, m, settings.reduce_bucket)
         ]
     persistent = [
         Call(size, steps.optimizer, None, "persistent parameter")
@@ -184,10 +204,10 @@ def zero3(
     accum = cfg.batch.grad_accum
     terms = [  # reductions first: a micro-batch's end issues them before the next one's first gathers
         Term("reduce_scatter", "gradients", element_bytes, accum, reduces),
-        Term("all_gather", "partitioned parameters (forward)", element_bytes, accum, gathers),
-        Term("all_gather", "parameters re-gathered for backward", element_bytes, accum, regathers),
+        Term("all_gather", "partitioned parameters (forward)", gather_bytes, accum, gathers),
+        Term("all_gather", "parameters re-gathered for backward", gather_bytes, accum, regathers),
         *scalar_terms(steps, 3, module_precision),
-        Term("all_gather", "persistent parameters, after the optimizer step", element_bytes, 1, persistent),
+        Term("all_gather", "persistent parameters, after the optimizer step", gather_bytes, 1, persistent),
     ]
     held = sum(numels.values()) - sum(part.values())
     how = (
@@ -198,8 +218,9 @@ def zero3(
     return Schedule(
         tuple(terms),
         f"ZeRO-3: {how}",
-        f"stage3_param_persistence_threshold={PERSISTENCE_THRESHOLD} ({held:,} elements in tensors kept "
-        f"whole on every rank), stage3_max_reuse_distance={MAX_REUSE_DISTANCE}, "
-        f"stage3_prefetch_bucket_size={prefetch_bucket}",
+        f"stage3_param_persistence_threshold={settings.persistence_threshold} ({held:,} elements in tensors "
+        f"kept whole on every rank), stage3_max_live_parameters={settings.max_live_parameters}, "
+        f"stage3_max_reuse_distance={settings.max_reuse_distance}, "
+        f"stage3_prefetch_bucket_size={prefetch_bucket}, reduce_bucket_size={settings.reduce_bucket}",
         kept_blocks=frozenset(range(cfg.model.spec.n_layers)) - set(again),
     )
