@@ -492,3 +492,33 @@ def test_a_browser_renders_the_anatomy_plot(tmp_path):
     counts = {color: n for n, color in Image.open(shot).convert("RGB").getcolors(1 << 24)}
     assert counts.get((44, 160, 44), 0) > 100  # C2: the optimizer's
     assert counts.get((214, 39, 40), 0) > 100  # C3: exposed communication's
+
+
+def test_a_stack_measured_at_several_settings_is_ranked_at_its_best_and_says_which(
+    tmp_path, capsys, monkeypatch
+):
+    """Best against best: DeepSpeed measured at ZeRO-1 and ZeRO-3 is ranked once, at its faster stage, the
+    slower named beside it with its throughput against it; at one rank, ZeRO-3's sharding is said to have
+    nothing to shard."""
+    import record_factory
+
+    monkeypatch.setitem(record_factory.BACKENDS, "deepspeed-zero1", ("deepspeed", {"zero_stage": 1}))
+    records = [
+        make_record(label, n, t, repeat=repeat)
+        for repeat in range(2)
+        for n in (1, 2)
+        for label, t in (("torch-ddp", 0.10), ("deepspeed-zero1", 0.12), ("deepspeed-zero3", 0.24))
+    ]
+    md = report_md(capsys, write_records(tmp_path, records), "--at-gpus", "2")
+    ranking = md.split("Framework selection at N=2")[1].split("####")[0]
+    table = [
+        line.split("|")[2].strip() for line in ranking.splitlines() if line[:4] in ("| 1 ", "| 2 ", "| 3 ")
+    ]
+    assert table == ["torch-ddp", "deepspeed-zero1"]
+    assert "deepspeed as deepspeed-zero1 (also measured: deepspeed-zero3 0.50x)" in ranking
+    one = (
+        report_md(capsys, tmp_path, "--at-gpus", "1").split("Framework selection at N=1")[1].split("####")[0]
+    )
+    zero1 = next(line for line in one.splitlines() if line.startswith("deepspeed-zero1:"))
+    assert "at one rank there is nothing to shard: its optimizer sharding runs and saves nothing" in zero1
+    assert "nothing to shard" not in next(line for line in one.splitlines() if line.startswith("torch-ddp:"))

@@ -48,6 +48,10 @@ def advice(r, at: pd.DataFrame, ref_label: str | None, noise_cv: float) -> str:
         facts.append(f"{r.exposed_comm_ratio:.0%} of the step is exposed communication")
     if r.world_size > 1 and value(r.efficiency) is not None:
         facts.append(f"scaling efficiency {r.efficiency:.0%}")
+    if r.world_size == 1 and r.sharding not in (None, "none") and not pd.isna(r.sharding):
+        facts.append(
+            f"at one rank there is nothing to shard: its {r.sharding} sharding runs and saves nothing"
+        )
 
     fast = rel >= 1 - noise_cv  # within the noise threshold of the best: not distinguishable from it
     lean = (
@@ -101,6 +105,29 @@ def advice(r, at: pd.DataFrame, ref_label: str | None, noise_cv: float) -> str:
     return f"{r.label}: {', '.join(facts)}: {verdict}{noisy}{over}.{anatomy_sentence(r, at)}"
 
 
+def best_settings(at: pd.DataFrame, n) -> tuple[pd.DataFrame, str]:
+    """Best against best: a stack measured at several settings at this N (DeepSpeed's ZeRO stages, Paddle's
+    sharding stages, FSDP2 with and without resharding) is ranked at its fastest one, and the note under
+    the heading says which, with the others and their throughput against it; a stack measured at one
+    setting is ranked as it is. The rows, and the note ("" where no stack had a choice)."""
+    fastest = at.sort_values("throughput", ascending=False, na_position="last")
+    best = fastest.drop_duplicates(subset="backend", keep="first")
+    notes = []
+    for r in best.itertuples():
+        others = fastest[(fastest["backend"] == r.backend) & (fastest["label"] != r.label)]
+        if len(others):
+            also = ", ".join(
+                f"{o.label} {num(o.throughput / r.throughput, '{:.2f}')}x" for o in others.itertuples()
+            )
+            notes.append(f"{r.backend} as {r.label} (also measured: {also})")
+    note = (
+        f"Best against best: each stack at its fastest measured setting at N={n}: " + "; ".join(notes) + "."
+        if notes
+        else ""
+    )
+    return best.sort_values("throughput", ascending=False), note
+
+
 def exposed_known(r) -> bool:
     """Whether a group row's exposed-communication ratio may be spoken of: a figure, its part resolved."""
     resolved = r.anatomy_exposed_comm_status in ("measured", "derived")
@@ -132,6 +159,7 @@ def selection(ctx: dict, agg: pd.DataFrame, at_gpus: int | None, noise_cv: float
         with_tuned = set(tuned["backend"])
         at = at[(at["variant"] == "tuned") | ~at["backend"].isin(with_tuned)]
         variant = " (tuned against tuned)"
+    at, settings_note = best_settings(at, n)
     mark = f" ({OVERSUBSCRIBED})" if at["oversubscribed"].any() else ""
     sec = Section(f"Framework selection at N={n}{mark}{variant}: {context_title(ctx)}", 3)
     if crowded and not mark:
@@ -161,6 +189,8 @@ def selection(ctx: dict, agg: pd.DataFrame, at_gpus: int | None, noise_cv: float
             + (f"; measured only by default: {', '.join(untuned)}" if untuned else "")
             + "."
         )
+    if settings_note:
+        sec.blocks.append(settings_note)
     ref_label = memory_reference(at)
     best, low_mem = at["throughput"].max(), at["peak_memory_bytes"].min()
     rows = []
