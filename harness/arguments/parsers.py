@@ -138,16 +138,10 @@ def fault_spec(text: str) -> dict:
 
 def part_delay(text: str) -> tuple[str, float]:
     """--part-delay PART=SECONDS, a test hook (core.hooks): sleep in one part of every step."""
-    part, _, seconds = text.partition("=")
+    part, _, delay = text.partition("=")
     if part not in DELAYABLE_PARTS:
         raise argparse.ArgumentTypeError(f"unknown part '{part}'; valid: {', '.join(DELAYABLE_PARTS)}")
-    try:
-        value = float(seconds)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected PART=SECONDS, got '{text}'") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a delay above 0 seconds, got '{seconds}'")
-    return part, value
+    return part, seconds(delay)
 
 
 FILL = "max"  # --micro-batch max: the largest micro-batch that fits the device (harness.run.fill)
