@@ -149,7 +149,7 @@ class TFMultiWorkerMirrored(Backend[TFOptions]):
     extra = "tf"
     collective_api = "tf.distribute replica context (MWMS)"
     compute_methods = ("isolated",)  # MWMS has no switch that turns the gradient all-reduce off
-    times_optimizer = False  # the gradient all-reduce and the update are one traced function
+    times_optimizer = True  # a worker with no peer runs the update as a call of its own (anatomy steps)
     kubeflow_job = "TFJob"
     # TensorFlow's error classes (gRPC's DeadlineExceeded and Unavailable) and its collective executor's
     # abort, as its messages name them

@@ -9,6 +9,7 @@ them, so the all-reduce runs once per step.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import tempfile
@@ -161,6 +162,13 @@ class MWMSTrainer(Trainer):
         self.gradients = tf.function(self.replica_gradients, jit_compile=opts.xla)
         self.accumulate = tf.function(lambda x, y: self.strategy.run(self.replica_accumulate, args=(x, y)))
         self.apply = tf.function(lambda x, y: self.strategy.run(self.replica_apply, args=(x, y)))
+        # The anatomy steps' own functions (anatomy_step): apply split into its gradients and its update,
+        # and the forward alone. Only a worker with no peer runs them, so no collective waits on another.
+        self.forward_loss = tf.function(self.replica_forward, jit_compile=opts.xla)
+        self.forward_only = tf.function(lambda x, y: self.strategy.run(self.forward_loss, args=(x, y)))
+        self.split_gradients = tf.function(lambda x, y: self.strategy.run(self.gradients, args=(x, y)))
+        self.update = tf.function(lambda grads: self.strategy.run(self.replica_given_update, args=(grads,)))
+        self.anatomy_calls: dict = {}  # their concrete functions, once prepare_anatomy has run them
 
     # -------------------------------------------------------------- per-replica functions (replica context)
     def replica_gradients(self, x, y):
@@ -183,6 +191,12 @@ class MWMSTrainer(Trainer):
 
     def replica_apply(self, x, y):
         loss, grads = self.gradients(x, y)
+        self.replica_update(grads)
+        return loss
+
+    def replica_update(self, grads):
+        """The step's update from the last micro-batch's gradients: the accumulated ones added, the
+        all-reduce (SUM) inside apply_gradients, the buffers cleared."""
         if self.grad_buffers:
             grads = [buffer.read_value() + grad for buffer, grad in zip(self.grad_buffers, grads)]
         if self.cfg.model.precision == "fp16":
@@ -190,7 +204,16 @@ class MWMSTrainer(Trainer):
         self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))  # all-reduce (SUM) inside
         for buffer in self.grad_buffers:
             buffer.assign(tf.zeros_like(buffer))
-        return loss
+
+    def replica_given_update(self, grads):
+        """replica_update of gradients handed in from an earlier call: each placed on this replica's
+        device first (tf.identity), since the all-reduce inside apply_gradients sends its result to where
+        its input is, and a function's input has no device."""
+        self.replica_update([tf.identity(g) for g in grads])
+
+    def replica_forward(self, x, y):
+        """This replica's loss alone: the forward of replica_gradients, without its tape."""
+        return self.model(x, y)
 
     def agree_on_overflow(self, grads):
         """Keras's LossScaleOptimizer decides to skip a step from this replica's gradients before they are
@@ -203,13 +226,105 @@ class MWMSTrainer(Trainer):
         return tf.cond(overflows == 0, lambda: grads, lambda: [g + np.float32("nan") for g in grads])
 
     # ---------------------------------------------------------------------------------- Trainer interface
+    anatomy_methods = {
+        "forward": "forward_only(x, y): the model's loss without a tape, a traced function of its own, per "
+        "micro-batch",
+        "backward": "the gradients' traced function (split_gradients(x, y); accumulate(x, y), which also "
+        "adds them into the buffers, before the last micro-batch) less forward_only(x, y) of the same "
+        "micro-batch, whose forward it runs again, per micro-batch",
+        "optimizer": "update(grads): the accumulated gradients added, apply_gradients (AdamW, its all-reduce "
+        "with no peer) and the buffers cleared, the tail of the measured steps' apply(x, y)",
+    }
+
     def step(self, batches, sync_grads=True):
+        """accumulate(x, y) per micro-batch but the last, apply(x, y) for the last: forward and backward
+        in each, the optimizer too in apply, so a test's delay of a part is slept in the call that holds
+        it (Trainer.timed_part). The anatomy steps run anatomy_step instead."""
+        if self.time_parts:
+            return self.anatomy_step(batches)
         losses = []
         for i, (x, y) in enumerate(batches):
-            run = self.apply if i == len(batches) - 1 else self.accumulate
-            per_replica = run(tf.constant(x), tf.constant(y))
+            x, y = tf.constant(x), tf.constant(y)
+            if i == len(batches) - 1:
+                run = functools.partial(self.apply, x, y)
+                per_replica = self.timed_part("optimizer", run, includes=("forward", "backward", "optimizer"))
+            else:
+                run = functools.partial(self.accumulate, x, y)
+                per_replica = self.timed_part("backward", run, includes=("forward", "backward"))
             losses.append(self.strategy.experimental_local_results(per_replica)[0])
         return float(tf.add_n(losses)) / len(batches)
+
+    def anatomy_step(self, batches) -> float:
+        """The step with each part a call of its own (anatomy_methods), for a worker with no peer
+        (backends.loop.anatomy_steps: MWMS has no sync-off switch, so only a peerless worker runs these):
+        per micro-batch forward_only, then its gradients (accumulate before the last micro-batch,
+        split_gradients for the last), then update with the last gradients, the work apply does. The
+        gradients' call runs the forward again, so forward_only's own time is taken off it: the backward
+        part is the backward, and forward and backward add up to the gradients' call. Where noise makes
+        forward_only outlast the whole gradients' call (a model whose backward takes less than a
+        scheduler's hiccup), the forward in that call is taken as the call, its bound, and the backward
+        as nothing but its test delay, never a negative time. A test's delay is slept once per part, as
+        the measured step sleeps it, the forward's in forward_only's part alone, so it moves no other part.
+
+        Each is called as its concrete function (prepare_anatomy): the generic call binds every one of
+        update's tensors anew, on a small model about as long as the update itself, by which the parts
+        added up to more than the step. Not one traced function split by a tape (the forward under an
+        eager tf.GradientTape, then tape.gradient) either: on a small model its extra eager work costs
+        more than the gradients' whole call."""
+        if not self.anatomy_calls:
+            self.prepare_anatomy(*batches[-1])
+        calls = self.anatomy_calls
+        losses = []
+        grads = None
+        for i, (x, y) in enumerate(batches):
+            x, y = tf.constant(x), tf.constant(y)
+            _, forward_s = self.own_seconds("forward", functools.partial(calls["forward"], x, y))
+            last = i == len(batches) - 1
+            gradients = calls["gradients"] if last else calls["accumulate"]
+            out, gradients_s = self.own_seconds("backward", functools.partial(gradients, x, y))
+            self.part_times["backward"] -= min(forward_s, gradients_s)
+            if last:
+                loss, grads = out
+            else:
+                loss = out
+            losses.append(self.strategy.experimental_local_results(loss)[0])
+        self.timed_optimizer_step(functools.partial(calls["update"], grads))
+        return float(tf.add_n(losses)) / len(batches)
+
+    def own_seconds(self, part: str, call) -> tuple:
+        """Run `call` as `part` of the step (Trainer.timed_part, which sleeps a test's delay of the part
+        after it) and return its result and its own seconds, from the synchronised start to its device's
+        finish, without that delay."""
+        seconds = 0.0
+
+        def run():
+            nonlocal seconds
+            t0 = time.perf_counter()
+            result = call()
+            self.synchronize()
+            seconds = time.perf_counter() - t0
+            return result
+
+        return self.timed_part(part, run), seconds
+
+    def prepare_anatomy(self, x, y) -> None:
+        """Before the first anatomy step's parts are timed: one untimed run of its forward_only,
+        split_gradients and update on a micro-batch, since a tf.function's first call traces and builds it
+        (seconds, against milliseconds for a part), which the warm-up steps keep out of the measured steps;
+        then their concrete functions (and accumulate's, where it runs), which the anatomy steps call. It
+        steps the model once more; nothing reads the model after the anatomy steps (the record's final
+        weights are the measured steps')."""
+        x, y = tf.constant(x), tf.constant(y)
+        self.forward_only(x, y)
+        _, grads = self.split_gradients(x, y)
+        self.update(grads)
+        self.synchronize()
+        self.anatomy_calls = {
+            "forward": self.forward_only.get_concrete_function(x, y),
+            "gradients": self.split_gradients.get_concrete_function(x, y),
+            "update": self.update.get_concrete_function(grads),
+            **({"accumulate": self.accumulate.get_concrete_function(x, y)} if self.grad_buffers else {}),
+        }
 
     def synchronize(self) -> None:
         """Wait until this worker's device has finished all queued work: the last step's all-reduce,
