@@ -1,10 +1,13 @@
 """Derived figures on hand-made records with known answers."""
 
+import json
+
 import pytest
 import record_factory as factory
 
 import harness.analyze.summary as summary_view
 import harness.run.record as run_record
+from core.records import validate_record
 from harness.analyze.metrics import comm_bytes_per_rank, device_peak_flops, per_step_max, summarize
 
 pytestmark = pytest.mark.unit
@@ -83,6 +86,8 @@ def test_exposed_comm_ratio_and_bus_bandwidth():
     exposed = s["anatomy"]["parts"]["exposed_comm"]
     assert exposed["status"] == "derived" and exposed["ci"][0] < 0 < exposed["ci"][1]
     assert s["exposed_comm_ratio"] == pytest.approx(-0.05)
+    rec = record(compute=[[0.15, 0.21, 0.26], [0.15, 0.2, 0.25]])
+    validate_record(json.loads(json.dumps({**rec, "summary": s})))  # the record is written as it is
 
 
 def test_single_rank_has_zero_comm_by_definition():
