@@ -29,7 +29,7 @@ def anatomy_columns(anatomy: dict | None) -> dict:
     """A run's anatomy as flat columns, per part: anatomy_<part>_s (its seconds, an unresolved part's
     negative value kept), _share (of the step), _status (measured, derived, unresolved or n/a) and _why
     (how it was obtained, or why it is n/a)."""
-    out = {}
+    out: dict = {}
     for name in PARTS:
         p = (anatomy or {}).get("parts", {}).get(name) or {
             "s": None,
@@ -50,7 +50,7 @@ def anatomy_group(ok: pd.DataFrame) -> dict:
     """The anatomy of a group's ok repeats, part by part: median seconds and share over the repeats that have
     the part (as every per-run figure here); unresolved where any repeat's part is (its median kept, never
     a figure to conclude from), n/a where no repeat has it, derived where a repeat derived it."""
-    out = {}
+    out: dict = {}
     for name in PARTS:
         status = ok[f"anatomy_{name}_status"] if len(ok) else pd.Series(dtype=object)
         has = ok[status != "n/a"] if len(ok) else ok

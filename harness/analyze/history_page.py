@@ -171,7 +171,7 @@ def spread(row: dict, in_bytes: bool) -> str:
         return "n/a"
     show = nbytes if in_bytes else num
     width = (row["max"] - row["min"]) / row["median"] if row["median"] else None
-    half = num(None if value(width) is None else width / 2 * 100, "{:.1f}")
+    half = num(None if width is None or value(width) is None else width / 2 * 100, "{:.1f}")
     return f"{show(row['median'])} [{show(row['min'])}–{show(row['max'])}] ±{half}%"
 
 

@@ -111,7 +111,7 @@ def verdict_of(
             "NO REGRESSION",
             EXIT_OK,
             f"NO REGRESSION: {step} rules out a slowdown of {design.threshold:.0%} or more"
-            + (f"; faster: {moved_text(anatomy, -1)}" if faster else "")
+            + (f"; faster: {moved_text(anatomy, -1)}" if faster and anatomy is not None else "")
             + f" ({spent})",
             decision,
             details,

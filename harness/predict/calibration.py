@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 from scipy.stats import linregress
@@ -114,7 +115,7 @@ class StepPoint:
     @property
     def per_micro_s(self) -> float:
         """Forward+backward seconds of one micro-batch."""
-        return self.forward_backward_s / self.accum
+        return cast(float, self.forward_backward_s) / self.accum
 
     def spread(self) -> tuple[float, float]:
         """The step's p10 and p90 less the optimizer, over its median less the optimizer: how much faster
@@ -181,7 +182,7 @@ def split_step(points: list[StepPoint]) -> dict:
             "rvalue": float(line.rvalue),
         }
     else:
-        per_flop = float(np.median([p.forward_backward_s / p.flops for p in points]))
+        per_flop = float(np.median([cast(float, p.forward_backward_s) / p.flops for p in points]))
         per_micro = 0.0
         detail = {
             "method": PARTS,
@@ -335,7 +336,7 @@ def calibrate(records: list[dict], cfg: RunConfig, profile: Profile) -> Calibrat
     if all(p.forward_backward_s is not None for p in points):
         for name, value in split_step(points).items():
             setattr(calib, name, value)
-        if calib.fixed_per_micro_batch_s[1] < 0:
+        if calib.fixed_per_micro_batch_s is not None and calib.fixed_per_micro_batch_s[1] < 0:
             calib.notes.append(
                 f"the fixed cost per micro-batch fitted below zero ({calib.fit['intercept_s'] * 1e3:.3g} ms, "
                 f"standard error {calib.fit['intercept_stderr'] * 1e3:.3g} ms): kept as fitted"

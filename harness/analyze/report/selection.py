@@ -324,7 +324,7 @@ def anatomy_plot(agg: pd.DataFrame) -> Plot:
     ax.set(title=PLOT_TITLE, xlabel="ms per step (median over repeats)")
     ax.set_xlim(0, 1.7 * max([*ends, 1e-3]))  # room for the text of the parts not drawn
     ax.grid(alpha=0.3, axis="x")
-    handles = [Patch(color=PART_COLORS[p], label=LABELS[p]) for p in PARTS]
+    handles: list = [Patch(color=PART_COLORS[p], label=LABELS[p]) for p in PARTS]
     handles.append(Line2D([], [], color="k", marker="|", ls="none", ms=10, mew=2, label="measured step"))
     if any(r.oversubscribed for r in rows):
         handles.append(Patch(facecolor="0.6", edgecolor="white", hatch="///", label=HOLLOW))
