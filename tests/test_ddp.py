@@ -8,6 +8,7 @@ import psutil
 import pytest
 from conftest import (
     assert_cpu_worker_probes,
+    assert_exposed_as_measured,
     assert_traced_steps_follow_the_schedule,
     run_record,
     run_with_output,
@@ -132,13 +133,14 @@ def test_one_worker_and_two_workers_reach_the_same_weights(one_rank, tmp_path_fa
 def test_comm_ratio_is_zero_for_one_worker_and_measured_for_two(one_rank, two_ranks):
     """One rank has no communication to expose. Two ranks measure t_compute with sync off and derive the
     ratio from it; only gross bounds hold on a live run, since on a loaded machine the sync-off steps can
-    take as long as the synced ones (the ratio is then 0, the volume per exposed second unknown). That the
-    ratio is (t_step - t_compute) / t_step, clamped at 0, is tests/test_metrics.py's, on recorded times."""
+    take as long as the synced ones (the ratio is then about 0 or unresolved, the volume per exposed second
+    unknown). That the ratio is (t_step - t_compute) / t_step is tests/test_metrics.py's, on recorded
+    times."""
     alone = one_rank["summary"]
     assert alone["exposed_comm_ratio"] == 0.0 and alone["compute_method"] == "none"
     s = two_ranks[0]["summary"]
     assert s["compute_method"] == "no_sync" and s["t_compute_s"] > 0, s
-    assert 0.0 <= s["exposed_comm_ratio"] < 1.0, s
+    assert_exposed_as_measured(s)
     assert s["comm_bytes_per_rank_per_step"] > 0 and s["comm_measured"]["bytes_per_rank_per_step"] > 0, s
 
 
