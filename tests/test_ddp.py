@@ -82,12 +82,12 @@ def test_two_worker_record_has_every_field_and_loss_decreases(two_ranks):
         "throughput_tokens_per_s",
         "throughput_samples_per_s",
         "per_device_tokens_per_s",
-        "exposed_comm_ratio",
         "comm_bytes_per_rank_per_step",
         "model_flops_per_step",
         "t_compute_s",
     ):
         assert s[key] is not None and s[key] >= 0, key
+    assert_exposed_as_measured(s)
     assert s["step_time_s"]["p10"] <= s["step_time_s"]["median"] <= s["step_time_s"]["p90"]
     assert s["mfu"] is None  # CPU: peak unknown, never guessed
     assert s["compute_method"] == "no_sync"
