@@ -26,13 +26,17 @@ CONFIDENCE = 0.95
 RESAMPLES = 999
 
 
-def slowest_series(processes: list[dict], key: str) -> list[float] | None:
-    """The series `key` of the process whose median is largest (None unless every process has one): the
-    part on the critical path, as t_compute takes the slowest process."""
-    series = [p.get(key) or [] for p in processes]
+def slowest_process_series(series: list[list[float]]) -> list[float] | None:
+    """The series of the process with the largest median, None unless every process has one: the part on
+    the critical path, as t_compute takes the slowest process (harness.analyze.metrics uses it too)."""
     if not series or not all(series):
         return None
     return max(series, key=lambda s: float(np.median(s)))
+
+
+def slowest_series(processes: list[dict], key: str) -> list[float] | None:
+    """slowest_process_series of each process's series `key`."""
+    return slowest_process_series([p.get(key) or [] for p in processes])
 
 
 def median_difference(first: list[float], others: list[list[float]]) -> tuple[float, list[float] | None]:

@@ -9,7 +9,7 @@ import numpy as np
 
 from backends import get_backend
 from core.records import run_config
-from harness.analyze.anatomy import resolved, step_anatomy
+from harness.analyze.anatomy import resolved, slowest_process_series, step_anatomy
 
 # Dense peak FLOP/s (no sparsity) from NVIDIA's data sheets, by the exact name the driver reports
 # (torch.cuda.get_device_name, nvidia-smi): a substring would take "RTX A1000" for an A100. "tf32" is the
@@ -224,14 +224,6 @@ def rank_median_max(series: list[list[float]]) -> float | None:
     with sync off) drift apart, and a per-step maximum over them would be biased up by their spread."""
     slowest = slowest_process_series(series)
     return float(np.median(slowest)) if slowest else None
-
-
-def slowest_process_series(series: list[list[float]]) -> list[float] | None:
-    """The series of the process with the largest median (rank_median_max), None unless every process has
-    one."""
-    if not series or not all(series):
-        return None
-    return max(series, key=lambda s: float(np.median(s)))
 
 
 def compute_time(
