@@ -83,7 +83,13 @@ def test_a_run_is_predicted_end_to_end_from_records_made_here(out):
     ]
     (bench,) = [r["run_id"] for r in records if r["kind"] == "commbench"]
     result = predict_measured(target, records)
-    assert sorted(result["calibrated_from"]) == sorted(ones) and result["commbench"] == [bench], result
+    # Every 1-rank run calibrates, except one whose anatomy does not split its step (its anatomy steps ran
+    # slower than its measured steps beyond their noise, as a loaded machine may make them): the calibration
+    # then leaves it out and its notes say why.
+    used = result["calibrated_from"]
+    assert used and set(used) <= set(ones) and result["commbench"] == [bench], result
+    for left_out in set(ones) - set(used):
+        assert any(n.startswith(f"{left_out}: not used (") for n in result["calibration_notes"]), result
     assert abs(result["step_time_error"]) <= 0.40, result
     assert result["exposed_comm_ratio"]["predicted"] > 0.15, (
         result

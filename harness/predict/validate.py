@@ -24,6 +24,7 @@ def predicted(cfg: RunConfig, others: list[dict]) -> dict:
     nominal = predict_point(cfg, profile, calib, tokens=1.0, price=None)["corners"]["nominal"]
     return {
         "calibrated_from": [s["run_id"] for s in calib.sources],
+        "calibration_notes": calib.notes,
         "commbench": profile.sources,
         "step_time_s": nominal["step_time_s"],
         "compute_s": nominal["t_compute_s"],
@@ -43,6 +44,7 @@ def predict_measured(target: dict, records: list[dict]) -> dict:
         "label": target["backend_info"]["label"],
         "world_size": cfg.topology.world_size,
         "calibrated_from": guess["calibrated_from"],
+        "calibration_notes": guess["calibration_notes"],
         "commbench": guess["commbench"],
         "step_time_s": {"measured": step, "predicted": guess["step_time_s"]},
         "step_time_error": guess["step_time_s"] / step - 1,
@@ -85,6 +87,7 @@ def predict_repeats(records: list[dict], world_size: int = 2) -> dict:
         "world_size": world_size,
         "run_ids": [r["run_id"] for r in targets],
         "calibrated_from": guess["calibrated_from"],
+        "calibration_notes": guess["calibration_notes"],
         "commbench": guess["commbench"],
         "step_time_s": {"predicted": guess["step_time_s"], "measured_median": step, "measured": steps},
         "step_time_error": guess["step_time_s"] / step - 1,
