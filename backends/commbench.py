@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from backends.loop import inject_fault, rank_from_env
+from backends.faults import inject_fault
+from backends.process_stats import rank_from_env
 from core.config import RunConfig
 from core.hooks import NO_HOOKS, TestHooks
 from core.process import seen_process_settings

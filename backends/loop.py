@@ -7,31 +7,25 @@ imports a framework.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import platform
-import resource
-import signal
 import socket
 import sys
 import time
-import traceback
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import psutil
 
 from backends import get_backend
+from backends.faults import inject_fault
+from backends.process_stats import minor_page_faults, peak_rss_bytes, rank_from_env, reset_peak_rss, rss_bytes
 from core.config import RunConfig
 from core.events import MEASURED, PHASE_END, PHASE_START, RESULT, STEP, EventLog, rank_record, read_events
 from core.hooks import NO_HOOKS, TestHooks
 from core.process import seen_process_settings
 from workloads.data import Shard, make_source, micro_batches
-
-# Environment variables through which the launchers tell a process its rank, in the order we trust them.
-RANK_VARS = ("DISTBENCH_RANK", "RANK", "HOROVOD_RANK", "PADDLE_TRAINER_ID", "OMPI_COMM_WORLD_RANK")
 
 
 class Trainer(ABC):
@@ -146,88 +140,6 @@ class Trainer(ABC):
 
     def close(self) -> None:
         """Tear down process groups so the launcher sees a clean exit."""
-
-
-def rank_from_env() -> int:
-    for var in RANK_VARS:
-        if os.environ.get(var, "").isdigit():
-            return int(os.environ[var])
-    return 0
-
-
-def inject_fault(hooks: TestHooks, rank: int, step: int) -> None:
-    """Test-only (core.hooks): make one rank fail in a chosen way at a chosen step, so failure handling is
-    testable."""
-    fault = hooks.fault
-    if not fault or fault["rank"] != rank or fault["step"] != step:
-        return
-    kind = fault["kind"]
-    print(f"injecting fault '{kind}' at step {step} (unix time {time.time():.3f})", flush=True)
-    if kind == "raise":
-        raise RuntimeError(f"injected fault at step {step}")
-    if kind == "exit":
-        os._exit(3)
-    if kind == "sigkill":
-        os.kill(os.getpid(), signal.SIGKILL)
-    if kind == "sigstop":  # stopped, not dead: no exit code, no record, deaf to SIGTERM until killed
-        os.kill(os.getpid(), signal.SIGSTOP)
-    if kind == "hang":
-        time.sleep(1e9)
-    if kind == "oom":  # cap the address space, then allocate past it: a real MemoryError from the allocator
-        used = psutil.Process().memory_info().vms
-        resource.setrlimit(resource.RLIMIT_AS, (used + (256 << 20), resource.RLIM_INFINITY))
-        hog = [bytearray(64 << 20) for _ in range(1 << 12)]
-        raise AssertionError(f"allocated {len(hog)} blocks without running out of memory")
-
-
-def reset_peak_rss() -> bool:
-    """Reset the kernel's peak RSS of this process (VmHWM) to its current RSS: Linux's clear_refs "5".
-    False where that is unavailable; the peak is then the lifetime maximum (getrusage)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def peak_rss_bytes() -> int:
-    """Peak RSS since reset_peak_rss() (VmHWM), else over the process's life (getrusage)."""
-    try:
-        for line in open("/proc/self/status"):
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024  # kB
-    except (OSError, ValueError, IndexError):
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-
-
-@functools.cache
-def this_process() -> psutil.Process:
-    return psutil.Process()
-
-
-def rss_bytes() -> int:
-    """The process's resident memory now: one read of /proc/self/statm, cheap enough for every step's
-    event (written after the step's clock has stopped)."""
-    return this_process().memory_info().rss
-
-
-def minor_page_faults() -> int:
-    """Page faults of this process served without I/O so far. Re-faulting memory the allocator gave back
-    costs step time on CPU, so the loop records them per measured step."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-
-
-def cpu_name() -> str:
-    """The CPU model, so CPU records from different machines are not mistaken for each other."""
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return "cpu: " + line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "cpu: " + (platform.processor() or platform.machine())
 
 
 def data_shard(cfg: RunConfig, rank: int) -> Shard:
@@ -544,60 +456,3 @@ def phase_fields(phase: Phase) -> dict:
     fields = dataclasses.asdict(phase)
     del fields["name"]
     return fields
-
-
-class Terminated(BaseException):
-    """SIGTERM reached this rank: a launcher tearing its workers down after another rank failed, or the
-    harness at a timeout. Recorded as such, so a rank stopped from outside is never taken for the cause."""
-
-
-def record_termination() -> None:
-    """Turn SIGTERM into Terminated, so the rank still writes its record (where it was, and that it was
-    stopped) instead of vanishing. Only the first: a second SIGTERM (launcher and harness both send one)
-    must not interrupt the writing of that record; SIGKILL still ends a rank that does not finish."""
-
-    def handler(signum, frame):
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        raise Terminated("stopped by SIGTERM (from its launcher or the harness)")
-
-    signal.signal(signal.SIGTERM, handler)
-
-
-def record_failure(events: EventLog, exc: BaseException) -> None:
-    """Write the result of a rank that raised, deaf to SIGTERM while it writes: a rank that failed because
-    a peer died is sent SIGTERM by its launcher moments later, and a Terminated raised while this result is
-    written would leave none at all, so the rank would be taken for the one that died. A SIGTERM that
-    lands before the handler is switched off raises Terminated once (the handler then ignores the next),
-    so the result is written again. Afterwards SIGTERM ends the process, so a rank stuck on its way out
-    is still ended by its launcher."""
-    try:
-        write_failure_record(events, exc)
-    except Terminated:
-        write_failure_record(events, exc)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
-def write_failure_record(events: EventLog, exc: BaseException) -> None:
-    """record_failure's one attempt: SIGTERM off, then the result event."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    record = failure_record(exc)
-    print(record["traceback"], file=sys.stderr, flush=True)
-    events.emit(RESULT, record=record)
-
-
-def failure_record(exc: BaseException) -> dict:
-    """The rank record of a rank that raised: 'oom' for out-of-memory errors, else 'failed';
-    `terminated` marks a rank stopped from outside (see Terminated)."""
-    name = type(exc).__name__
-    oom = isinstance(exc, MemoryError) or "OutOfMemory" in name or "out of memory" in str(exc).lower()
-    return {
-        "rank": rank_from_env(),
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "status": "oom" if oom else "failed",
-        "error": f"{name}: {exc}",
-        "failed_at": time.time(),
-        "terminated": isinstance(exc, Terminated),
-        "traceback": "".join(traceback.format_exception(exc))[-4000:],
-        "memory": {"peak_rss": peak_rss_bytes()},
-    }

@@ -14,7 +14,8 @@ import torch.distributed as dist
 
 from backends import get_backend
 from backends.base import TORCH_PROCESS_GROUP
-from backends.loop import Trainer, cpu_name
+from backends.loop import Trainer
+from backends.process_stats import cpu_name
 from backends.torch_trace import torch_collectives
 from backends.torch_tuning import TorchTuning
 from core.config import RunConfig

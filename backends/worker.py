@@ -19,7 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backends import get_backend  # noqa: E402
 from backends.commbench import run_collectives  # noqa: E402
-from backends.loop import rank_from_env, record_failure, record_termination, run_training  # noqa: E402
+from backends.faults import record_failure, record_termination  # noqa: E402
+from backends.loop import run_training  # noqa: E402
+from backends.process_stats import rank_from_env  # noqa: E402
 from core.config import RunConfig  # noqa: E402
 from core.events import RESULT, RUN_START, EventLog, events_path  # noqa: E402
 from core.hooks import TestHooks  # noqa: E402

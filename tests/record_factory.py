@@ -125,7 +125,7 @@ def failed_rank(
     terminated: bool = False,
     peak_rss: int = 400 << 20,
 ) -> dict:
-    """A raw rank record of a rank that raised, in the shape backends.loop.failure_record returns."""
+    """A raw rank record of a rank that raised, in the shape backends.faults.failure_record returns."""
     return {
         "rank": rank,
         "host": "testhost",

@@ -18,8 +18,8 @@ import pytest
 from conftest import REPO, harness, run_record
 from processes import leftovers
 
-from backends import loop
-from backends.loop import record_termination
+from backends import faults, loop
+from backends.faults import record_termination
 from core.events import EventLog, events_path, rank_record, read_events
 from core.hooks import TestHooks
 from core.records import load_record, load_records, run_config
@@ -82,8 +82,8 @@ def test_a_rank_that_failed_still_writes_its_record_when_its_launcher_then_sends
         record_termination()
         with pytest.MonkeyPatch.context() as mp:
             if when == "while it writes":
-                real_record = loop.failure_record
-                mp.setattr(loop, "failure_record", lambda exc: (sigterm_to_self(), real_record(exc))[1])
+                real_record = faults.failure_record
+                mp.setattr(faults, "failure_record", lambda exc: (sigterm_to_self(), real_record(exc))[1])
             else:
                 real_signal, sent = signal.signal, []
 
@@ -93,8 +93,8 @@ def test_a_rank_that_failed_still_writes_its_record_when_its_launcher_then_sends
                         sigterm_to_self()
                     return real_signal(signum, handler)
 
-                mp.setattr(loop.signal, "signal", signal_after_a_sigterm)
-            loop.record_failure(EventLog(events_path(tmp_path, 0), 0), error)
+                mp.setattr(faults.signal, "signal", signal_after_a_sigterm)
+            faults.record_failure(EventLog(events_path(tmp_path, 0), 0), error)
         record = rank_record(read_events(events_path(tmp_path, 0)))
         assert record is not None and record["status"] == "failed"
         assert record["error"].startswith("RuntimeError: Connection closed by peer")

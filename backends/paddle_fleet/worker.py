@@ -18,7 +18,7 @@ from paddle.distributed import fleet
 
 from backends import get_backend
 from backends.comm_trace import tcp_counters, wire_bytes
-from backends.loop import Trainer, cpu_name
+from backends.loop import Trainer
 from backends.paddle_fleet import PADDLE_GLOO_GROUP_STORE, PaddleOptions
 from backends.paddle_fleet.groups import gloo_groups_with_own_stores
 from backends.paddle_fleet.trace import (
@@ -27,6 +27,7 @@ from backends.paddle_fleet.trace import (
     paddle_reducer_collectives,
     paddle_reducer_groups,
 )
+from backends.process_stats import cpu_name
 from core.config import RunConfig
 from core.precision import checked, dtype_name, master_weights, tf32_switches
 from workloads.paddle_model import GPT, make_optimizer

@@ -10,7 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 from backends.commbench import Collectives, message_elements
-from backends.loop import cpu_name
+from backends.process_stats import cpu_name
 from backends.tf_mwms.worker import communication_options, set_health_check_timeouts, sync_worker_devices
 
 DTYPES = {"fp32": tf.float32, "bf16": tf.bfloat16}

@@ -26,7 +26,8 @@ from tensorflow.python.distribute import collective_all_reduce_strategy  # noqa:
 from tensorflow.python.eager import context as tf_context  # noqa: E402
 
 from backends import get_backend  # noqa: E402
-from backends.loop import Trainer, cpu_name  # noqa: E402
+from backends.loop import Trainer  # noqa: E402
+from backends.process_stats import cpu_name  # noqa: E402
 from backends.tf_mwms import (  # noqa: E402
     TF_CLUSTER_WAIT,
     TF_COLLECTIVES,

@@ -27,7 +27,7 @@ import psutil
 
 from backends import all_backends, interpreter
 from backends.base import Backend
-from backends.loop import cpu_name
+from backends.process_stats import cpu_name
 from core.process import REPO_ROOT, available_cpus
 from core.records import git_commit
 from harness.run.devices import query_gpus
