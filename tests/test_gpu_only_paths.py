@@ -15,7 +15,7 @@ import sys
 import pytest
 from conftest import REPO, run_record
 
-from backends.deepspeed_zero import ds_config
+from backends.deepspeed_zero.ds_config import ds_config
 from backends.horovod_torch import local_rank
 from core.config import RunConfig
 from workloads.spec import PRESETS

@@ -21,7 +21,8 @@ from test_equivalence import ISSUE_SHAPE, STEPS, assert_same_losses, ddp_referen
 
 from backends import get_backend
 from backends.base import WORKER_SCRIPT
-from backends.deepspeed_zero import ds_config, shm_segments
+from backends.deepspeed_zero import shm_segments
+from backends.deepspeed_zero.ds_config import ds_config
 from core.config import RunConfig
 from core.process import TRACE_SETTINGS
 from core.records import run_config

@@ -205,7 +205,7 @@ def test_deepspeed_s_tuned_zero3_follows_the_model_s_size_and_its_default_stays_
     (reduce d^2, prefetch 0.9 d^2, persistence 10 d); the live-parameter and reuse caps are raised only
     where the model outgrows DeepSpeed's 1e9 (1b: 1.32B parameters), to what binds nowhere. The default
     variant keeps DeepSpeed's own values, written into the config so that the record names them."""
-    from backends.deepspeed_zero import ds_config
+    from backends.deepspeed_zero.ds_config import ds_config
 
     base = ["--backend", "deepspeed", "--gpus", "2", "--device", "cpu", "--workload", workload]
     default, tuned = cfg_for(base), cfg_for([*base, "--tuned"])
@@ -244,7 +244,7 @@ def test_deepspeed_s_tuned_bf16_gathers_bf16_and_reduces_fp32_within_the_definit
     half the default's bytes (bf16 parameters, as FSDP2's param_dtype) and still reduce-scatters fp32
     gradients, so the run meets the suite's definition; the default (torch_autocast over fp32 parameters)
     gathers fp32, and the native module without the fp32 reduction is a named deviation."""
-    from backends.deepspeed_zero import ds_config
+    from backends.deepspeed_zero.ds_config import ds_config
 
     base = ["--backend", "deepspeed", "--gpus", "2", "--device", "cuda", "--precision", "bf16"]
     adapter = get_backend("deepspeed")

@@ -10,7 +10,7 @@ whole bucket, each rank keeping its own slice. The collective trace of a run sho
 every gradient element), and its bytes are an all-reduce's, 2(N-1)/N of the gradients, not (N-1)/N.
 Stage 3 gathers the partitioned parameters for every micro-batch's forward and reduce-scatters gradients
 in every backward; what it gathers and how it reduces depend on the settings of `Stage3`, which ds_config
-writes into every ZeRO-3 configuration (DeepSpeed's defaults, or the tuned set's: backends.deepspeed_zero
+writes into every ZeRO-3 configuration (DeepSpeed's defaults, or the tuned set's: ds_config.py's
 stage3_tuning) so that each record names them, and which the schedule reads from the same options:
 - stage3_param_persistence_threshold: a tensor of at most this many elements persists (stays whole on
   every rank), so forward and backward never gather it; but its optimizer step is partitioned like every
@@ -124,7 +124,7 @@ def step_scalars(stage: int, precision: str) -> list[CommTerm]:
     collective trace shows them (tiny, 2 ranks, stages 0-3, fp32 and bf16, accumulation 1 and 2): stages 1
     and 2 two fp32 scalars of the gradient norm (get_grad_norm_direct) and, with a bf16 module (DeepSpeed's
     native bf16, not torch_autocast over fp32 parameters), the 1-byte overflow flag (has_overflow); stage 3
-    two fp64 scalars; stage 0 none. `precision`: the module's dtype (backends.deepspeed_zero's
+    two fp64 scalars; stage 0 none. `precision`: the module's dtype (ds_config.py's
     module_precision). fp16 is taken to check overflow as bf16 does (not traced). A few bytes: their cost is
     a collective's latency, not volume."""
     if stage in (1, 2):

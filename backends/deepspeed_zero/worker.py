@@ -22,7 +22,8 @@ from deepspeed.runtime.base_optimizer import DeepSpeedOptimizer
 from deepspeed.utils import groups
 
 from backends import get_backend
-from backends.deepspeed_zero import DS_INIT_DISTRIBUTED, DS_WORLD_GROUP, DeepSpeedOptions, ds_config
+from backends.deepspeed_zero import DS_INIT_DISTRIBUTED, DS_WORLD_GROUP
+from backends.deepspeed_zero.ds_config import DeepSpeedOptions, ds_config
 from backends.torch_common import TorchTrainer, joined
 from workloads.spec import OPTIMIZER
 from workloads.torch_model import make_optimizer, optimizer_groups
