@@ -24,7 +24,8 @@ from typing import Generic, TypeVar
 
 from backends import interpreter
 from backends.schedule import CommPattern, Schedule, gradients_after_backward
-from core.config import COLLECTIVE_OPS, RunConfig
+from core.commbench_spec import COLLECTIVE_OPS
+from core.config import RunConfig
 from core.precision import Numerics, autocast_numerics
 from core.process import REPO_ROOT, Process, process_settings
 from workloads.spec import PRESETS
@@ -280,7 +281,8 @@ class Backend(ABC, Generic[OptionsT]):
         return self.name
 
     def collective_ops(self, cfg: RunConfig) -> tuple[str, ...]:
-        """The collectives (core.config.COLLECTIVE_OPS' names) this stack's own API offers on cfg's device."""
+        """The collectives (core.commbench_spec.COLLECTIVE_OPS' names) this stack's own API offers on cfg's
+        device."""
         return COLLECTIVE_OPS
 
     def availability(self, python: str | None = None) -> tuple[bool, str]:

@@ -9,6 +9,7 @@ import dataclasses
 import json
 from dataclasses import MISSING, dataclass, field
 
+from core.commbench_spec import CommbenchSpec
 from workloads.spec import PRESETS, ModelSpec
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -18,9 +19,6 @@ VARIANTS = ("default", "tuned")
 DEVICES = ("auto", "cuda", "cpu")
 COMPUTE_METHODS = ("auto", "no_sync", "isolated", "none")
 SCALINGS = ("weak", "strong")  # BatchConfig.scaling
-# The collectives `harness commbench` measures, by the names nccl-tests and torch.distributed share.
-COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
-COMMBENCH_DTYPES = {"fp32": 4, "bf16": 2}  # element bytes
 
 
 # What a flag's metadata holds where its field's flag() does not say (flag() says what each means).
@@ -456,42 +454,6 @@ class RunConfig:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1, sort_keys=True)
-
-
-@dataclass(frozen=True)
-class CommbenchSpec:
-    """What `harness commbench` measures: every op at every size, each timed `iters` times after `warmup`
-    untimed calls, on every rank."""
-
-    ops: tuple[str, ...]
-    """Collectives, by COLLECTIVE_OPS' names, in the order they run."""
-    sizes: tuple[int, ...]
-    """Message sizes in bytes, as nccl-tests counts them: the whole buffer of all_reduce and broadcast, the
-    gathered output of all_gather, the input that reduce_scatter splits, each rank's send buffer of
-    all_to_all. Multiples of world size x element bytes, so every rank's share is whole."""
-    dtype: str = "fp32"
-    """Element type, a key of COMMBENCH_DTYPES."""
-    iters: int = 20
-    """Timed calls per op and size; the figures are medians over them."""
-    warmup: int = 5
-    """Untimed calls first (connection set-up, buffer registration, algorithm selection)."""
-
-    @property
-    def element_bytes(self) -> int:
-        return COMMBENCH_DTYPES[self.dtype]
-
-    def to_dict(self) -> dict:
-        return {**dataclasses.asdict(self), "ops": list(self.ops), "sizes": list(self.sizes)}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> CommbenchSpec:
-        """From a record's config; settings this version no longer has (`under_load`, from records that
-        also timed calls beside a compute thread) are left out."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(
-            **{k: v for k, v in d.items() if k in known}
-            | {"ops": tuple(d["ops"]), "sizes": tuple(d["sizes"])}
-        )
 
 
 def migrate_config(d: dict) -> dict:

@@ -10,7 +10,8 @@ nothing here is computed by the code under test, so a broken formula cannot agre
 from __future__ import annotations
 
 from backends import get_backend
-from core.config import CommbenchSpec, RunConfig
+from core.commbench_spec import CommbenchSpec
+from core.config import RunConfig
 from harness.run.record import assemble_commbench_record, assemble_record
 from workloads.spec import PRESETS, ModelSpec
 

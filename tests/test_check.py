@@ -15,7 +15,8 @@ import record_factory as factory
 from conftest import harness as run_harness
 
 from backends import backend_names
-from core.config import COLLECTIVE_OPS, COMMBENCH_DTYPES, COMPUTE_METHODS, PRECISIONS
+from core.commbench_spec import COLLECTIVE_OPS, COMMBENCH_DTYPES
+from core.config import COMPUTE_METHODS, PRECISIONS
 from core.hooks import FAULT_KINDS
 from core.records import (
     BASELINE_KIND,

@@ -15,7 +15,8 @@ from conftest import harness
 from processes import leftovers
 
 from backends.commbench import WrongResult, check_output, expected_output
-from core.config import CommbenchSpec, RunConfig
+from core.commbench_spec import CommbenchSpec
+from core.config import RunConfig
 from core.records import load_records, run_config
 from harness.analyze.baseline import trim
 from harness.analyze.collectives import (

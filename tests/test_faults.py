@@ -158,7 +158,8 @@ def test_the_record_names_the_phase_the_culprit_died_in(tmp_path, traced, monkey
     from record_factory import environment, rank_record
 
     from backends import get_backend
-    from core.config import CommbenchSpec, RunConfig
+    from core.commbench_spec import CommbenchSpec
+    from core.config import RunConfig
     from harness.run import record as run_record
     from harness.run.record import write_record
     from workloads.spec import PRESETS

@@ -16,7 +16,8 @@ from rich.table import Table
 
 from backends import backend_names, get_backend
 from backends.base import Backend
-from core.config import COLLECTIVE_OPS, COMMBENCH_DTYPES, DEVICES, CommbenchSpec, InvalidConfig, RunConfig
+from core.commbench_spec import COLLECTIVE_OPS, COMMBENCH_DTYPES, CommbenchSpec
+from core.config import DEVICES, InvalidConfig, RunConfig
 from core.process import available_cpus
 from core.records import run_config
 from harness.analyze.summary import fmt_bytes
