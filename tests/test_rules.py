@@ -130,3 +130,20 @@ def test_the_product_speaks_only_of_itself():
         if FOREIGN_MACHINE.search(line)
     ]
     assert not found, "\n".join(found)
+
+
+# A product module does one job (docs/development.md); past this many lines one has grown a second
+MODULE_LINES_MAX = 500
+PRODUCT_PACKAGES = ("core", "workloads", "backends", "harness")
+
+
+@pytest.mark.unit
+def test_no_product_module_grows_past_its_limit():
+    """A module that passes the limit is split where its jobs part, not let grow (issue 49)."""
+    long = {
+        str(path.relative_to(REPO)): n
+        for package in PRODUCT_PACKAGES
+        for path in sorted((REPO / package).rglob("*.py"))
+        if (n := len(path.read_text().splitlines())) > MODULE_LINES_MAX
+    }
+    assert not long, f"modules over {MODULE_LINES_MAX} lines (split each where its jobs part): {long}"
