@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import run_record
+from conftest import assert_exposed_as_measured, run_record
 from test_equivalence import EDGE
 
 from backends import backend_names, get_backend
@@ -146,3 +146,20 @@ def test_a_part_a_worker_cannot_time_apart_is_na_with_its_reason():
     }
     assert anatomy["parts"]["other"]["status"] == "n/a" and anatomy["accounts_for_step"] is None
     assert anatomy["parts"]["exposed_comm"]["s"] == 0.0  # one rank: no communication, by definition
+
+
+@pytest.mark.unit
+def test_the_live_runs_exposed_ratio_check_refuses_what_a_measurement_cannot_be():
+    """conftest.assert_exposed_as_measured, which the live full-record tests hold each run to, passes a
+    ratio in [0, 1), a negative one whose interval spans 0 and a null one whose part is unresolved, and
+    fails on the rest: a clamp, an unclamped null or a ratio of a whole step would slip by otherwise."""
+
+    def summary(ratio, status="derived", ci=(0.01, 0.03)) -> dict:
+        part = {"s": 0.0, "ci": list(ci), "status": status}
+        return {"exposed_comm_ratio": ratio, "anatomy": {"parts": {"exposed_comm": part}}}
+
+    for fine in (summary(0.0), summary(0.4), summary(-0.02, ci=(-0.03, 0.01)), summary(None, "unresolved")):
+        assert_exposed_as_measured(fine)
+    for wrong in (summary(1.0), summary(-0.02, ci=(-0.03, -0.01)), summary(None, "derived")):
+        with pytest.raises(AssertionError):
+            assert_exposed_as_measured(wrong)
