@@ -1,7 +1,7 @@
 """Shared test helpers. The pytest process imports no ML framework: training runs go through the CLI.
 
 Tiers: `-m unit` is the in-process tier (no framework, no subprocess: a unit test that starts one fails,
-unless it is marked `subprocess`), under a minute in all; everything else is the integration tier, which
+unless it is marked `subprocess`), a minute or two in all; everything else is the integration tier, which
 launches real multi-process training runs (`slow` marks the long ones).
 
 Two test processes run at once (pytest-xdist, pyproject.toml's addopts), a module's tests in one of them.
