@@ -67,20 +67,28 @@ class Trainer(ABC):
         A test hook's delay of the part (core.hooks.TestHooks.part_delays) is slept here in every step, the
         measured ones too; `includes` names the parts a call holds where a framework cannot call them apart
         (a traced function that runs forward and backward), whose delays it then sleeps."""
+        return self.timed_part_seconds(part, run, includes)[0]
+
+    def timed_part_seconds(self, part: str, run, includes: tuple[str, ...] = ()) -> tuple:
+        """timed_part, and the call's own seconds in the anatomy steps (None in the others): from the
+        synchronised start to its device's finish, without the test's delay, which is slept after it. A
+        trainer whose call of one part runs another part again (TensorFlow's gradients' function runs the
+        forward) takes the other's own seconds off with it."""
         delay = sum(self.hooks.part_delay(p) * self.delay_scale.get(p, 1) for p in includes or (part,))
         if not self.time_parts:
             result = run()
             if delay:
                 time.sleep(delay)
-            return result
+            return result, None
         self.synchronize()
         t0 = time.perf_counter()
         result = run()
+        self.synchronize()
+        own = time.perf_counter() - t0
         if delay:
             time.sleep(delay)
-        self.synchronize()
         self.part_times[part] = self.part_times.get(part, 0.0) + time.perf_counter() - t0
-        return result
+        return result, own
 
     def timed_optimizer_step(self, optimizer_step) -> None:
         """The optimizer part of the step (timed_part): an isolated-counterfactual worker steps the optimizer

@@ -279,10 +279,10 @@ class MWMSTrainer(Trainer):
         grads = None
         for i, (x, y) in enumerate(batches):
             x, y = tf.constant(x), tf.constant(y)
-            _, forward_s = self.own_seconds("forward", functools.partial(calls["forward"], x, y))
+            _, forward_s = self.timed_part_seconds("forward", functools.partial(calls["forward"], x, y))
             last = i == len(batches) - 1
             gradients = calls["gradients"] if last else calls["accumulate"]
-            out, gradients_s = self.own_seconds("backward", functools.partial(gradients, x, y))
+            out, gradients_s = self.timed_part_seconds("backward", functools.partial(gradients, x, y))
             self.part_times["backward"] -= min(forward_s, gradients_s)
             if last:
                 loss, grads = out
@@ -291,22 +291,6 @@ class MWMSTrainer(Trainer):
             losses.append(self.strategy.experimental_local_results(loss)[0])
         self.timed_optimizer_step(functools.partial(calls["update"], grads))
         return float(tf.add_n(losses)) / len(batches)
-
-    def own_seconds(self, part: str, call) -> tuple:
-        """Run `call` as `part` of the step (Trainer.timed_part, which sleeps a test's delay of the part
-        after it) and return its result and its own seconds, from the synchronised start to its device's
-        finish, without that delay."""
-        seconds = 0.0
-
-        def run():
-            nonlocal seconds
-            t0 = time.perf_counter()
-            result = call()
-            self.synchronize()
-            seconds = time.perf_counter() - t0
-            return result
-
-        return self.timed_part(part, run), seconds
 
     def prepare_anatomy(self, x, y) -> None:
         """Before the first anatomy step's parts are timed: one untimed run of its forward_only,
