@@ -35,8 +35,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 RUN_TIMEOUT_S = 600
 # One measured step after one warm-up step, traced once: every claim here is about a steady step's state and
 # collectives (DDP broadcasts its rebuilt bucket order in its second step, so the traced step comes after
-# two). Two measured steps traced twice cost torch-fsdp at 32 ranks about a quarter more CPU time for no
-# claim more.
+# two). More measured or traced steps would add work at 32 ranks and no claim.
 FEW_STEPS = ["--steps", "1", "--warmup", "1", "--trace-steps", "1"]
 CPU = ["--device", "cpu", "--threads-per-worker", "1", "--timeout", RUN_TIMEOUT_S]
 TINY = ["--workload", "tiny", "--micro-batch", "1", "--compute-method", "none", *CPU, *FEW_STEPS]
