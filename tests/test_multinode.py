@@ -23,10 +23,12 @@ from processes import leftovers
 from test_equivalence import ISSUE_SHAPE, ddp_reference
 
 from backends import backend_names, get_backend
+from core.events import events_path
 from core.process import free_port
-from core.records import run_config
+from core.records import run_config, write_json_atomic
 from harness.arguments import read_hosts, requested_world
 from harness.cli import make_parser
+from harness.run import nodes
 from harness.run.nodes import check_run_id
 from harness.run.options import build_config
 from harness.usage import UsageError
@@ -145,8 +147,6 @@ def test_after_a_sigterm_node_0_waits_a_grace_for_the_other_nodes_markers(tmp_pa
     import time
 
     from core.config import RunConfig
-    from core.records import write_json_atomic
-    from harness.run import nodes
     from workloads.spec import PRESETS
 
     monkeypatch.setattr(nodes, "STOP_GRACE_S", 3.0)
@@ -206,6 +206,22 @@ def test_run_ids_are_required_across_nodes_and_never_reused(tmp_path):
     (tmp_path / "job-17.json").write_text("{}")
     with pytest.raises(UsageError, match="used before"):
         check_run_id("job-17", two, tmp_path)
+    # Node 1 may start first: its marker and its ranks' events in the shared run dir are no sign of reuse
+    # to node 0; each node's own marker (and node 0's rank 0 events) are.
+    one = config("--nodes", "2", "--hosts", "a,b", "--node-rank", "1", "--device", "cpu")
+    run_dir = tmp_path / "logs" / "job-18"
+    write_json_atomic(nodes.marker_path(run_dir, 1), {"node_rank": 1})
+    events_path(run_dir, 1).write_text("")
+    check_run_id("job-18", two, tmp_path)
+    with pytest.raises(UsageError, match="used before"):
+        check_run_id("job-18", one, tmp_path)
+    events_path(run_dir, 0).write_text("")
+    with pytest.raises(UsageError, match="used before"):
+        check_run_id("job-18", two, tmp_path)
+    events_path(run_dir, 0).unlink()
+    write_json_atomic(nodes.marker_path(run_dir, 0), {"node_rank": 0})
+    with pytest.raises(UsageError, match="used before"):
+        check_run_id("job-18", two, tmp_path)
     proc = harness(
         "run",
         "--backend",

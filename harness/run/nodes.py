@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from core.config import RunConfig
+from core.events import events_path
 from core.records import write_json_atomic
 from harness.run.launch import LaunchResult, stopped
 from harness.usage import UsageError
@@ -37,7 +38,10 @@ LAYOUT_FLAGS = ("--nodes", "--gpus-per-node", "--hosts", "--hostfile", "--node-r
 
 
 def check_run_id(run_id: str | None, cfg: RunConfig, out_dir: Path) -> None:
-    """A multi-node run needs a run id every node knows; a result is never overwritten."""
+    """A multi-node run needs a run id every node knows; a result is never overwritten.
+
+    Each node looks only at what it itself would have written before (its marker, and node 0 its rank 0's
+    events): the other nodes share the run dir and may start first, so their files are no sign of reuse."""
     if run_id is None:
         if cfg.topology.nodes > 1:
             raise UsageError(
@@ -48,8 +52,11 @@ def check_run_id(run_id: str | None, cfg: RunConfig, out_dir: Path) -> None:
     if not RUN_ID.fullmatch(run_id):
         raise UsageError(f"--run-id '{run_id}': use letters, digits, '.', '_' and '-' (up to 128)")
     run_dir = Path(out_dir) / "logs" / run_id
-    if (Path(out_dir) / f"{run_id}.json").exists() or (
-        cfg.topology.node_rank == 0 and any(run_dir.glob("rank*.events.jsonl"))
+    node_rank = cfg.topology.node_rank
+    if (
+        (Path(out_dir) / f"{run_id}.json").exists()
+        or marker_path(run_dir, node_rank).exists()
+        or (node_rank == 0 and events_path(run_dir, 0).exists())
     ):
         raise UsageError(f"run id '{run_id}' was used before in {out_dir}: give a new --run-id")
 
