@@ -47,10 +47,6 @@ class Trainer(ABC):
 
     time_parts = False  # set by run_training for its anatomy steps only
     hooks: TestHooks = NO_HOOKS  # the test hooks of the run (run_training sets them)
-    # A delayed optimizer stands for optimizer work over the parameters a rank steps: an isolated worker
-    # of a stack that shards its optimizer steps all P where a rank steps P/N, so it sleeps N times the
-    # delay (run_training sets it), as t_compute's discount assumes of real optimizer work.
-    delay_scale: dict[str, int] = {}
 
     # What each part of the step is, in this framework's own calls, for the record (`anatomy_methods`):
     # forward, backward, optimizer -> the call timed. A part this worker cannot time apart is absent, and
@@ -74,7 +70,7 @@ class Trainer(ABC):
         synchronised start to its device's finish, without the test's delay, which is slept after it. A
         trainer whose call of one part runs another part again (TensorFlow's gradients' function runs the
         forward) takes the other's own seconds off with it."""
-        delay = sum(self.hooks.part_delay(p) * self.delay_scale.get(p, 1) for p in includes or (part,))
+        delay = sum(self.hooks.part_delay(p) for p in includes or (part,))
         if not self.time_parts:
             result = run()
             if delay:
@@ -325,8 +321,6 @@ def run_training(
     next_step = 0
     measured: dict = {"peak_rss_scope": "process lifetime"}
     trainer.hooks = hooks
-    if cfg.role.isolated_index is not None and get_backend(cfg.backend).sharding(cfg) != "none":
-        trainer.delay_scale = {"optimizer": cfg.topology.world_size}
     if hooks.warmup_transient_bytes:  # before the first warm-up step, so only a reset peak excludes it
         measured["warmup_transient"] = trainer.hold_transient(hooks.warmup_transient_bytes)
 

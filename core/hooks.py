@@ -11,7 +11,7 @@ workers the harness's environment (horovodrun and mpirun over ssh pass only what
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from core.records import write_json_atomic
@@ -46,6 +46,12 @@ class TestHooks:
     def part_delay(self, part: str) -> float:
         """Seconds to sleep in `part` of every step (0 where no test asked)."""
         return self.part_delays.get(part, 0.0)
+
+    def scaled(self, part: str, factor: float) -> TestHooks:
+        """These hooks with `part`'s delay `factor` times as long (the same hooks where none is set)."""
+        if not self.part_delay(part):
+            return self
+        return replace(self, part_delays={**self.part_delays, part: self.part_delays[part] * factor})
 
     def to_dict(self) -> dict | None:
         """What the record and the run directory hold: the hooks set, None when none is."""

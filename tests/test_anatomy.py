@@ -16,7 +16,11 @@ from conftest import assert_exposed_as_measured, run_record
 from test_equivalence import EDGE
 
 from backends import backend_names, get_backend
+from core.config import RunConfig
+from core.hooks import TestHooks
 from harness.analyze.anatomy import PARTS, median_difference, step_anatomy
+from harness.run.runner import isolated_hooks
+from workloads.spec import PRESETS
 
 DELAY_GAP = 0.2
 DELAYS = {"forward": DELAY_GAP, "backward": 2 * DELAY_GAP, "optimizer": 3 * DELAY_GAP, "comm": 4 * DELAY_GAP}
@@ -110,6 +114,18 @@ def test_an_isolated_worker_of_a_sharded_stack_gives_a_rank_one_nth_of_its_optim
     assert anatomy["parts"]["optimizer"]["s"] == pytest.approx(0.02)
     assert anatomy["parts"]["other"]["s"] == pytest.approx(t_compute - 0.1 - 0.2 - 0.02)
     assert "1/4" in anatomy["parts"]["optimizer"]["method"]
+
+
+@pytest.mark.unit
+def test_an_isolated_worker_of_a_sharded_stack_sleeps_n_times_the_optimizers_delay():
+    """What the analysis above assumes of real optimizer work, the injected delay does too: the isolated
+    worker of a sharded stack steps all P parameters where a rank steps P/N (harness/run/runner.py)."""
+    hooks = TestHooks(part_delays={"forward": 0.1, "optimizer": 0.3})
+    for stack, factor in (("torch-fsdp", 4), ("torch-ddp", 1)):
+        cfg = RunConfig.build(stack, workload="tiny", spec=PRESETS["tiny"], world_size=4, device="cpu")
+        scaled = isolated_hooks(get_backend(stack), cfg, hooks)
+        assert scaled.part_delays == {"forward": 0.1, "optimizer": 0.3 * factor}, stack
+    assert TestHooks().scaled("optimizer", 4) == TestHooks()
 
 
 @pytest.mark.unit

@@ -107,7 +107,7 @@ def run_isolated(
         for plan in plans:
             write_files(plan.files)
         for k in range(cfg.first_local_rank, cfg.first_local_rank + cfg.topology.gpus_per_node):
-            hooks.write(isolated_dir(run_dir, k, repeat))
+            isolated_hooks(backend, cfg, hooks).write(isolated_dir(run_dir, k, repeat))
         result = run_processes(
             [proc for plan in plans for proc in plan.processes],
             node_log(run_dir, cfg, "isolated"),
@@ -122,6 +122,15 @@ def run_isolated(
                 f"{result.returncodes}); see {run_dir}"
             )
     return None
+
+
+def isolated_hooks(backend: Backend, cfg: RunConfig, hooks: TestHooks) -> TestHooks:
+    """The test hooks of an isolated worker. A delayed optimizer stands for optimizer work over the
+    parameters a rank steps: an isolated worker of a stack that shards its optimizer steps all P where a
+    rank steps P/N, so it sleeps N times the delay, as t_compute's discount assumes of real optimizer work."""
+    if backend.sharding(cfg) == "none":
+        return hooks
+    return hooks.scaled("optimizer", cfg.topology.world_size)
 
 
 def run_traced(
