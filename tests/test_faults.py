@@ -503,7 +503,8 @@ def test_a_results_filesystem_that_fills_up_is_reported_and_leaves_nothing_half_
     out = small_filesystem
     earlier = out / "earlier.json"
     earlier.write_text(json.dumps({"a": "record written before"}))
-    argv = [*RUN, "--steps", "60", "--step-delay", "0.05", "--timeout", "120", "--out", str(out)]
+    # steps enough to outlast a starved test process between the first step and the fill (the fill ends it)
+    argv = [*RUN, "--steps", "400", "--step-delay", "0.05", "--timeout", "120", "--out", str(out)]
     proc = subprocess.Popen(
         [sys.executable, "-m", "harness", "run", *argv],
         cwd=REPO,
