@@ -273,10 +273,24 @@ def test_plan_prints_what_each_node_runs_from_the_adapters_launch(tmp_path):
 
 
 # ------------------------------------------------------------------------------- two nodes on loopback
+def free_ports_from(count: int) -> int:
+    """A port that is free with the `count - 1` after it: TensorFlow's worker k of a multi-node job listens
+    on the master port + k (backends/tf_mwms), and the port after a free one may be a neighbour's."""
+    while True:
+        port = free_port()
+        try:
+            for k in range(1, count):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port + k))
+            return port
+        except OSError:
+            continue
+
+
 def two_nodes(out0, out1, backend, run_id, extra=()):
     """Node 1's harness in the background, node 0's in the foreground, as on two machines (named apart,
     as launchers such as DeepSpeed's refuse one host listed twice)."""
-    port = free_port()
+    port = free_ports_from(2)
     common = [
         "--backend",
         backend,
