@@ -196,6 +196,30 @@ def test_a_node_waiting_for_another_node_s_launcher_stops_on_sigterm(tmp_path, s
     assert time.monotonic() - started < 2.0
 
 
+@pytest.mark.unit
+@pytest.mark.parametrize(("tracing", "launches"), [("--trace-comm", 2), ("--no-trace-comm", 1)])
+def test_a_horovod_node_waits_for_node_0s_measuring_and_traced_launches(
+    tracing, launches, tmp_path, monkeypatch
+):
+    """Horovod's node 0 starts every rank, then traces in a launch of its own: node 1 gives both, each up
+    to --timeout, before its isolated counterfactual (with one --timeout it gave up on a slow run)."""
+    from harness.run import runner
+    from harness.run.launch import LaunchResult
+
+    args = make_parser().parse_args(
+        ["run", "--backend", "horovod", "--nodes", "2", "--hosts", "a,b", "--node-rank", "1", "--device",
+         "cpu", "--timeout", "100", "--compute-method", "isolated", tracing]
+    )  # fmt: skip
+    cfg = build_config(args, args.backend, requested_world(args))
+    waited = []
+    monkeypatch.setattr(runner, "launch_node", lambda *a, **k: LaunchResult([0], False, 1.0))
+    monkeypatch.setattr(
+        runner, "wait_for_ranks", lambda _dir, _node, timeout_s: waited.append(timeout_s) or "-"
+    )
+    runner.run_node(get_backend("horovod"), cfg, tmp_path, [])
+    assert waited == [launches * 100.0]
+
+
 def test_run_ids_are_required_across_nodes_and_never_reused(tmp_path):
     two = config("--nodes", "2", "--hosts", "a,b", "--node-rank", "0", "--device", "cpu")
     with pytest.raises(UsageError, match="give --run-id"):

@@ -398,7 +398,8 @@ def test_a_time_limit_that_cannot_hold_the_run_is_refused(time_limit, run, messa
 
 @pytest.mark.unit
 def test_a_sweep_without_isolated_launches_needs_time_for_one_launch_a_run(capsys):
-    """Each run is one launch unless a swept backend measures t_compute by the isolated counterfactual:
+    """Each run is one launch unless a swept backend traces in a launch of its own or measures t_compute
+    by the isolated counterfactual:
     600 s + 120 s of margin fits 12 minutes for torch-ddp (its auto method is no_sync) or with
     --compute-method none; tf-mwms's auto method is isolated, two more launches a run (32 minutes)."""
     sweep = ["sweep", "--gpus", "1,2", "--device", "cpu", "--timeout", "600"]
@@ -408,16 +409,21 @@ def test_a_sweep_without_isolated_launches_needs_time_for_one_launch_a_run(capsy
     capsys.readouterr()
     assert main([*slurm, *sweep, "--backends", "torch-ddp,tf-mwms"]) == 2
     assert "3 launch(es) x --timeout 600 s" in capsys.readouterr().err
+    # horovod traces in a launch of its own: one more a run, unless tracing is off
+    assert main([*slurm, *sweep, "--backends", "horovod", "--compute-method", "none"]) == 2
+    assert "2 launch(es) x --timeout 600 s" in capsys.readouterr().err
+    assert main([*slurm, *sweep, "--backends", "horovod", "--compute-method", "none", "--no-trace-comm"]) == 0
 
 
 @pytest.mark.unit
 @pytest.mark.subprocess  # bash -n
 def test_the_default_timeout_is_lowered_to_fit_the_time_limit_and_sigterm_comes_early(capsys):
-    """horovod on 2 nodes: the run and two isolated launches; 20 minutes less 2 of margin = 360 s each."""
+    """horovod on 2 nodes: the run, its traced launch (horovod traces apart) and two isolated launches;
+    20 minutes less 2 of margin = 270 s each."""
     argv = ["slurm", "--nodes", "2", "--time", "00:20:00", "run", "--backend", "horovod", "--device", "cpu"]
     assert main(argv) == 0
     script = capsys.readouterr().out
-    assert "--timeout 360 " in script and "#SBATCH --signal=TERM@60" in script
+    assert "--timeout 270 " in script and "#SBATCH --signal=TERM@60" in script
     bash_syntax_ok(script)
 
 

@@ -50,6 +50,14 @@ def isolated_plans(backend: Backend, cfg: RunConfig, run_dir: Path, repeat: int 
     return plans
 
 
+def launches_in_turn(backend: Backend, cfg: RunConfig) -> int:
+    """The launches a run makes one after another, each up to --timeout: the one that measures, the traced
+    one where the stack traces in a launch of its own, and the isolated counterfactual's repeats."""
+    traced_apart = measuring_config(backend, cfg).role.trace_launch == "untraced"
+    isolated = cfg.measurement.compute_method == "isolated" and cfg.topology.world_size > 1
+    return 1 + traced_apart + (cfg.measurement.isolated_repeats if isolated else 0)
+
+
 def write_files(files: dict[Path, str]) -> None:
     for path, content in files.items():
         write_atomic(path, lambda tmp, content=content: tmp.write_text(content))
@@ -216,7 +224,8 @@ def run_node(
     isolated_error = None
     if measured and cfg.measurement.compute_method == "isolated" and cfg.topology.world_size > 1:
         # Where node 0's launcher runs this node's ranks too, they may still be running: wait for them.
-        if backend.starts_remote_ranks and cfg.topology.node_rank != 0:
-            isolated_error = wait_for_ranks(run_dir, 0, cfg.measurement.timeout_s)
+        if backend.starts_remote_ranks and cfg.topology.node_rank != 0:  # and its traced launch after them
+            launches = 2 if cfg.role.trace_launch == "untraced" else 1
+            isolated_error = wait_for_ranks(run_dir, 0, launches * cfg.measurement.timeout_s)
         isolated_error = isolated_error or run_isolated(backend, cfg, run_dir, display, hooks)
     return finish_node(run_dir, marker, result, isolated_error)

@@ -20,6 +20,7 @@ from core.process import REPO_ROOT
 from harness.arguments import add_job_arguments, positive
 from harness.run import sweep
 from harness.run.jobfile import checked_command, strip_separator, write_output
+from harness.run.runner import launches_in_turn
 from harness.usage import EXIT_OK, UsageError
 
 # Seconds a job needs beyond its runs' timeouts: starting the harness and the launchers, writing the
@@ -73,23 +74,31 @@ def sweep_measures_isolated(args) -> bool:
     return False
 
 
+def sweep_traces_apart(args) -> bool:
+    """Whether any run of the sweep is traced in a launch of its own: some N > 1, tracing on, and a swept
+    backend that traces apart (Backend.traces_in_own_launch)."""
+    if max(args.gpus) < 2 or not args.trace_comm:
+        return False
+    return any(get_backend(name).traces_in_own_launch for name in sweep.selected_backends(args.backends))
+
+
 def fit_time_limit(args, run_args, harness_args: list[str]) -> list[str]:
     """Make the job's time limit and the run's --timeout agree, before anything is submitted: the run's
-    launches (its own and the isolated counterfactual's, each up to --timeout) plus SLURM_MARGIN_S must fit
+    launches (its own, a traced one where the stack traces apart, and the isolated counterfactual's, each up
+    to --timeout; harness.run.runner.launches_in_turn) plus SLURM_MARGIN_S must fit
     in --time. A --timeout given explicitly that cannot fit is refused; the default one is lowered to fit
     (returned as the run's options). A sweep is checked for one run (it resumes with --resume)."""
     limit = slurm_seconds(args.time)
     given = any(a.split("=", 1)[0] == "--timeout" for a in harness_args)
     timeout = run_args.timeout
     if args.command == "run":
-        cfg = run_args.cfg
-        launches = 1 + (
-            cfg.measurement.isolated_repeats
-            if cfg.measurement.compute_method == "isolated" and cfg.topology.world_size > 1
-            else 0
+        launches = launches_in_turn(get_backend(run_args.cfg.backend), run_args.cfg)
+    else:  # its runs at N > 1 add the traced and isolated launches where a swept backend makes them
+        launches = (
+            1
+            + sweep_traces_apart(run_args)
+            + (run_args.isolated_repeats if sweep_measures_isolated(run_args) else 0)
         )
-    else:  # its runs at N > 1 add the isolated launches where a backend's method is (or resolves to) it
-        launches = 1 + (run_args.isolated_repeats if sweep_measures_isolated(run_args) else 0)
     needed = launches * timeout + SLURM_MARGIN_S
     if needed <= limit:
         return harness_args
