@@ -18,7 +18,7 @@ from test_equivalence import EDGE
 from backends import backend_names, get_backend
 from core.config import RunConfig
 from core.hooks import TestHooks
-from harness.analyze.anatomy import PARTS, median_difference, step_anatomy
+from harness.analyze.anatomy import PARTS, median_difference, part_text, resolved, step_anatomy
 from harness.run.runner import isolated_hooks
 from workloads.spec import PRESETS
 
@@ -146,6 +146,42 @@ def test_a_difference_negative_beyond_its_noise_is_unresolved_never_zero():
     noisy = list(0.36 + rng.normal(0, 0.03, 5))
     value, interval = median_difference(step, [noisy])
     assert interval[0] < 0 < interval[1] or value > 0
+
+
+@pytest.mark.unit
+def test_a_negative_difference_of_one_value_is_unresolved_too():
+    """One measured step gives no interval: a negative exposed part is then no more a figure than one
+    negative beyond its noise (its ratio null, its text says why), where a positive one stands."""
+    ranks = processes(compute_only_step_times=[1.5, 1.5, 1.52])
+    anatomy = step_anatomy({"ranks": ranks}, ranks, [1.0], (1.5, [1.5, 1.5, 1.52]), "no_sync", False, 2)
+    exposed = anatomy["parts"]["exposed_comm"]
+    assert exposed["status"] == "unresolved" and exposed["ci"] is None and exposed["s"] == pytest.approx(-0.5)
+    assert resolved(anatomy, "exposed_comm") is None
+    assert "no interval" in part_text(exposed)
+    anatomy = step_anatomy({"ranks": ranks}, ranks, [1.6], (1.5, [1.5, 1.5, 1.52]), "no_sync", False, 2)
+    assert anatomy["parts"]["exposed_comm"]["status"] == "derived"
+
+
+@pytest.mark.unit
+def test_the_instrument_cost_of_a_sharded_isolated_worker_is_net_of_its_optimizer_cut():
+    """Isolated workers of a stack that shards its optimizer, whose anatomy steps cost nothing beyond
+    their steps (as on a CPU): t_compute takes (N−1)/N of each worker's optimizer off its steps, and the
+    instrument's cost is its anatomy steps less the same cut, so zero, not that cut."""
+    workers = [
+        {
+            "step_times": [1.0, 1.0, 1.01],
+            "anatomy_step_times": [1.0, 1.01, 1.0],
+            "forward_times": [0.2] * 3,
+            "backward_times": [0.3] * 3,
+            "optimizer_step_times": [0.4] * 3,
+        }
+        for _ in range(4)
+    ]
+    t_compute = 1.0 - 3 / 4 * 0.4
+    anatomy = step_anatomy(
+        {"isolated_ranks": workers}, [], [1.0] * 3, (t_compute, [t_compute] * 3), "isolated", True, world=4
+    )
+    assert anatomy["instrument_cost_s"] == pytest.approx(0.0, abs=0.011)
 
 
 @pytest.mark.unit

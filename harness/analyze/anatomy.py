@@ -10,8 +10,9 @@ Derived here, from the raw per-rank series, and nowhere else (harness.analyze.me
   (zero_grad, the loss read-back, an engine's bookkeeping) and whatever the parts miss.
 
 Each part's value is a median (the slowest process's, as t_compute is taken) with a 95% bootstrap interval
-(scipy.stats.bootstrap). A difference whose interval lies wholly below zero is *unresolved*: its sign and
-size are kept, it is never clamped to zero, and nothing may be concluded from it.
+(scipy.stats.bootstrap). A difference whose interval lies wholly below zero, or that is negative with no
+interval (a series of one value), is *unresolved*: its sign and size are kept, it is never clamped to zero,
+and nothing may be concluded from it.
 """
 
 from __future__ import annotations
@@ -37,6 +38,28 @@ def slowest_process_series(series: list[list[float]]) -> list[float] | None:
 def slowest_series(processes: list[dict], key: str) -> list[float] | None:
     """slowest_process_series of each process's series `key`."""
     return slowest_process_series([p.get(key) or [] for p in processes])
+
+
+def sharded_optimizer_cut(optimizer_times: list[float], world: int) -> float:
+    """What an isolated worker of a stack that shards its optimizer steps beyond a rank: it steps all P
+    parameters where a rank steps P/N, so (N−1)/N of its median optimizer step. t_compute takes it off the
+    worker's steps (harness.analyze.metrics), and the instrument's cost off its anatomy steps."""
+    return (world - 1) / world * float(np.median(optimizer_times))
+
+
+def anatomy_step_series(processes: list[dict], discount_world: int) -> list[float] | None:
+    """The slowest process's anatomy steps, comparable with t_compute: for the isolated workers of a stack
+    that shards its optimizer (discount_world N > 1), each less the cut t_compute takes off its steps."""
+    if discount_world <= 1:
+        return slowest_series(processes, "anatomy_step_times")
+    per_process = []
+    for p in processes:
+        steps, opt = p.get("anatomy_step_times") or [], p.get("optimizer_step_times") or []
+        if not steps or not opt:
+            return None
+        cut = sharded_optimizer_cut(opt, discount_world)
+        per_process.append([t - cut for t in steps])
+    return slowest_process_series(per_process)
 
 
 def median_difference(first: list[float], others: list[list[float]]) -> tuple[float, list[float] | None]:
@@ -69,7 +92,8 @@ def median_difference(first: list[float], others: list[list[float]]) -> tuple[fl
 
 
 def part(value: float, interval: list[float] | None, method: str, step_s: float, derived: bool) -> dict:
-    unresolved = derived and interval is not None and interval[1] < 0
+    # without an interval (a series of one value) a negative difference cannot be told from noise either
+    unresolved = derived and (interval[1] < 0 if interval is not None else value < 0)
     return {
         "s": value,
         "ci": interval,
@@ -148,7 +172,7 @@ def step_anatomy(
     else:
         parts["other"] = missing("a part is not measured, so the rest is not known")
     other = parts["other"]
-    anatomy_steps = slowest_series(processes, "anatomy_step_times")
+    anatomy_steps = anatomy_step_series(processes, world if discount_optimizer else 1)
     return {
         "step_s": step_s,
         "source": source,
@@ -185,6 +209,8 @@ def part_text(p: dict) -> str:
     if p["s"] is None:
         return f"n/a ({p['method']})"
     ms = f"{p['s'] * 1e3:.1f} ms"
+    if p["status"] == "unresolved" and p["ci"] is None:
+        return f"unresolved: {ms}, negative, one value (no interval)"
     if p["status"] == "unresolved":
         low, high = (x * 1e3 for x in p["ci"])
         return f"unresolved: {ms} [{low:.1f}, {high:.1f}], negative beyond its noise"

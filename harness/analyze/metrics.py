@@ -9,7 +9,7 @@ import numpy as np
 
 from backends import get_backend
 from core.records import run_config
-from harness.analyze.anatomy import resolved, slowest_process_series, step_anatomy
+from harness.analyze.anatomy import resolved, sharded_optimizer_cut, slowest_process_series, step_anatomy
 
 # Dense peak FLOP/s (no sparsity) from NVIDIA's data sheets, by the exact name the driver reports
 # (torch.cuda.get_device_name, nvidia-smi): a substring would take "RTX A1000" for an A100. "tf32" is the
@@ -258,7 +258,7 @@ def compute_time(
             return None, "isolated: optimizer step times missing, cannot discount the sharded optimizer", None
         if not steps:
             return None, "isolated: a worker recorded no steps", None
-        cut = (world - 1) / world * float(np.median(opt))
+        cut = sharded_optimizer_cut(opt, world)
         per_worker.append([t - cut for t in steps])
     detail = (
         "isolated workers: median step per worker less (N-1)/N of its median optimizer step (a rank "
