@@ -1155,6 +1155,24 @@ def test_accumulation_pays_the_fixed_cost_of_every_micro_batch_and_the_step_s_on
 
 
 @unit
+def test_runs_of_which_only_some_timed_the_optimizer_are_all_priced_per_flop_with_it():
+    """Neither run's anatomy splits its step, and only one timed its optimizer: both stay in the
+    calibration, the optimizer counted within the FLOP rate for both (none priced per parameter), and the
+    note says so. Before, the run that timed it was dropped without a note."""
+    timed = without_anatomy(anatomy_record("timed", 2))
+    untimed = without_anatomy(anatomy_record("untimed", 4))
+    for rank in untimed["ranks"]:
+        rank.pop("optimizer_step_times")
+    calib = calibrate([timed, untimed], one_rank(8), cpu_profile())
+    assert calib.fit["runs"] == ["timed", "untimed"], calib.fit
+    assert calib.optimizer_seconds_per_param is None
+    assert [s["optimizer_s"] for s in calib.sources] == [0.0, 0.0]
+    assert "optimizer times in some calibration runs only: counted within the FLOP rate for all of them" in (
+        calib.notes
+    )
+
+
+@unit
 def test_the_prediction_records_its_calibration_s_fit_and_older_runs_are_not_mixed_in():
     """A record made before the anatomy steps beside ones with it: named in the notes, left out; the
     prediction carries which fit priced its compute, from which runs."""

@@ -275,6 +275,13 @@ def calibrate(records: list[dict], cfg: RunConfig, profile: Profile) -> Calibrat
         candidates = [r for r in candidates if split[r["run_id"]][2] is None]
     # Repeats (separate launches) of the same run: the median of their median steps, the band from the
     # lowest p10 to the highest p90, as launches on a shared machine differ by more than steps within one.
+    # The optimizer is priced per parameter where every run timed it; where only some did, it is counted
+    # within the FLOP rate for all of them (their t_opt 0), so the runs stay comparable
+    timed_optimizer = all(has_optimizer_times(r) for r in candidates)
+    if not timed_optimizer and any(has_optimizer_times(r) for r in candidates):
+        calib.notes.append(
+            "optimizer times in some calibration runs only: counted within the FLOP rate for all of them"
+        )
     flops, nominal, fast, slow, optimizer, cvs, points = 0.0, [], [], [], [], [], []
     for record in candidates:
         rc = run_config(record)
@@ -282,6 +289,7 @@ def calibrate(records: list[dict], cfg: RunConfig, profile: Profile) -> Calibrat
         opt = [
             t for r in record["ranks"] if r.get("status") == "ok" for t in r.get("optimizer_step_times") or []
         ]
+        opt = opt if timed_optimizer else []
         t_opt = float(np.median(opt)) if opt else 0.0
         flops = float(np.sum(segment_flops(rc, Steps(rc))))
         step = summary["step_time_s"]
@@ -291,7 +299,7 @@ def calibrate(records: list[dict], cfg: RunConfig, profile: Profile) -> Calibrat
         slow.append((step["p90"] - t_opt) / flops)
         if opt:
             optimizer.append(t_opt / rc.model.spec.n_params)
-        else:
+        elif not has_optimizer_times(record):
             calib.notes.append(
                 f"{record['run_id']}: no optimizer times recorded; the optimizer scales with FLOPs"
             )
@@ -328,11 +336,8 @@ def calibrate(records: list[dict], cfg: RunConfig, profile: Profile) -> Calibrat
         "runs": [p.run_id for p in points],
     }
     calib.step_cv = float(np.median(cvs))
-    if len(optimizer) == len(candidates):
+    if timed_optimizer:
         calib.optimizer_seconds_per_param = (float(np.median(optimizer)),) * 3
-    elif optimizer:  # some runs timed it, some did not: count it within the FLOP rate for all of them
-        calib.notes.append("optimizer times in some calibration runs only: counted within the FLOP rate")
-        return calibrate([r for r in records if not has_optimizer_times(r)], cfg, profile)
     if all(p.forward_backward_s is not None for p in points):
         for name, value in split_step(points).items():
             setattr(calib, name, value)
