@@ -647,6 +647,23 @@ def test_the_next_gate_removes_the_worktree_a_killed_gate_left(tmp_path, monkeyp
     assert not left.exists() and not any(temp.iterdir())
 
 
+@pytest.mark.subprocess  # git
+def test_a_dirty_directory_side_is_identified_by_its_uncommitted_changes(tmp_path):
+    """`--head .` with uncommitted edits, edited again: another side for gate.json and the default --out,
+    so the pairs of the earlier edit are never resumed as this code's; a clean tree has no digest."""
+    repo, commit = a_repository(tmp_path)
+    (repo / "harness").mkdir()
+    (repo / "harness" / "__main__.py").write_text("")
+    clean = trees.resolve_tree("head", str(repo), None).describe()
+    assert clean == {"kind": "dir", "spec": str(repo), "commit": commit, "path": str(repo.resolve())}
+    (repo / "README").write_text("an edit\n")
+    first = trees.resolve_tree("head", str(repo), None).describe()
+    (repo / "README").write_text("another edit\n")
+    second = trees.resolve_tree("head", str(repo), None).describe()
+    assert first["changes"] != second["changes"] and first == {**second, "changes": first["changes"]}
+    assert trees.resolve_tree("head", str(repo), None).describe() == second  # the same edit: resumable
+
+
 @pytest.mark.subprocess
 def test_a_running_gates_worktree_is_left_alone(tmp_path, monkeypatch):
     """Two gates side by side on one repository: the second leaves the first's worktree be."""

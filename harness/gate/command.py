@@ -27,8 +27,9 @@ arguments and `--out`, it resumes from the recorded pairs; another configuration
 
 Exit codes: 0 NO REGRESSION; 1 REGRESSION (a slowdown, exact growth, peak memory over its threshold, or a
 head run failing where the base ran); 2 bad input (a ref that does not exist, a tree whose harness cannot
-run the arguments, runs failing on the base side or on both, a budget too small to decide, another gate's
---out); `--inconclusive-exit` (default 3) INCONCLUSIVE; 130 interrupted (the pairs recorded stay).
+run the arguments, runs failing on the base side or on both, a --max-pairs below the first look, another
+gate's --out); `--inconclusive-exit` (default 3) INCONCLUSIVE, a budget spent before a decision; 130
+interrupted (the pairs recorded stay).
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ imported and takes the run arguments."""
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import shutil
 import subprocess
@@ -51,12 +52,17 @@ class Tree:
     commit: str | None
     path: Path | None = None  # the folder its runs import from (a ref's once checked out)
     dirty: bool = False
+    changes: str | None = None  # a digest of a dirty directory's uncommitted changes to tracked files
 
     def describe(self) -> dict:
-        """What identifies the code of this side (gate.json's, compared on resume)."""
+        """What identifies the code of this side (gate.json's, compared on resume, and in the default
+        --out's name): a dirty directory's uncommitted changes too, so pairs of code since edited again are
+        never resumed as this code's."""
         out = {"kind": self.kind, "spec": self.spec, "commit": self.commit}
         if self.kind == "dir":
             out["path"] = str(self.path)
+        if self.changes:
+            out["changes"] = self.changes
         return out
 
     def text(self) -> str:
@@ -85,7 +91,11 @@ def resolve_tree(side: str, spec: str, repo: Path | None) -> Tree:
         head = git("rev-parse", "HEAD", cwd=folder)
         commit = head.stdout.strip() if head.returncode == 0 else None
         dirty = bool(commit) and bool(git("status", "--porcelain", "--untracked-files=no", cwd=folder).stdout)
-        return Tree(side, spec, "dir", commit, folder.resolve(), dirty)
+        changes = None
+        if dirty:
+            diff = git("diff", "HEAD", "--binary", cwd=folder).stdout
+            changes = hashlib.sha256(diff.encode()).hexdigest()[:16]
+        return Tree(side, spec, "dir", commit, folder.resolve(), dirty, changes)
     if repo is None:
         raise UsageError(
             f"--{side} {spec}: no such directory, and no git repository here to find it as a ref in; "
