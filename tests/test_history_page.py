@@ -152,6 +152,20 @@ def test_two_records_of_one_commit_are_one_row_with_their_spread(tmp_path):
     assert table[0][4] == f"{np.median([low, high]):,.0f} [{low:,.0f}–{high:,.0f}] ±11.1%"
 
 
+def test_a_record_that_does_not_know_its_start_is_placed_by_its_end(tmp_path):
+    """`harness collect` rebuilds a record without node 0's marker with no start time (the schema allows
+    null): the page and `history` place it by its end time instead of failing on it."""
+    records = tmp_path / "records"
+    sha = hashlib.sha1(b"one").hexdigest()
+    run(records, sha, 1, 0)
+    rebuilt = run(records, sha, 1, 1, run_id="rebuilt")
+    rebuilt["environment"]["start_time"] = None
+    write_json_atomic(records / f"{hashlib.sha1(b'rebuilt').hexdigest()[:12]}.json", rebuilt)
+    table = rows(section(page(tmp_path, records), "N=1"))
+    assert len(table) == 1 and table[0][3] == "2 (0)"
+    assert main(["history", str(records), "--backend", "torch-ddp", "--workload", "tiny", "--gpus", "1"]) == 0
+
+
 def test_changed_arguments_start_a_new_series(tmp_path):
     records = tmp_path / "records"
     shas = [hashlib.sha1(f"c{i}".encode()).hexdigest() for i in range(6)]

@@ -81,8 +81,14 @@ def select(runs: list[dict], args) -> list[dict]:
     return chosen
 
 
+def start_text(run: dict) -> str:
+    """When the run started, or where its record does not know (one rebuilt by `harness collect` without
+    node 0's marker) when it ended: every record has one of the two."""
+    return run["environment"].get("start_time") or run["environment"]["end_time"]
+
+
 def start_time(run: dict) -> dt.datetime:
-    return dt.datetime.fromisoformat(run["environment"]["start_time"])
+    return dt.datetime.fromisoformat(start_text(run))
 
 
 def history_rows(runs: list[dict], metric: str) -> list[dict]:
@@ -100,7 +106,7 @@ def history_rows(runs: list[dict], metric: str) -> list[dict]:
         rows.append(
             {
                 "commit": commit,
-                "first_run": group[0]["environment"]["start_time"],
+                "first_run": start_text(group[0]),
                 "runs": len(group),
                 "failed": sum(r["status"] != "ok" for r in group),
                 "median": median,

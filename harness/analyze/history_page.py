@@ -77,7 +77,7 @@ def series(runs: list[dict]) -> dict:
         known = kinds.get(run_key(r, "*"), set())
         key = run_key(r, None if device_name(r) or len(known) != 1 else next(iter(known)))
         out.setdefault(key, []).append(r)
-    newest = lambda kv: max(r["environment"]["start_time"] for r in kv[1])  # noqa: E731
+    newest = lambda kv: max(start_time(r) for r in kv[1])  # noqa: E731
     return dict(sorted(out.items(), key=newest, reverse=True))  # the configuration measured last first
 
 
