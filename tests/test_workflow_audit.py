@@ -70,6 +70,23 @@ def test_the_workflows_pass_zizmor():
 
 
 @pytest.mark.unit
+def test_every_artifact_upload_replaces_a_re_run_s_earlier_one():
+    """upload-artifact v4 refuses a name that an earlier attempt of the same workflow run uploaded (409):
+    a re-run's measuring job would fail, and the jobs after it would read the first attempt's artifact.
+    Every upload overwrites, so a re-run's own files are what the next job downloads."""
+    uploads = [
+        (path.name, step)
+        for path in workflow_files()
+        for job in yaml.safe_load(path.read_text())["jobs"].values()
+        for step in job.get("steps", [])
+        if step.get("uses", "").startswith("actions/upload-artifact@")
+    ]
+    assert uploads
+    for name, step in uploads:
+        assert step["with"].get("overwrite") is True, (name, step["with"]["name"])
+
+
+@pytest.mark.unit
 @pytest.mark.subprocess  # zizmor
 def test_the_audit_catches_an_action_pinned_to_a_tag(tmp_path):
     """The audit's failure mode, tested: one `uses:` moved from its commit SHA back to a tag is reported."""
