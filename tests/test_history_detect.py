@@ -91,6 +91,22 @@ def test_a_step_slowdown_is_found_at_its_commit_and_exits_1(tmp_path, capsys):
 
 
 @needs_otava
+def test_newest_device_reads_the_series_of_the_device_the_newest_run_ran_on(tmp_path, capsys):
+    """A hosted runner's CPU model changes between nights: two configurations, refused without a device
+    kind (exit 2); `--device-kind newest` takes the newer runs' device, whose ten commits are the series."""
+    newer = []
+    for i in range(COMMITS, COMMITS + 10):
+        r = record(0.12, commit(i), f"2026-02-{i - COMMITS + 1:02d}T00:00:00+00:00")
+        r["environment"]["device_kind"] = "cpu: another model"
+        newer.append(r)
+    folder = history(tmp_path, [1.0] * COMMITS, seed=3, extra=newer)
+    assert detect(folder) == 2 and "several configurations match" in capsys.readouterr().err
+    code = detect(folder, "--device-kind", "newest")
+    out = capsys.readouterr().out
+    assert code == 0 and "over 10 commits" in out and "another model" in out, out
+
+
+@needs_otava
 def test_a_flat_history_has_no_change_point_and_exits_0(tmp_path, capsys):
     code = detect(history(tmp_path, [1.0] * COMMITS, seed=2))
     out = capsys.readouterr().out

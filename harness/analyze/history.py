@@ -51,22 +51,38 @@ def metric_value(summary: dict, name: str):
     return value
 
 
+NEWEST_DEVICE = "newest"
+
+
 def select(runs: list[dict], args) -> list[dict]:
-    """The runs of exactly one configuration; several left after the filters is a usage error."""
+    """The runs of exactly one configuration; several left after the filters is a usage error.
+    `--device-kind newest`: the device kind the newest matching run ran on, for a series measured where the
+    device may change between runs (a hosted CI runner's CPU model): its change points are within one."""
+    if args.device_kind == NEWEST_DEVICE:
+        args = argparse.Namespace(**{**vars(args), "device_kind": None})
+        named = [r for r in runs if wanted(r, args) and device_name(r)]
+        if named:
+            args.device_kind = device_name(max(named, key=start_time))
+    return select_one(runs, args)
 
-    def wanted(r):
-        cfg = run_config(r)
-        return (
-            r.get("kind", "training") == "training"
-            and args.backend in (r["backend_info"].get("label"), cfg.backend)
-            and args.workload == workload_name(cfg)
-            and cfg.topology.world_size == args.gpus
-            and (args.precision is None or cfg.model.precision == args.precision)
-            and (args.scaling is None or cfg.batch.scaling == args.scaling)
-            and (args.device_kind is None or r["environment"].get("device_kind") == args.device_kind)
-        )
 
-    chosen = [r for r in runs if wanted(r)]
+def wanted(r: dict, args) -> bool:
+    """Whether run `r` passes the filters of `args`."""
+    cfg = run_config(r)
+    return (
+        r.get("kind", "training") == "training"
+        and args.backend in (r["backend_info"].get("label"), cfg.backend)
+        and args.workload == workload_name(cfg)
+        and cfg.topology.world_size == args.gpus
+        and (args.precision is None or cfg.model.precision == args.precision)
+        and (args.scaling is None or cfg.batch.scaling == args.scaling)
+        and (args.device_kind is None or r["environment"].get("device_kind") == args.device_kind)
+    )
+
+
+def select_one(runs: list[dict], args) -> list[dict]:
+    """The runs the filters leave, which must be of one configuration."""
+    chosen = [r for r in runs if wanted(r, args)]
     if not chosen:
         raise InputError(
             f"no records for backend {args.backend}, workload {args.workload}, {args.gpus} GPU(s) "
@@ -76,7 +92,7 @@ def select(runs: list[dict], args) -> list[dict]:
     if len(keys) > 1:
         raise InputError(
             f"several configurations match: {'; '.join(k.text() for k in keys)}; narrow with "
-            f"--backend LABEL, --precision, --scaling or --device-kind"
+            f"--backend LABEL, --precision, --scaling or --device-kind (KIND or {NEWEST_DEVICE})"
         )
     return chosen
 
@@ -273,7 +289,11 @@ def register(subparsers) -> None:
     p.add_argument("--gpus", type=positive, help="ranks of the configuration; required but with --html")
     p.add_argument("--precision", help="only this precision")
     p.add_argument("--scaling", help="only this scaling mode (weak or strong)")
-    p.add_argument("--device-kind", help="only this device kind, e.g. 'NVIDIA H100 80GB HBM3'")
+    p.add_argument(
+        "--device-kind",
+        help=f"only this device kind, e.g. 'NVIDIA H100 80GB HBM3'; '{NEWEST_DEVICE}': the one the newest "
+        "matching run ran on (a CI runner whose device changes)",
+    )
     p.add_argument("--metric", default=DEFAULT_METRIC, help=f"summary figure (default {DEFAULT_METRIC})")
     p.add_argument("--output", type=Path, help="also plot the history to this image file")
     # --html FILE as every verb that writes a document takes it: here, the page of every configuration's
