@@ -248,9 +248,10 @@ class FakeRuns:
     resumed gate sees the runs an uninterrupted one saw."""
 
     def __init__(
-        self, out: Path, slowdown=0.0, sd=0.01, seed=0, status=None, summary=None, rss=None, stop_at=None
-    ):
-        self.out, self.slowdown, self.sd, self.seed = out, slowdown, sd, seed
+        self, out: Path, slowdown=0.0, sd=0.01, seed=0, status=None, summary=None, rss=None, stop_at=None,
+        tag="",
+    ):  # fmt: skip
+        self.out, self.slowdown, self.sd, self.seed, self.tag = out, slowdown, sd, seed, tag
         self.status = status or {}
         self.summary = summary or {}  # side -> summary fields to overwrite
         self.rss = rss or {}
@@ -268,7 +269,7 @@ class FakeRuns:
             gpus=2,
             step_time=step,
             status=status,
-            run_id=f"pair{k}-{side}",
+            run_id=f"pair{k}-{side}{self.tag}",
             peak_rss=self.rss.get(side, 400 << 20),
         )
         record["summary"].update(self.summary.get(side, {}))
@@ -417,6 +418,15 @@ def test_a_sigterm_stops_the_gate_between_runs_and_drops_the_pair(tmp_path, monk
     assert len(runs.calls) == 5
     assert len((tmp_path / PAIRS_FILE).read_text().splitlines()) == 2
     assert not (tmp_path / FAILURES_FILE).exists() and not (tmp_path / VERDICT_FILE).exists()
+    # Resumed (each run's record named anew, as real runs are), the stopped pair's finished run is set
+    # aside: base/ and head/ hold the gate's pairs and nothing else, for `harness compare` to read.
+    (stray_side, _), said = runs.calls[4], []
+    monkeypatch.setattr(gate_pairs, "stopped", lambda: None)
+    run_gate(settings(), tmp_path, FakeRuns(tmp_path, tag="-again"), say=said.append)
+    assert (tmp_path / "dropped" / stray_side / f"pair2-{stray_side}.json").is_file()
+    assert "1 record(s) of a pair that did not finish moved to" in "\n".join(said)
+    paired = {p[side]["record"] for p in gate_pairs.read_pairs(tmp_path) for side in trees.SIDES}
+    assert {f"{side}/{f.name}" for side in trees.SIDES for f in (tmp_path / side).glob("*.json")} == paired
 
 
 def test_resuming_another_gates_pairs_is_refused(tmp_path):

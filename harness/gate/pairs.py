@@ -41,6 +41,7 @@ EXIT_INCONCLUSIVE = 3
 # step's was the lowest, and contention, a shared runner's noise, only adds time.
 DEFAULT_STATISTIC = "min"
 PAIRS_FILE, FAILURES_FILE, CONFIG_FILE = "pairs.jsonl", "failures.jsonl", "gate.json"
+DROPPED_DIR = "dropped"  # the records of pairs that never finished
 
 
 def order_of(seed: int, pair: int) -> tuple[str, str]:
@@ -159,6 +160,24 @@ def load_recorded(out: Path, pairs: list[dict], side: str, cache: dict[str, dict
     return runs
 
 
+def set_aside_unpaired(out: Path, pairs: list[dict], say=print) -> None:
+    """The records of a pair that never finished (stopped, killed, interrupted) are no evidence, and the pair
+    is run again: they go to out/dropped/<side>/, so that `harness compare OUT/base OUT/head` reads the
+    gate's own runs only. A failed pair's records stay: they are its verdict's evidence."""
+    kept = {p[side]["record"] for p in pairs for side in SIDES}
+    kept |= {f[side]["record"] for f in read_failures(out) for side in SIDES if f[side].get("record")}
+    moved = 0
+    for side in SIDES:
+        for path in sorted((out / side).glob("*.json")):
+            if os.path.relpath(path, out) not in kept:
+                target = out / DROPPED_DIR / side / path.name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(path, target)
+                moved += 1
+    if moved:
+        say(f"{moved} record(s) of a pair that did not finish moved to {out / DROPPED_DIR}")
+
+
 def run_gate(settings: Settings, out: Path, runner: Runner, say=print, clock=time.monotonic) -> Outcome:
     """Pairs until the design decides or the budget runs out, resuming from those recorded in `out`; the
     verdict also goes to out/verdict.json."""
@@ -170,6 +189,7 @@ def run_gate(settings: Settings, out: Path, runner: Runner, say=print, clock=tim
     say(f"order seed {seed}; runs, pairs and verdict in {out}")
     if pairs:
         say(f"resuming from {len(pairs)} pair(s) recorded in {out}")
+    set_aside_unpaired(out, pairs, say)
     budget_s = settings.max_minutes * 60 if settings.max_minutes else math.inf
     outcome: Outcome | None = None
     while True:
