@@ -42,9 +42,22 @@ def slowest_series(processes: list[dict], key: str) -> list[float] | None:
 
 def sharded_optimizer_cut(optimizer_times: list[float], world: int) -> float:
     """What an isolated worker of a stack that shards its optimizer steps beyond a rank: it steps all P
-    parameters where a rank steps P/N, so (N−1)/N of its median optimizer step. t_compute takes it off the
-    worker's steps (harness.analyze.metrics), and the instrument's cost off its anatomy steps."""
+    parameters where a rank steps P/N, so (N−1)/N of its median optimizer step."""
     return (world - 1) / world * float(np.median(optimizer_times))
+
+
+def slowest_less_sharded_optimizer(processes: list[dict], key: str, world: int) -> list[float] | None:
+    """The slowest process's series `key`, each process's less its own sharded_optimizer_cut, None unless
+    every process has both series: t_compute from the isolated workers' steps (harness.analyze.metrics),
+    and the anatomy steps it is compared with."""
+    per_process = []
+    for p in processes:
+        series, opt = p.get(key) or [], p.get("optimizer_step_times") or []
+        if not series or not opt:
+            return None
+        cut = sharded_optimizer_cut(opt, world)
+        per_process.append([t - cut for t in series])
+    return slowest_process_series(per_process)
 
 
 def anatomy_step_series(processes: list[dict], discount_world: int) -> list[float] | None:
@@ -52,14 +65,7 @@ def anatomy_step_series(processes: list[dict], discount_world: int) -> list[floa
     that shards its optimizer (discount_world N > 1), each less the cut t_compute takes off its steps."""
     if discount_world <= 1:
         return slowest_series(processes, "anatomy_step_times")
-    per_process = []
-    for p in processes:
-        steps, opt = p.get("anatomy_step_times") or [], p.get("optimizer_step_times") or []
-        if not steps or not opt:
-            return None
-        cut = sharded_optimizer_cut(opt, discount_world)
-        per_process.append([t - cut for t in steps])
-    return slowest_process_series(per_process)
+    return slowest_less_sharded_optimizer(processes, "anatomy_step_times", discount_world)
 
 
 def median_difference(first: list[float], others: list[list[float]]) -> tuple[float, list[float] | None]:

@@ -58,31 +58,13 @@ def select(runs: list[dict], args) -> list[dict]:
     """The runs of exactly one configuration; several left after the filters is a usage error.
     `--device-kind newest`: the device kind the newest matching run ran on, for a series measured where the
     device may change between runs (a hosted CI runner's CPU model): its change points are within one."""
-    if args.device_kind == NEWEST_DEVICE:
-        args = argparse.Namespace(**{**vars(args), "device_kind": None})
-        named = [r for r in runs if wanted(r, args) and device_name(r)]
-        if named:
-            args.device_kind = device_name(max(named, key=start_time))
-    return select_one(runs, args)
-
-
-def wanted(r: dict, args) -> bool:
-    """Whether run `r` passes the filters of `args`."""
-    cfg = run_config(r)
-    return (
-        r.get("kind", "training") == "training"
-        and args.backend in (r["backend_info"].get("label"), cfg.backend)
-        and args.workload == workload_name(cfg)
-        and cfg.topology.world_size == args.gpus
-        and (args.precision is None or cfg.model.precision == args.precision)
-        and (args.scaling is None or cfg.batch.scaling == args.scaling)
-        and (args.device_kind is None or r["environment"].get("device_kind") == args.device_kind)
-    )
-
-
-def select_one(runs: list[dict], args) -> list[dict]:
-    """The runs the filters leave, which must be of one configuration."""
     chosen = [r for r in runs if wanted(r, args)]
+    device = args.device_kind
+    if device == NEWEST_DEVICE:
+        named = [r for r in chosen if device_name(r)]
+        device = device_name(max(named, key=start_time)) if named else None
+    if device is not None:
+        chosen = [r for r in chosen if device_name(r) == device]
     if not chosen:
         raise InputError(
             f"no records for backend {args.backend}, workload {args.workload}, {args.gpus} GPU(s) "
@@ -95,6 +77,19 @@ def select_one(runs: list[dict], args) -> list[dict]:
             f"--backend LABEL, --precision, --scaling or --device-kind (KIND or {NEWEST_DEVICE})"
         )
     return chosen
+
+
+def wanted(r: dict, args) -> bool:
+    """Whether run `r` is of the backend, workload, size, precision and scaling `args` name."""
+    cfg = run_config(r)
+    return (
+        r.get("kind", "training") == "training"
+        and args.backend in (r["backend_info"].get("label"), cfg.backend)
+        and args.workload == workload_name(cfg)
+        and cfg.topology.world_size == args.gpus
+        and (args.precision is None or cfg.model.precision == args.precision)
+        and (args.scaling is None or cfg.batch.scaling == args.scaling)
+    )
 
 
 def start_text(run: dict) -> str:

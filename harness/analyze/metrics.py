@@ -9,7 +9,12 @@ import numpy as np
 
 from backends import get_backend
 from core.records import run_config
-from harness.analyze.anatomy import resolved, sharded_optimizer_cut, slowest_process_series, step_anatomy
+from harness.analyze.anatomy import (
+    resolved,
+    slowest_less_sharded_optimizer,
+    slowest_process_series,
+    step_anatomy,
+)
 
 # Dense peak FLOP/s (no sparsity) from NVIDIA's data sheets, by the exact name the driver reports
 # (torch.cuda.get_device_name, nvidia-smi): a substring would take "RTX A1000" for an A100. "tf32" is the
@@ -251,20 +256,16 @@ def compute_time(
             "isolated workers: median per worker, slowest worker",
             series,
         )
-    per_worker = []
     for w in workers:
-        steps, opt = w.get("step_times") or [], w.get("optimizer_step_times") or []
-        if not opt:
+        if not w.get("optimizer_step_times"):
             return None, "isolated: optimizer step times missing, cannot discount the sharded optimizer", None
-        if not steps:
+        if not w.get("step_times"):
             return None, "isolated: a worker recorded no steps", None
-        cut = sharded_optimizer_cut(opt, world)
-        per_worker.append([t - cut for t in steps])
     detail = (
         "isolated workers: median step per worker less (N-1)/N of its median optimizer step (a rank "
         f"steps 1/{world} of it; timed in its anatomy steps), slowest worker"
     )
-    series = slowest_process_series(per_worker)
+    series = slowest_less_sharded_optimizer(workers, "step_times", world)
     return (float(np.median(series)) if series else None), detail, series
 
 

@@ -102,6 +102,7 @@ def run_isolated(
     launched measurement.isolated_repeats times, one launch after the other, since launch-to-launch variation
     (process placement, allocator state) is as large as the effect measured. Each node runs the workers
     standing for its own ranks; returns an error message if they failed."""
+    workers_hooks = isolated_hooks(backend, cfg, hooks)
     for repeat in range(cfg.measurement.isolated_repeats):
         plans = isolated_plans(backend, cfg, run_dir, repeat)
         display.phase(
@@ -115,7 +116,7 @@ def run_isolated(
         for plan in plans:
             write_files(plan.files)
         for k in range(cfg.first_local_rank, cfg.first_local_rank + cfg.topology.gpus_per_node):
-            isolated_hooks(backend, cfg, hooks).write(isolated_dir(run_dir, k, repeat))
+            workers_hooks.write(isolated_dir(run_dir, k, repeat))
         result = run_processes(
             [proc for plan in plans for proc in plan.processes],
             node_log(run_dir, cfg, "isolated"),
