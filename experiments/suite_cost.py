@@ -86,10 +86,10 @@ def kind(argv: list[str]) -> str:
     if "backends/worker.py" in text:
         return "rank (backends/worker.py)"
     if "-m" in argv[:4]:
-        module = argv[argv.index("-m") + 1] if argv.index("-m") + 1 < len(argv) else "?"
-        if module == "harness" and argv.index("-m") + 2 < len(argv):
-            return f"harness {argv[argv.index('-m') + 2]}"
-        return f"-m {module}"
+        module = argv[argv.index("-m") + 1 :]
+        if module[:1] == ["harness"] and len(module) > 1:
+            return f"harness {module[1]}"
+        return f"-m {module[0]}" if module else "other"
     if "xdist" in text or "execnet" in text or (len(argv) > 2 and argv[1:3] == ["-u", "-c"]):
         return "pytest worker (in-process tests)"
     return Path(argv[1]).name if len(argv) > 1 and not argv[1].startswith("-") else "other"

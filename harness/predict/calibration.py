@@ -286,10 +286,8 @@ def calibrate(records: list[dict], cfg: RunConfig, profile: Profile) -> Calibrat
     for record in candidates:
         rc = run_config(record)
         summary = summaries[record["run_id"]]
-        opt = [
-            t for r in record["ranks"] if r.get("status") == "ok" for t in r.get("optimizer_step_times") or []
-        ]
-        opt = opt if timed_optimizer else []
+        timed_ranks = [r for r in record["ranks"] if r.get("status") == "ok"] if timed_optimizer else []
+        opt = [t for r in timed_ranks for t in r.get("optimizer_step_times") or []]
         t_opt = float(np.median(opt)) if opt else 0.0
         flops = float(np.sum(segment_flops(rc, Steps(rc))))
         step = summary["step_time_s"]

@@ -50,12 +50,17 @@ def isolated_plans(backend: Backend, cfg: RunConfig, run_dir: Path, repeat: int 
     return plans
 
 
+def ranks_launches(backend: Backend, cfg: RunConfig) -> int:
+    """The launches of the run's ranks, one after the other: the one that measures, and the traced one
+    where the stack traces in a launch of its own."""
+    return 1 + (measuring_config(backend, cfg).role.trace_launch == "untraced")
+
+
 def launches_in_turn(backend: Backend, cfg: RunConfig) -> int:
-    """The launches a run makes one after another, each up to --timeout: the one that measures, the traced
-    one where the stack traces in a launch of its own, and the isolated counterfactual's repeats."""
-    traced_apart = measuring_config(backend, cfg).role.trace_launch == "untraced"
+    """The launches a run makes one after another, each up to --timeout: its ranks' (ranks_launches), then
+    the isolated counterfactual's repeats."""
     isolated = cfg.measurement.compute_method == "isolated" and cfg.topology.world_size > 1
-    return 1 + traced_apart + (cfg.measurement.isolated_repeats if isolated else 0)
+    return ranks_launches(backend, cfg) + (cfg.measurement.isolated_repeats if isolated else 0)
 
 
 def write_files(files: dict[Path, str]) -> None:
@@ -226,7 +231,7 @@ def run_node(
     if measured and cfg.measurement.compute_method == "isolated" and cfg.topology.world_size > 1:
         # Where node 0's launcher runs this node's ranks too, they may still be running: wait for them.
         if backend.starts_remote_ranks and cfg.topology.node_rank != 0:  # and its traced launch after them
-            launches = 2 if cfg.role.trace_launch == "untraced" else 1
+            launches = ranks_launches(backend, cfg)
             isolated_error = wait_for_ranks(run_dir, 0, launches * cfg.measurement.timeout_s)
         isolated_error = isolated_error or run_isolated(backend, cfg, run_dir, display, hooks)
     return finish_node(run_dir, marker, result, isolated_error)
